@@ -1,0 +1,38 @@
+# Everything a fresh machine needs is set up from here: `make demo` and `make test`.
+# The virtualenv lives at .venv/ (pinned by constraints.txt); pip's cache and any built test
+# binaries live outside the clone (~/.cache), so a second run is quick.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_WORKERS ?= auto
+
+.PHONY: venv test test-unit test-integration demo bench clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+venv: $(STAMP)  ## create .venv with the pinned packages and the txbroker command
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txbroker needs Python 3.11+, found " + sys.version' 
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade 'pip>=24'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,operator]'
+	touch $(STAMP)
+
+test: venv  ## run every test (unit, integration with real brokers, e2e)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) tests
+
+test-unit: venv
+	$(PY) -m pytest -n $(PYTEST_WORKERS) tests/unit
+
+demo: venv  ## run the main job on the embedded default
+	$(PY) -m txbroker.demo
+
+bench: venv  ## run the benchmarks (prints figures, writes bench/results/)
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

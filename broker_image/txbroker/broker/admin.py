@@ -1,0 +1,251 @@
+"""The admin plane (aiohttp): health, readiness, Prometheus metrics, and a JSON API for role,
+configuration, topics, transactions and messages. The operator and the CLI use it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import msgspec
+from aiohttp import web
+
+from txbroker import __version__
+from txbroker.broker.config import ConfigError
+from txbroker.broker.replies import Reply, RequestError
+from txbroker.protocol.bodies import EndTransactionRequest
+from txbroker.protocol.codes import ResponseCode, TransactionState
+from txbroker.store import keys
+from txbroker.store.records import PARKED, PREPARED
+
+log = logging.getLogger(__name__)
+
+_HTTP_STATUS = {
+    ResponseCode.QUERY_NOT_FOUND: 404,
+    ResponseCode.TOPIC_NOT_EXIST: 404,
+    ResponseCode.TRANSACTION_SHOULD_COMMIT: 409,
+    ResponseCode.TRANSACTION_SHOULD_ROLLBACK: 409,
+    ResponseCode.ILLEGAL_OPERATION: 409,
+    ResponseCode.SLAVE_NOT_AVAILABLE: 503,
+    ResponseCode.NO_PERMISSION: 403,
+}
+
+
+def _error(status: int, message: str, code: str = "") -> web.Response:
+    return web.json_response({"error": message, "code": code}, status=status)
+
+
+def _from_reply(reply: Reply, body: dict | None = None) -> web.Response:
+    if reply.code == ResponseCode.SUCCESS:
+        return web.json_response(body or {"ok": True})
+    code = ResponseCode(reply.code)
+    return _error(_HTTP_STATUS.get(code, 400), reply.remark, code.name)
+
+
+def _pending_doc(p) -> dict:
+    return {"transaction_id": p.transaction_id, "producer_group": p.producer_group, "state": p.state,
+            "commit_log_offset": p.half_lsn, "born_ms": p.born_ms, "messages": len(p.destinations),
+            "checks": p.checks, "last_check_ms": p.last_check_ms, "immunity_ms": p.immunity_ms}
+
+
+class AdminApp:
+    def __init__(self, broker):
+        self.b = broker
+        app = self.app = web.Application(middlewares=[self._errors])
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/api/v1/broker", self.broker_info)
+        r.add_get("/api/v1/config", self.get_config)
+        r.add_put("/api/v1/config/transaction", self.put_transaction_defaults)
+        r.add_get("/api/v1/groups", self.list_groups)
+        r.add_put("/api/v1/groups/{group}/transaction", self.put_group_settings)
+        r.add_delete("/api/v1/groups/{group}/transaction", self.delete_group_settings)
+        r.add_get("/api/v1/topics", self.list_topics)
+        r.add_post("/api/v1/topics", self.create_topic)
+        r.add_get("/api/v1/topics/{topic}", self.get_topic)
+        r.add_get("/api/v1/transactions", self.list_transactions)
+        r.add_get("/api/v1/transactions/{txid}", self.get_transaction)
+        r.add_post("/api/v1/transactions/{txid}/{action:commit|rollback|resume}", self.act_on_transaction)
+        r.add_post("/api/v1/check-scan", self.check_scan)
+        r.add_get("/api/v1/messages/{msg_id}", self.get_message)
+
+    @web.middleware
+    async def _errors(self, request, handler):
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return _error(_HTTP_STATUS.get(e.code, 400), e.remark, ResponseCode(e.code).name)
+        except ConfigError as e:
+            return _error(400, str(e), "INVALID_CONFIG")
+        except json.JSONDecodeError as e:
+            return _error(400, f"request body is not valid JSON: {e}", "MALFORMED")
+
+    async def healthz(self, request):
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request):
+        if not self.b.ready:
+            return web.Response(status=503, text="not ready\n")
+        return web.Response(text="ready\n")
+
+    async def metrics(self, request):
+        pending, parked = self.b.transactions.counts()
+        self.b.metrics.pending.set(pending)
+        self.b.metrics.parked.set(parked)
+        return web.Response(body=self.b.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def broker_info(self, request):
+        b = self.b
+        pending, parked = b.transactions.counts()
+        return web.json_response({
+            "broker_name": b.config.broker_name, "version": __version__, "role": b.role.role, "epoch": b.role.epoch,
+            "master": b.role.master_address, "log_end_offset": b.state.next_lsn - 1,
+            "durable_offset": b.state.durable_lsn, "flush_disk_type": b.config.flush_disk_type,
+            "pending_transactions": pending, "parked_transactions": parked, "topics": len(b.state.topics),
+            "connections": len(b.connections), "producer_groups": b.producers.counts(),
+            "recovery_seconds": round(b.state.recovery_seconds, 4),
+        })
+
+    async def get_config(self, request):
+        b = self.b
+        doc = msgspec.to_builtins(b.config)
+        doc["transaction"] = msgspec.to_builtins(b.settings.defaults)
+        doc["groups"] = {g: {**msgspec.to_builtins(s), "generation": b.settings.generations.get(g, 0)}
+                         for g, s in b.settings.groups.items()}
+        doc["reject_transaction_message"] = b.transactions.reject_transaction_message
+        return web.json_response(doc)
+
+    async def put_transaction_defaults(self, request):
+        merged = self.b.settings.update_defaults(await request.json())
+        log.info("transaction defaults changed: %s", msgspec.to_builtins(merged))
+        return web.json_response(msgspec.to_builtins(merged))
+
+    async def list_groups(self, request):
+        s = self.b.settings
+        return web.json_response({g: {**msgspec.to_builtins(v), "generation": s.generations.get(g, 0)}
+                                  for g, v in s.groups.items()})
+
+    async def put_group_settings(self, request):
+        group = request.match_info["group"]
+        doc = await request.json()
+        if not isinstance(doc, dict):
+            raise ConfigError(f"groups.{group}: expected an object of settings")
+        generation = doc.pop("generation", 0)
+        if not isinstance(generation, int):
+            raise ConfigError(f"groups.{group}.generation must be an integer")
+        merged = self.b.settings.update_group(group, doc, generation)
+        log.info("transaction settings for group %s (generation %d): %s", group, generation, msgspec.to_builtins(merged))
+        return web.json_response({**msgspec.to_builtins(merged), "generation": generation})
+
+    async def delete_group_settings(self, request):
+        group = request.match_info["group"]
+        if not self.b.settings.remove_group(group):
+            return _error(404, f"group {group} has no settings of its own", "QUERY_NOT_FOUND")
+        return web.json_response({"ok": True})
+
+    async def list_topics(self, request):
+        return web.json_response({"topics": [{"name": t, "queues": n} for t, n in sorted(self.b.state.topics.items())]})
+
+    async def create_topic(self, request):
+        doc = await request.json()
+        name = doc.get("name") if isinstance(doc, dict) else None
+        if not isinstance(name, str):
+            return _error(400, "body must be {\"name\": TOPIC, \"queues\": N}", "MALFORMED")
+        queues = doc.get("queues", 0)
+        if not isinstance(queues, int):
+            return _error(400, "queues must be an integer", "MALFORMED")
+        self.b.role.require_master()
+        created = self.b.topics.create(name, queues)
+        await self.b.state.writer.drain()
+        return web.json_response({"name": name, "queues": self.b.state.topics[name], "created": created},
+                                 status=201 if created else 200)
+
+    async def get_topic(self, request):
+        name = request.match_info["topic"]
+        count = self.b.topics.queue_count(name)
+        if count is None:
+            return _error(404, f"topic {name} does not exist", "TOPIC_NOT_EXIST")
+        queues = [{"queue_id": q, "max_offset": self.b.state.visible_end.get(keys.queue_prefix(name, q), 0)}
+                  for q in range(count)]
+        return web.json_response({"name": name, "queues": queues})
+
+    async def list_transactions(self, request):
+        want = request.query.get("state", "all").upper()
+        group = request.query.get("group")
+        limit = int(request.query.get("limit", "1000"))
+        states = {"ALL": (PREPARED, PARKED), "PENDING": (PREPARED,), "PREPARED": (PREPARED,), "PARKED": (PARKED,)}.get(want)
+        if states is None:
+            return _error(400, f"state must be pending, parked or all, got {want.lower()!r}", "MALFORMED")
+        items = [p for p in self.b.state.pending.values() if p.state in states and (group is None or p.producer_group == group)]
+        items.sort(key=lambda p: p.born_ms)
+        return web.json_response({"total": len(items), "transactions": [_pending_doc(p) for p in items[:limit]]})
+
+    async def get_transaction(self, request):
+        txid = request.match_info["txid"]
+        p = self.b.state.pending.get(txid)
+        if p is not None:
+            doc = _pending_doc(p)
+        else:
+            f = self.b.state.finished(txid)
+            if f is None:
+                return _error(404, f"no transaction {txid!r} on this broker", "QUERY_NOT_FOUND")
+            doc = msgspec.to_builtins(f)
+            doc["commit_log_offset"] = doc.pop("half_lsn")
+            doc["messages"] = doc.pop("message_count")
+        lsn = doc["commit_log_offset"]
+        doc["message_ids"] = [keys.msg_id(lsn, i) for i in range(doc["messages"])]
+        first = self.b.reader.half_message(lsn)
+        if first is not None:
+            m = first[0]
+            doc["first_message"] = {"topic": m.topic, "queue_id": m.queue_id, "tags": m.tags, "keys": m.keys,
+                                    "properties": m.properties, "body_preview": m.body[:200].decode("utf-8", "replace")}
+        return web.json_response(doc)
+
+    async def act_on_transaction(self, request):
+        txid = request.match_info["txid"]
+        action = request.match_info["action"]
+        if action == "resume":
+            reply = self.b.transactions.resume(txid)
+        else:
+            state = TransactionState.COMMIT if action == "commit" else TransactionState.ROLLBACK
+            reply = self.b.transactions.end(EndTransactionRequest("", txid, state), by="admin")
+        if reply.durable is not None:
+            await reply.durable
+        log.warning("operator %s of transaction %s: %s", action, txid, ResponseCode(reply.code).name)
+        state_name = {"commit": "COMMITTED", "rollback": "ROLLED_BACK", "resume": "PREPARED"}[action]
+        already = getattr(reply.body, "already", False)
+        return _from_reply(reply, {"transaction_id": txid, "state": state_name, "already": already})
+
+    async def check_scan(self, request):
+        self.b.role.require_master()
+        r = self.b.check_service.scan()
+        return web.json_response({"pending": r.pending, "checked": r.checked, "parked": r.parked,
+                                  "without_producer": r.without_producer, "seconds": r.seconds})
+
+    async def get_message(self, request):
+        msg_id = request.match_info["msg_id"]
+        try:
+            got = self.b.reader.by_id(msg_id)
+        except ValueError as e:
+            return _error(400, str(e), "MESSAGE_ILLEGAL")
+        if got is None:
+            return _error(404, f"no message with id {msg_id}", "QUERY_NOT_FOUND")
+        m, _rec = got
+        txid = m.transaction_id
+        visible = True
+        state = ""
+        if txid:
+            p = self.b.state.pending.get(txid)
+            f = None if p else self.b.state.finished(txid)
+            state = p.state if p else (f.state if f else "")
+            visible = state == "COMMITTED"
+            if f is not None and visible:
+                idx = int(msg_id[16:], 16)
+                m.queue_offset = f.queue_offsets[idx]
+        return web.json_response({
+            "msg_id": m.msg_id, "topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+            "tags": m.tags, "keys": m.keys, "properties": m.properties, "born_timestamp": m.born_timestamp,
+            "transaction_id": txid, "transaction_state": state, "visible": visible,
+            "body": m.body.decode("utf-8", "replace"), "body_size": len(m.body),
+        })

@@ -1,0 +1,135 @@
+"""Check-back: ask producers about transactions left undecided.
+
+Each scan walks only the pending transactions (kept in memory, recovered from the pending column
+family), never the finished history. A transaction is due when it is older than its immunity time
+(CHECK_IMMUNITY_TIME_IN_SECONDS) or the group's timeout, and its last check is at least one check
+interval ago. Waiting out immunity burns no check (RocketMQ issue 8311). A due transaction that has
+had `check_max` checks is parked in TRANS_CHECK_MAX_TIME_TOPIC; otherwise one live producer of its
+group is asked, round robin, with a one-way frame that is never awaited, so a slow producer cannot
+hold the scan. A check counts even when no producer is connected: that is what guarantees every
+transaction is eventually decided or parked (invariant I4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from txbroker.broker.metrics import BrokerMetrics
+from txbroker.broker.producers import ProducerRegistry
+from txbroker.broker.settings import SettingsBook
+from txbroker.broker.transactions import TransactionService, now_ms
+from txbroker.protocol.bodies import CheckTransactionStateRequest
+from txbroker.protocol.codes import RequestCode
+from txbroker.store.reads import MessageReader
+from txbroker.store.records import PREPARED, CheckRecord
+from txbroker.store.state import StateMachine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScanResult:
+    pending: int = 0
+    checked: int = 0
+    parked: int = 0
+    without_producer: int = 0
+    seconds: float = 0.0
+
+
+class CheckService:
+    def __init__(self, state: StateMachine, reader: MessageReader, transactions: TransactionService,
+                 settings: SettingsBook, producers: ProducerRegistry, metrics: BrokerMetrics):
+        self._state = state
+        self._reader = reader
+        self._tx = transactions
+        self._settings = settings
+        self._producers = producers
+        self._metrics = metrics
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.last_scan: ScanResult | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="check-back")
+        self._settings.on_change(self._wake.set)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._settings.tick_seconds())
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.scan()
+            except Exception:  # a scan failing must not end check-back for good
+                log.exception("check-back scan failed; retrying at the next interval")
+
+    def scan(self, now: int | None = None) -> ScanResult:
+        t0 = time.perf_counter()
+        now = now_ms() if now is None else now
+        result = ScanResult(pending=len(self._state.pending))
+        settings_for = self._settings.for_group
+        due: list = []
+        to_park: list = []
+        for p in self._state.pending.values():
+            if p.state != PREPARED:
+                continue
+            s = settings_for(p.producer_group)
+            if now - p.born_ms < (p.immunity_ms or s.timeout_ms):
+                continue  # still immune: no check, and no check counted
+            if p.last_check_ms and now - p.last_check_ms < s.check_interval_ms:
+                continue
+            if p.checks >= s.check_max:
+                to_park.append(p)
+            else:
+                due.append(p)
+        for p in to_park:
+            log.warning("transaction %s of group %s parked in TRANS_CHECK_MAX_TIME_TOPIC after %d checks",
+                        p.transaction_id, p.producer_group, p.checks)
+            self._tx.park(p, now)
+        result.parked = len(to_park)
+        if due:
+            self._state.append(CheckRecord([p.transaction_id for p in due], now))
+            live_by_group: dict[str, list] = {}
+            for p in due:
+                live = live_by_group.get(p.producer_group)
+                if live is None:
+                    live = live_by_group[p.producer_group] = self._producers.live(p.producer_group)
+                conn = self._producers.pick(p.producer_group, live) if live else None
+                if conn is None:
+                    result.without_producer += 1
+                    continue
+                self._send_check(conn, p)
+                result.checked += 1
+        if result.without_producer:
+            self._metrics.checkbacks_unanswerable.inc(result.without_producer)
+            log.info("check-back: %d due transactions have no live producer in their group (counted anyway)",
+                     result.without_producer)
+        self._metrics.checkbacks.inc(result.checked)
+        result.seconds = time.perf_counter() - t0
+        self._metrics.check_scan_seconds.observe(result.seconds)
+        self.last_scan = result
+        return result
+
+    def _send_check(self, conn, p) -> None:
+        got = self._reader.half_message(p.half_lsn)
+        if got is None:  # pragma: no cover - a pending transaction always has its half record
+            log.error("transaction %s: half message at %d is missing", p.transaction_id, p.half_lsn)
+            return
+        message, count = got
+        conn.send_oneway(RequestCode.CHECK_TRANSACTION_STATE, CheckTransactionStateRequest(
+            producer_group=p.producer_group, transaction_id=p.transaction_id, commit_log_offset=p.half_lsn,
+            message=message, check_times=p.checks, message_count=count))

@@ -1,0 +1,53 @@
+"""Running the broker as a process: logging, the event loop, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from txbroker.broker.config import BrokerConfig
+from txbroker.broker.server import Broker
+from txbroker.store.db import StoreError
+
+log = logging.getLogger("txbroker.broker")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _event_loop_policy() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(config: BrokerConfig) -> int:
+    broker = Broker(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda s=sig: (log.info("received %s", signal.Signals(s).name),
+                                                    loop.create_task(broker.stop())))
+    try:
+        await broker.start()
+    except OSError as e:
+        log.error("cannot listen: %s", e)
+        await broker.stop()
+        return 2
+    await broker.stopped.wait()
+    return broker.exit_code
+
+
+def run(config: BrokerConfig) -> int:
+    setup_logging(config.log_level)
+    _event_loop_policy()
+    try:
+        return asyncio.run(serve(config))
+    except StoreError as e:
+        log.error("%s", e)
+        return 2

@@ -1,0 +1,26 @@
+"""HEARTBEAT and UNREGISTER_CLIENT: which connection speaks for which producer group."""
+
+from txbroker.broker.replies import Reply, ok
+from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, decoder
+
+
+class HeartbeatProcessor:
+    def __init__(self, broker):
+        self._decode = decoder(HeartbeatRequest).decode
+        self._broker = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        conn.client_id = req.client_id
+        self._broker.producers.heartbeat(conn, req.producer_groups)
+        role = self._broker.role
+        return ok(HeartbeatResponse(self._broker.config.broker_name, role.role, role.epoch))
+
+
+class UnregisterProcessor:
+    def __init__(self, broker):
+        self._broker = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        self._broker.producers.remove(conn)
+        return ok()

@@ -1,0 +1,43 @@
+"""PULL_MESSAGE: committed messages of one queue from an offset, long-polling when it is empty."""
+
+import asyncio
+
+from txbroker.broker.replies import Reply, error, ok
+from txbroker.protocol.bodies import PullRequest, PullResponse, decoder
+from txbroker.protocol.codes import ResponseCode
+from txbroker.store import keys
+
+MAX_PULL = 1024
+MAX_WAIT_MS = 60_000
+
+
+class PullProcessor:
+    def __init__(self, broker):
+        self._decode = decoder(PullRequest).decode
+        self._topics = broker.topics
+        self._reader = broker.reader
+        self._state = broker.state
+
+    async def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        count = self._topics.queue_count(req.topic)
+        if count is None:
+            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
+        if not 0 <= req.queue_id < count:
+            return error(ResponseCode.MESSAGE_ILLEGAL, f"queue {req.queue_id} does not exist: topic {req.topic} has {count} queues")
+        if req.offset < 0:
+            return error(ResponseCode.PULL_OFFSET_MOVED, f"offset {req.offset} is negative")
+        n = min(max(req.max_messages, 1), MAX_PULL)
+        msgs, nxt, end = self._reader.read_queue(req.topic, req.queue_id, req.offset, n)
+        if req.offset > end:
+            return error(ResponseCode.PULL_OFFSET_MOVED,
+                         f"offset {req.offset} is beyond the end of queue {req.topic}:{req.queue_id} ({end})")
+        if not msgs and req.max_wait_ms > 0:
+            prefix = keys.queue_prefix(req.topic, req.queue_id)
+            waiter = self._state.wait_visible(prefix)
+            try:
+                await asyncio.wait_for(waiter, min(req.max_wait_ms, MAX_WAIT_MS) / 1000)
+            except asyncio.TimeoutError:
+                self._state.forget_waiter(prefix, waiter)
+            msgs, nxt, end = self._reader.read_queue(req.topic, req.queue_id, req.offset, n)
+        return ok(PullResponse(msgs, nxt, 0, end))

@@ -1,0 +1,32 @@
+"""SEND_MESSAGE: plain messages are stored visible; with a transaction id, as one half message batch."""
+
+from txbroker.broker.replies import Reply, ok
+from txbroker.broker.transactions import now_ms
+from txbroker.protocol.bodies import SendRequest, SendResponse, decoder
+from txbroker.store import keys
+from txbroker.store.records import NormalRecord
+
+
+class SendProcessor:
+    def __init__(self, broker):
+        self._decode = decoder(SendRequest).decode
+        self._tx = broker.transactions
+        self._topics = broker.topics
+        self._state = broker.state
+        self._role = broker.role
+        self._sent = broker.metrics.sent_normal
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        if req.transaction_id:
+            return self._tx.prepare(req)
+        self._role.require_master()
+        msgs = req.messages
+        self._topics.validate_for_send(msgs)
+        reserve = self._state.reserve_offsets
+        qp = keys.queue_prefix
+        offsets = [reserve(qp(m.topic, m.queue_id), 1) for m in msgs]
+        lsn, durable = self._state.append(NormalRecord(now_ms(), msgs, offsets))
+        self._sent.inc(len(msgs))
+        mid = keys.msg_id
+        return ok(SendResponse([mid(lsn, i) for i in range(len(msgs))], [m.queue_id for m in msgs], offsets), durable)

@@ -1,0 +1,105 @@
+"""The broker: wires storage, transactions, check-back, the data plane and the admin plane."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+
+from txbroker.broker import processors
+from txbroker.broker.admin import AdminApp
+from txbroker.broker.check_service import CheckService
+from txbroker.broker.config import BrokerConfig, parse_address
+from txbroker.broker.connection import BrokerConnection
+from txbroker.broker.metrics import BrokerMetrics
+from txbroker.broker.producers import ProducerRegistry
+from txbroker.broker.role import RoleState
+from txbroker.broker.settings import SettingsBook
+from txbroker.broker.topics import TopicRegistry
+from txbroker.broker.transactions import TransactionService
+from txbroker.store.reads import MessageReader
+from txbroker.store.state import StateMachine
+
+log = logging.getLogger(__name__)
+
+EXIT_STORE_FAILED = 70
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.metrics = BrokerMetrics()
+        self.state = StateMachine(config.data_dir, config.flush_disk_type == "SYNC", self._fatal,
+                                  self.metrics.observe_flush)
+        self.reader = MessageReader(self.state)
+        self.role = RoleState(config.role, master_address=config.master)
+        self.topics = TopicRegistry(self.state, config.auto_create_topic, config.default_queue_count,
+                                    config.max_message_size)
+        self.settings = SettingsBook(config.transaction, self.state.db.meta)
+        self.producers = ProducerRegistry(config.producer_expiry_ms)
+        self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics,
+                                               config.reject_transaction_message)
+        self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
+                                          self.producers, self.metrics)
+        self.handlers = processors.handlers(self)
+        self.connections: set[BrokerConnection] = set()
+        self.ready = False
+        self.exit_code = 0
+        self.stopped = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._admin_runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        host, port = parse_address(self.config.listen, "listen")
+        self._server = await loop.create_server(lambda: BrokerConnection(self), host, port, reuse_address=True)
+        ahost, aport = parse_address(self.config.admin_listen, "admin_listen")
+        self._admin_runner = web.AppRunner(AdminApp(self).app, access_log=None)
+        await self._admin_runner.setup()
+        await web.TCPSite(self._admin_runner, ahost, aport, reuse_address=True).start()
+        if self.role.is_master:
+            self.check_service.start()
+        self.ready = True
+        pending, parked = self.transactions.counts()
+        log.info("broker %s started as %s in %.3fs (store recovered in %.3fs): data %s, admin %s, flush %s, "
+                 "%d pending and %d parked transactions",
+                 self.config.broker_name, self.role.role, time.perf_counter() - t0 + self.state.recovery_seconds,
+                 self.state.recovery_seconds, self.data_address, self.admin_address, self.config.flush_disk_type,
+                 pending, parked)
+
+    @property
+    def data_address(self) -> str:
+        sock = self._server.sockets[0].getsockname() if self._server else ("?", 0)
+        return f"{sock[0]}:{sock[1]}"
+
+    @property
+    def admin_address(self) -> str:
+        if self._admin_runner is None or not self._admin_runner.addresses:
+            return "?"
+        a = self._admin_runner.addresses[0]
+        return f"{a[0]}:{a[1]}"
+
+    async def stop(self) -> None:
+        if not self.ready and self._server is None:
+            return
+        self.ready = False
+        log.info("broker %s stopping", self.config.broker_name)
+        if self._server is not None:
+            self._server.close()
+        await self.check_service.stop()
+        for conn in list(self.connections):
+            conn.close()
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+        if self.exit_code == 0:
+            await self.state.close()
+        self._server = None
+        self.stopped.set()
+        log.info("broker %s stopped", self.config.broker_name)
+
+    def _fatal(self, exc: BaseException) -> None:
+        self.exit_code = EXIT_STORE_FAILED
+        asyncio.get_running_loop().create_task(self.stop())

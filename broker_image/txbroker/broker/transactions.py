@@ -1,0 +1,153 @@
+"""The transaction service: prepare (half messages), commit, rollback, park and resume.
+
+Every decision is validated against memory (pending transactions) and the finished-transaction
+index, then recorded as one log record. END_TRANSACTION is idempotent: a duplicate of the decision
+already taken answers SUCCESS with `already`, the opposite decision a clear refusal; neither changes
+anything (invariant I3).
+"""
+
+from __future__ import annotations
+
+import time
+
+from txbroker.broker.metrics import BrokerMetrics
+from txbroker.broker.replies import Reply, RequestError, error, ok
+from txbroker.broker.role import RoleState
+from txbroker.broker.topics import TopicRegistry
+from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionResponse, SendRequest, SendResponse
+from txbroker.protocol.codes import ResponseCode, TransactionState
+from txbroker.store import keys
+from txbroker.store.records import (
+    COMMITTED, PARKED, PREPARED, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx, ResumeRecord,
+)
+from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
+
+MAX_TRANSACTION_ID = 128
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionService:
+    def __init__(self, state: StateMachine, topics: TopicRegistry, role: RoleState, metrics: BrokerMetrics,
+                 reject_transaction_message: bool = False):
+        self._state = state
+        self._topics = topics
+        self._role = role
+        self._metrics = metrics
+        self.reject_transaction_message = reject_transaction_message
+        self._park_queue = keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0)
+
+    # ---- prepare -----------------------------------------------------------------------------
+
+    def prepare(self, req: SendRequest) -> Reply:
+        if self.reject_transaction_message:
+            return error(ResponseCode.NO_PERMISSION, "this broker rejects transactional messages (reject_transaction_message)")
+        self._role.require_master()
+        txid = req.transaction_id
+        if len(txid) > MAX_TRANSACTION_ID:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction id longer than {MAX_TRANSACTION_ID} characters")
+        if not req.producer_group:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a transactional send needs a producer group")
+        existing = self._state.pending.get(txid) or self._state.finished(txid)
+        if existing is not None:  # a retried half send: answer what was stored, store nothing
+            return self._duplicate_prepare(req, existing)
+        self._topics.validate_for_send(req.messages)
+        lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages))
+        self._metrics.sent_half.inc(len(req.messages))
+        msg_id = keys.msg_id
+        return ok(SendResponse(
+            msg_ids=[msg_id(lsn, i) for i in range(len(req.messages))],
+            queue_ids=[m.queue_id for m in req.messages],
+            transaction_id=txid, commit_log_offset=lsn), durable)
+
+    def _duplicate_prepare(self, req: SendRequest, existing: PendingTx | FinishedTx) -> Reply:
+        if existing.producer_group != req.producer_group:
+            return error(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
+                         f"transaction {req.transaction_id} belongs to producer group {existing.producer_group!r}, "
+                         f"not {req.producer_group!r}")
+        lsn = existing.half_lsn
+        n = len(existing.destinations) if isinstance(existing, PendingTx) else existing.message_count
+        return ok(SendResponse(msg_ids=[keys.msg_id(lsn, i) for i in range(n)], transaction_id=req.transaction_id,
+                               commit_log_offset=lsn, duplicate=True), self._state.durable_future(req.transaction_id))
+
+    # ---- end ---------------------------------------------------------------------------------
+
+    def end(self, req: EndTransactionRequest, by: str = "producer") -> Reply:
+        """Commit or roll back (or, for UNKNOWN, leave as is). `by` is producer, check or admin."""
+        self._role.require_master()
+        try:
+            wanted = TransactionState(req.state)
+        except ValueError:
+            return error(ResponseCode.MESSAGE_ILLEGAL, f"unknown transaction state {req.state}: use 0 UNKNOWN, 1 COMMIT, 2 ROLLBACK")
+        txid = req.transaction_id
+        p = self._state.pending.get(txid)
+        if p is None:
+            return self._end_finished(req, wanted)
+        if by != "admin" and req.producer_group != p.producer_group:
+            return error(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
+                         f"transaction {txid} belongs to producer group {p.producer_group!r}, not {req.producer_group!r}")
+        if req.commit_log_offset and req.commit_log_offset != p.half_lsn:
+            return error(ResponseCode.ILLEGAL_OPERATION,
+                         f"transaction {txid} is stored at offset {p.half_lsn}, not {req.commit_log_offset}")
+        if wanted == TransactionState.UNKNOWN:
+            return ok(EndTransactionResponse(TransactionState.UNKNOWN))
+        offsets: list[int] = []
+        if wanted == TransactionState.COMMIT:
+            reserve = self._state.reserve_offsets
+            prefixes: dict[tuple[str, int], bytes] = {}
+            for dest in p.destinations:
+                prefix = prefixes.get(dest)
+                if prefix is None:
+                    prefix = prefixes[dest] = keys.queue_prefix(*dest)
+                offsets.append(reserve(prefix, 1))
+        _lsn, durable = self._state.append(EndRecord(txid, p.half_lsn, wanted, now_ms(), offsets, by))
+        if wanted == TransactionState.COMMIT:
+            self._metrics.tx_commit.inc()
+        else:
+            self._metrics.tx_rollback.inc()
+        return ok(EndTransactionResponse(wanted, False, offsets), durable)
+
+    def _end_finished(self, req: EndTransactionRequest, wanted: TransactionState) -> Reply:
+        txid = req.transaction_id
+        f = self._state.finished(txid)
+        if f is None:
+            return error(ResponseCode.QUERY_NOT_FOUND, f"no transaction {txid!r} on this broker")
+        if f.producer_group != req.producer_group and req.producer_group:
+            return error(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
+                         f"transaction {txid} belongs to producer group {f.producer_group!r}, not {req.producer_group!r}")
+        final = TransactionState.COMMIT if f.state == COMMITTED else TransactionState.ROLLBACK
+        if wanted in (final, TransactionState.UNKNOWN):
+            self._metrics.tx_duplicate_end.inc()
+            return ok(EndTransactionResponse(final, True, f.queue_offsets), self._state.durable_future(txid))
+        if final == TransactionState.COMMIT:
+            return error(ResponseCode.TRANSACTION_SHOULD_COMMIT, f"transaction {txid} was already committed; rollback refused")
+        return error(ResponseCode.TRANSACTION_SHOULD_ROLLBACK, f"transaction {txid} was already rolled back; commit refused")
+
+    # ---- parking (checkMax reached) and resuming ------------------------------------------------
+
+    def park(self, p: PendingTx, now: int) -> None:
+        offsets = [self._state.reserve_offsets(self._park_queue, 1) for _ in p.destinations]
+        self._state.append(ParkRecord(p.transaction_id, now, offsets))
+        self._metrics.tx_park.inc()
+
+    def resume(self, txid: str) -> Reply:
+        self._role.require_master()
+        p = self._state.pending.get(txid)
+        if p is None:
+            f = self._state.finished(txid)
+            if f is None:
+                return error(ResponseCode.QUERY_NOT_FOUND, f"no transaction {txid!r} on this broker")
+            return error(ResponseCode.ILLEGAL_OPERATION, f"transaction {txid} is already {f.state}")
+        if p.state != PARKED:
+            return error(ResponseCode.ILLEGAL_OPERATION, f"transaction {txid} is {p.state}, not PARKED")
+        _lsn, durable = self._state.append(ResumeRecord(txid, now_ms()))
+        return ok(None, durable)
+
+    def counts(self) -> tuple[int, int]:
+        parked = sum(1 for p in self._state.pending.values() if p.state == PARKED)
+        return len(self._state.pending) - parked, parked
+
+
+__all__ = ["TransactionService", "now_ms", "PREPARED", "PARKED"]

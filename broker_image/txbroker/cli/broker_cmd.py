@@ -1,0 +1,57 @@
+"""`txbroker broker`: run a broker process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from txbroker.broker.config import ConfigError, load_config
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "broker", help="run a broker",
+        description="Run a broker. Settings come from --config (TOML, keys as in BrokerConfig: data_dir, listen, "
+                    "admin_listen, role, flush_disk_type, [transaction] check_interval_ms ...); flags override it. "
+                    "Stops cleanly on SIGTERM.",
+    )
+    p.add_argument("--config", help="TOML configuration file")
+    p.add_argument("--data-dir", help="RocksDB data directory (created if missing)")
+    p.add_argument("--listen", help="data-plane address HOST:PORT (default 127.0.0.1:10911)")
+    p.add_argument("--admin-listen", help="admin/metrics HTTP address HOST:PORT (default 127.0.0.1:10912)")
+    p.add_argument("--role", choices=["master", "slave"], help="master (default) or slave")
+    p.add_argument("--master", help="the master's data-plane address, for a slave")
+    p.add_argument("--broker-name", help="name shown in logs, metrics and answers")
+    p.add_argument("--flush-disk-type", choices=["SYNC", "ASYNC", "SYNC_FLUSH", "ASYNC_FLUSH"],
+                   help="SYNC: acknowledge after fsync (group commit); ASYNC (default): after the write")
+    p.add_argument("--check-interval-ms", type=int, help="transaction check-back interval (default 60000)")
+    p.add_argument("--transaction-timeout-ms", type=int, help="age before a half message is checked (default 6000)")
+    p.add_argument("--check-max", type=int, help="checks before a transaction is parked (default 15)")
+    p.add_argument("--max-message-size", type=int, help="largest message body in bytes (default 4 MiB)")
+    p.add_argument("--reject-transaction-message", action="store_true", default=None,
+                   help="refuse half messages with NO_PERMISSION")
+    p.add_argument("--no-auto-create-topic", dest="auto_create_topic", action="store_false", default=None,
+                   help="refuse sends to topics not created first")
+    p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {
+        "data_dir": args.data_dir, "listen": args.listen, "admin_listen": args.admin_listen, "role": args.role,
+        "master": args.master, "broker_name": args.broker_name, "flush_disk_type": args.flush_disk_type,
+        "max_message_size": args.max_message_size, "reject_transaction_message": args.reject_transaction_message,
+        "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
+    }
+    tx = {"check_interval_ms": args.check_interval_ms, "timeout_ms": args.transaction_timeout_ms,
+          "check_max": args.check_max}
+    try:
+        cfg = load_config(args.config, overrides)
+        if any(v is not None for v in tx.values()):
+            from txbroker.broker.settings import _merge
+            cfg.transaction = _merge(cfg.transaction, {k: v for k, v in tx.items() if v is not None}, "transaction")
+    except ConfigError as e:
+        print(f"txbroker broker: {e}", file=sys.stderr)
+        return 2
+    from txbroker.broker.main import run as run_broker
+    return run_broker(cfg)

@@ -1,0 +1,48 @@
+"""`txbroker`: run a broker, manage topics, send and read messages, handle stuck transactions."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from txbroker import __version__
+from txbroker.cli import broker_cmd, messages_cmd, topic_cmd, tx_cmd
+
+DEFAULT_BROKER = os.environ.get("TXBROKER_BROKER", "127.0.0.1:10911")
+DEFAULT_ADMIN = os.environ.get("TXBROKER_ADMIN", "http://127.0.0.1:10912")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="txbroker",
+        description="Transactional messaging in the style of Apache RocketMQ. Data-plane commands talk to "
+                    "--broker (env TXBROKER_BROKER); management commands to the admin API at --admin "
+                    "(env TXBROKER_ADMIN).",
+    )
+    p.add_argument("--version", action="version", version=f"txbroker {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    broker_cmd.register(sub)
+    topic_cmd.register(sub, DEFAULT_ADMIN)
+    messages_cmd.register(sub, DEFAULT_BROKER)
+    tx_cmd.register(sub, DEFAULT_ADMIN)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - print a clear line, not a traceback, for expected failures
+        from txbroker.broker.config import ConfigError
+        from txbroker.client.errors import ClientError
+        if isinstance(e, (ClientError, ConfigError, ValueError)):
+            print(f"txbroker {args.command}: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

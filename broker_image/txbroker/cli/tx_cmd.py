@@ -1,0 +1,56 @@
+"""`txbroker tx list|show|commit|rollback|resume`: handling stuck transactions by hand."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from txbroker.client.admin import AdminClient
+
+
+def register(sub, default_admin: str) -> None:
+    p = sub.add_parser("tx", help="inspect and resolve transactions",
+                       description="Inspect pending and parked transactions and decide them by hand: an operator's "
+                                   "commit or rollback is final and idempotent; resume puts a parked transaction "
+                                   "(checkMax reached) back under check-back.")
+    tsub = p.add_subparsers(dest="tx_command", required=True, metavar="ACTION")
+    ls = tsub.add_parser("list", help="list pending and parked transactions")
+    ls.add_argument("--state", choices=["pending", "parked", "all"], default="all")
+    ls.add_argument("--group", help="only this producer group")
+    ls.add_argument("--limit", type=int, default=100)
+    ls.set_defaults(run=list_tx)
+    cmds = [ls]
+    for name, helptext, fn in (("show", "show one transaction", show),
+                               ("commit", "commit a transaction (makes its messages visible)", act),
+                               ("rollback", "roll a transaction back (its messages are never delivered)", act),
+                               ("resume", "resume a parked transaction: check-back starts over", act)):
+        c = tsub.add_parser(name, help=helptext)
+        c.add_argument("transaction_id")
+        c.set_defaults(run=fn, action=name)
+        cmds.append(c)
+    for c in cmds:
+        c.add_argument("--admin", default=default_admin, help="broker admin URL (default %(default)s)")
+
+
+def list_tx(args) -> int:
+    q = f"?state={args.state}&limit={args.limit}" + (f"&group={args.group}" if args.group else "")
+    r = AdminClient(args.admin).get("/api/v1/transactions" + q)
+    now = time.time() * 1000
+    print(f"{'TRANSACTION':34} {'GROUP':20} {'STATE':9} {'MSGS':>4} {'CHECKS':>6} {'AGE':>8}")
+    for t in r["transactions"]:
+        age = f"{(now - t['born_ms']) / 1000:.0f}s"
+        print(f"{t['transaction_id']:34} {t['producer_group']:20} {t['state']:9} {t['messages']:>4} "
+              f"{t['checks']:>6} {age:>8}")
+    print(f"{r['total']} transactions")
+    return 0
+
+
+def show(args) -> int:
+    print(json.dumps(AdminClient(args.admin).get(f"/api/v1/transactions/{args.transaction_id}"), indent=2))
+    return 0
+
+
+def act(args) -> int:
+    r = AdminClient(args.admin).post(f"/api/v1/transactions/{args.transaction_id}/{args.action}")
+    print(f"transaction {r['transaction_id']}: {r['state']}" + (" (already)" if r.get("already") else ""))
+    return 0

@@ -1,0 +1,21 @@
+"""The Python client library.
+
+    from txbroker.client import Message, Producer, TransactionProducer, TransactionListener, LocalTransactionState
+
+Every class has an asyncio form (Async...) and a blocking form that runs the asyncio one on a
+background event loop.
+"""
+
+from txbroker.client.consumer import AsyncPullConsumer, PullConsumer, PullResult
+from txbroker.client.errors import BrokerError, BrokerUnavailable, ClientError, RequestTimeout
+from txbroker.client.producer import AsyncProducer, Producer, SendResult
+from txbroker.client.transaction import (
+    AsyncTransactionProducer, LocalTransactionState, TransactionListener, TransactionProducer, TransactionSendResult,
+)
+from txbroker.protocol.bodies import Message, MessageExt
+
+__all__ = [
+    "AsyncProducer", "AsyncPullConsumer", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
+    "ClientError", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",
+    "RequestTimeout", "SendResult", "TransactionListener", "TransactionProducer", "TransactionSendResult",
+]

@@ -1,0 +1,213 @@
+"""A persistent, pipelined connection to one broker, and a client over a list of brokers that
+reconnects with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from typing import Callable
+
+import msgspec
+
+from txbroker.client.errors import BrokerError, BrokerUnavailable, RequestTimeout
+from txbroker.protocol.bodies import ErrorBody, decoder, encode
+from txbroker.protocol.codes import RequestCode, ResponseCode
+from txbroker.protocol.framing import FLAG_ONEWAY, Frame, FrameDecoder, FrameError, encode_frame
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME = 64 * 1024 * 1024
+_error_decoder = decoder(ErrorBody)
+
+
+class ConnectionLost(Exception):
+    pass
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, conn: "Connection"):
+        self._conn = conn
+        self._decoder = FrameDecoder(MAX_FRAME)
+
+    def connection_made(self, transport):
+        self._conn._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        for item in self._decoder.feed(data):
+            if type(item) is FrameError:
+                log.error("bad frame from %s: %s", self._conn.address, item.reason)
+                self._conn._transport.close()
+                return
+            self._conn._frame(item)
+
+    def connection_lost(self, exc):
+        self._conn._lost(exc)
+
+
+class Connection:
+    """One TCP connection. `call` pipelines: many requests may be in flight at once."""
+
+    def __init__(self, address: str, on_request: Callable[[Frame], None] | None = None):
+        self.address = address
+        self._on_request = on_request
+        self._transport: asyncio.Transport | None = None
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self.closed = asyncio.Event()
+
+    async def open(self, timeout: float) -> None:
+        host, _, port = self.address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(loop.create_connection(lambda: _Protocol(self), host.strip("[]"), int(port)), timeout)
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and not self.closed.is_set()
+
+    def _frame(self, frame: Frame) -> None:
+        if frame.is_response:
+            fut = self._waiting.pop(frame.opaque, None)
+            if fut is not None and not fut.done():
+                fut.set_result(frame)
+        elif self._on_request is not None:
+            self._on_request(frame)
+
+    def _lost(self, exc) -> None:
+        self.closed.set()
+        err = ConnectionLost(f"connection to {self.address} lost" + (f": {exc}" if exc else ""))
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._waiting.clear()
+
+    async def call(self, code: int, body: bytes, timeout: float) -> Frame:
+        if not self.is_open:
+            raise ConnectionLost(f"connection to {self.address} is closed")
+        opaque = next(self._ids) & 0xFFFFFFFF
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[opaque] = fut
+        self._transport.write(encode_frame(0, code, opaque, body))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._waiting.pop(opaque, None)
+            raise RequestTimeout(f"{RequestCode(code).name} to {self.address}: no answer within {timeout:.1f}s") from None
+
+    def send_oneway(self, code: int, body: bytes) -> None:
+        if self.is_open:
+            self._transport.write(encode_frame(FLAG_ONEWAY, code, 0, body))
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def parse_brokers(brokers) -> list[str]:
+    if isinstance(brokers, str):
+        brokers = [b.strip() for b in brokers.replace(";", ",").split(",")]
+    out = [b for b in brokers if b]
+    if not out:
+        raise ValueError("at least one broker address (HOST:PORT) is needed")
+    for b in out:
+        host, sep, port = b.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"broker address must be HOST:PORT, got {b!r}")
+    return out
+
+
+class BrokerClient:
+    """Requests to whichever broker of the list answers, reconnecting with backoff.
+
+    `on_connect` runs on every new connection before it is used (heartbeats register producer
+    groups there, so a reconnected producer gets its check-backs again).
+    """
+
+    def __init__(self, brokers, *, request_timeout: float = 10.0, connect_timeout: float = 3.0,
+                 on_request: Callable[[Connection, Frame], None] | None = None,
+                 on_connect: Callable[[Connection], "asyncio.Future"] | None = None):
+        self.addresses = parse_brokers(brokers)
+        self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self._on_request = on_request
+        self._on_connect = on_connect
+        self._conn: Connection | None = None
+        self._connecting: asyncio.Future | None = None
+        self._index = 0
+        self._closed = False
+
+    async def connection(self, deadline: float) -> Connection:
+        conn = self._conn
+        if conn is not None and conn.is_open:
+            return conn
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect(deadline))
+        try:
+            return await asyncio.shield(self._connecting)
+        finally:
+            if self._connecting is not None and self._connecting.done():
+                self._connecting = None
+
+    async def _connect(self, deadline: float) -> Connection:
+        delay = 0.05
+        errors: list[str] = []
+        while not self._closed:
+            address = self.addresses[self._index % len(self.addresses)]
+            conn = Connection(address)
+            if self._on_request is not None:
+                conn._on_request = lambda frame, c=conn: self._on_request(c, frame)
+            try:
+                await conn.open(min(self.connect_timeout, max(deadline - time.monotonic(), 0.01)))
+                if self._on_connect is not None:
+                    await self._on_connect(conn)
+                self._conn = conn
+                return conn
+            except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout) as e:
+                conn.close()
+                errors.append(f"{address}: {e or type(e).__name__}")
+                self._index += 1
+            if time.monotonic() + delay > deadline:
+                raise BrokerUnavailable("no broker reachable: " + "; ".join(errors[-len(self.addresses):]))
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+        raise BrokerUnavailable("client is closed")
+
+    async def request(self, code: RequestCode, body, response_type=None, *, timeout: float | None = None,
+                      retry: bool = True):
+        """Send a request and decode the answer; BrokerError on an error code.
+
+        With `retry`, a lost connection is retried (on a new connection) until the timeout; only
+        pass it for requests that are safe to repeat (idempotent ones).
+        """
+        timeout = self.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        payload = encode(body)
+        while True:
+            conn = await self.connection(deadline)
+            try:
+                frame = await conn.call(code, payload, max(deadline - time.monotonic(), 0.01))
+                break
+            except ConnectionLost as e:
+                if not retry or time.monotonic() >= deadline:
+                    raise BrokerUnavailable(f"{RequestCode(code).name}: {e}") from None
+        if frame.code != ResponseCode.SUCCESS:
+            try:
+                remark = _error_decoder.decode(frame.body).remark
+            except msgspec.DecodeError:
+                remark = "(no detail)"
+            raise BrokerError(conn.address, RequestCode(code).name, frame.code, remark)
+        if response_type is None:
+            return None
+        return decoder(response_type).decode(frame.body)
+
+    def send_oneway(self, code: int, body) -> None:
+        if self._conn is not None:
+            self._conn.send_oneway(code, encode(body))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

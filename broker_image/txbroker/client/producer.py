@@ -1,0 +1,93 @@
+"""Plain (non-transactional) producers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+
+from txbroker.client import background
+from txbroker.client.connection import BrokerClient
+from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, Message, SendRequest, SendResponse, encode
+from txbroker.protocol.codes import RequestCode
+
+
+@dataclass
+class SendResult:
+    msg_ids: list[str]
+    queue_ids: list[int] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+
+    @property
+    def msg_id(self) -> str:
+        return self.msg_ids[0]
+
+
+def new_client_id() -> str:
+    return f"{os.uname().nodename}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+def as_list(msg_or_msgs) -> list[Message]:
+    msgs = [msg_or_msgs] if isinstance(msg_or_msgs, Message) else list(msg_or_msgs)
+    if not msgs:
+        raise ValueError("nothing to send: no messages given")
+    for m in msgs:
+        if not isinstance(m, Message):
+            raise TypeError(f"expected txbroker.client.Message, got {type(m).__name__}")
+    return msgs
+
+
+class AsyncProducer:
+    """Sends messages; a list sent at once is stored as one batch."""
+
+    def __init__(self, group: str, brokers, *, request_timeout: float = 10.0, retry_sends: bool = False):
+        self.group = group
+        self.client_id = new_client_id()
+        self.retry_sends = retry_sends  # a retried plain send can store a message twice
+        self.client = BrokerClient(brokers, request_timeout=request_timeout, on_connect=self._register)
+
+    async def _register(self, conn) -> None:
+        await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, [self.group])), self.client.connect_timeout)
+
+    async def start(self) -> "AsyncProducer":
+        await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id, [self.group]),
+                                  HeartbeatResponse, retry=True)
+        return self
+
+    async def send(self, msg_or_msgs) -> SendResult:
+        msgs = as_list(msg_or_msgs)
+        r: SendResponse = await self.client.request(RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs),
+                                                    SendResponse, retry=self.retry_sends)
+        return SendResult(r.msg_ids, r.queue_ids, r.queue_offsets)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class Producer:
+    """Blocking form of AsyncProducer."""
+
+    def __init__(self, group: str, brokers, **kwargs):
+        self._async = AsyncProducer(group, brokers, **kwargs)
+
+    def start(self) -> "Producer":
+        background.run(self._async.start())
+        return self
+
+    def send(self, msg_or_msgs) -> SendResult:
+        return background.run(self._async.send(msg_or_msgs))
+
+    def shutdown(self) -> None:
+        background.run(self._async.close())
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.shutdown()

@@ -1,0 +1,1 @@
+"""Wire protocol shared by the broker and its clients."""

@@ -1,0 +1,164 @@
+"""Request and response bodies, one msgspec Struct each, encoded as compact msgpack arrays.
+
+Fields are positional on the wire (array_like), so new optional fields go at the end with a
+default; that keeps old peers able to decode new frames.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import Struct, field
+
+# Message properties with RocketMQ's names.
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+
+
+class Message(Struct, array_like=True, omit_defaults=True):
+    """A message as a producer sends it. `queue_id` -1 lets the broker choose the queue."""
+
+    topic: str
+    body: bytes
+    tags: str = ""
+    keys: str = ""  # space-separated, as RocketMQ's KEYS property
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int = -1
+    transaction_id: str = ""  # set by the client once the half message is stored; not sent
+
+
+class MessageExt(Struct, array_like=True, omit_defaults=True):
+    """A stored message as a reader sees it."""
+
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    tags: str = ""
+    keys: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+    born_timestamp: int = 0  # ms
+    store_timestamp: int = 0  # ms
+    transaction_id: str = ""
+    reconsume_times: int = 0
+
+
+class ErrorBody(Struct, array_like=True):
+    remark: str
+
+
+class SendRequest(Struct, array_like=True, omit_defaults=True):
+    """SEND_MESSAGE. A non-empty transaction_id makes the messages one half-message transaction."""
+
+    producer_group: str
+    messages: list[Message]
+    transaction_id: str = ""
+
+
+class SendResponse(Struct, array_like=True, omit_defaults=True):
+    msg_ids: list[str]
+    queue_ids: list[int] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)  # empty for half messages
+    transaction_id: str = ""
+    commit_log_offset: int = 0  # where the half message is stored
+    duplicate: bool = False  # the transaction id was already prepared: nothing new was stored
+
+
+class EndTransactionRequest(Struct, array_like=True, omit_defaults=True):
+    producer_group: str
+    transaction_id: str
+    state: int  # TransactionState
+    commit_log_offset: int = 0  # 0: look the transaction up by id only
+    from_transaction_check: bool = False
+
+
+class EndTransactionResponse(Struct, array_like=True, omit_defaults=True):
+    state: int  # the transaction's final state (TransactionState), or UNKNOWN if still pending
+    already: bool = False  # the transaction had already reached this state: nothing changed
+    queue_offsets: list[int] = field(default_factory=list)
+
+
+class CheckTransactionStateRequest(Struct, array_like=True, omit_defaults=True):
+    """Broker to producer, one-way: what became of this transaction?"""
+
+    producer_group: str
+    transaction_id: str
+    commit_log_offset: int
+    message: MessageExt
+    check_times: int = 0
+    message_count: int = 1
+
+
+class HeartbeatRequest(Struct, array_like=True, omit_defaults=True):
+    client_id: str
+    producer_groups: list[str] = field(default_factory=list)
+    consumer_groups: list[str] = field(default_factory=list)
+
+
+class HeartbeatResponse(Struct, array_like=True, omit_defaults=True):
+    broker_name: str
+    role: str
+    epoch: int = 0
+
+
+class PullRequest(Struct, array_like=True, omit_defaults=True):
+    topic: str
+    queue_id: int
+    offset: int
+    max_messages: int = 32
+    max_wait_ms: int = 0  # long-poll: wait up to this long for a message to become visible
+    consumer_group: str = ""
+
+
+class PullResponse(Struct, array_like=True, omit_defaults=True):
+    messages: list[MessageExt]
+    next_offset: int
+    min_offset: int = 0
+    max_offset: int = 0
+
+
+class RouteRequest(Struct, array_like=True):
+    topic: str
+
+
+class RouteResponse(Struct, array_like=True, omit_defaults=True):
+    topic: str
+    queue_count: int
+    broker_name: str = ""
+    role: str = ""
+    epoch: int = 0
+
+
+class CreateTopicRequest(Struct, array_like=True, omit_defaults=True):
+    topic: str
+    queue_count: int = 0  # 0: the broker's default
+
+
+class ViewMessageRequest(Struct, array_like=True):
+    msg_id: str
+
+
+class Empty(Struct, array_like=True):
+    pass
+
+
+_encoder = msgspec.msgpack.Encoder()
+encode = _encoder.encode
+
+_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def decoder(kind: type) -> msgspec.msgpack.Decoder:
+    dec = _decoders.get(kind)
+    if dec is None:
+        dec = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+    return dec
+
+
+def decode(kind: type, data: bytes):
+    """Decode `data` as `kind`; raises msgspec.DecodeError / ValidationError naming the bad field."""
+    return decoder(kind).decode(data)

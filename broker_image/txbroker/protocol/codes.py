@@ -1,0 +1,63 @@
+"""Request and response codes, numbered as Apache RocketMQ numbers them where it has one.
+
+Keeping RocketMQ's names and numbers lets users read our logs and metrics with the vocabulary
+(and dashboards) they already have.
+"""
+
+from enum import IntEnum
+
+
+class RequestCode(IntEnum):
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    QUERY_MESSAGE = 12
+    UPDATE_AND_CREATE_TOPIC = 17
+    VIEW_MESSAGE_BY_ID = 33
+    HEARTBEAT = 34
+    UNREGISTER_CLIENT = 35
+    END_TRANSACTION = 37
+    CHECK_TRANSACTION_STATE = 39
+    GET_ROUTEINFO_BY_TOPIC = 105
+
+
+class ResponseCode(IntEnum):
+    SUCCESS = 0
+    SYSTEM_ERROR = 1
+    SYSTEM_BUSY = 2
+    REQUEST_CODE_NOT_SUPPORTED = 3
+    TRANSACTION_FAILED = 4
+    FLUSH_DISK_TIMEOUT = 10
+    SLAVE_NOT_AVAILABLE = 11
+    FLUSH_SLAVE_TIMEOUT = 12
+    MESSAGE_ILLEGAL = 13
+    SERVICE_NOT_AVAILABLE = 14
+    VERSION_NOT_SUPPORTED = 15
+    NO_PERMISSION = 16
+    TOPIC_NOT_EXIST = 17
+    TOPIC_EXIST_ALREADY = 18
+    PULL_NOT_FOUND = 19
+    PULL_RETRY_IMMEDIATELY = 20
+    PULL_OFFSET_MOVED = 21
+    QUERY_NOT_FOUND = 22
+    # A commit arrived for a transaction that was already rolled back, or the reverse.
+    TRANSACTION_SHOULD_COMMIT = 200
+    TRANSACTION_SHOULD_ROLLBACK = 201
+    TRANSACTION_STATE_GROUP_WRONG = 203
+    ILLEGAL_OPERATION = 604
+    # The broker was master at an older epoch and has been deposed.
+    CONTROLLER_FENCED_MASTER_EPOCH = 2003
+
+
+class TransactionState(IntEnum):
+    """What a producer answers for its local transaction (END_TRANSACTION's commitOrRollback)."""
+
+    UNKNOWN = 0
+    COMMIT = 1
+    ROLLBACK = 2
+
+
+def code_name(code: int) -> str:
+    try:
+        return ResponseCode(code).name
+    except ValueError:
+        return f"CODE_{code}"

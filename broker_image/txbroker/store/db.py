@@ -1,0 +1,82 @@
+"""Opening the RocksDB database and its column families."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rocksdict import Options, Rdict, RdictIter, WriteOptions
+
+from txbroker.store.records import STORE_FORMAT_VERSION
+
+COLUMN_FAMILIES = ("log", "cq", "pending", "tx", "meta")
+
+
+class StoreError(Exception):
+    """The data directory cannot be used (locked, wrong format, corrupt)."""
+
+
+@dataclass
+class Database:
+    db: Rdict
+    log: Rdict
+    cq: Rdict
+    pending: Rdict
+    tx: Rdict
+    meta: Rdict
+    handles: dict
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _options() -> Options:
+    opt = Options(raw_mode=True)
+    opt.create_if_missing(True)
+    opt.create_missing_column_families(True)
+    opt.increase_parallelism(2)
+    return opt
+
+
+def open_database(path: str) -> Database:
+    os.makedirs(path, exist_ok=True)
+    cfs = {name: Options(raw_mode=True) for name in COLUMN_FAMILIES}
+    try:
+        db = Rdict(path, options=_options(), column_families=cfs)
+    except Exception as e:  # rocksdict raises a bare Exception with RocksDB's message
+        msg = str(e)
+        if "lock" in msg.lower():
+            raise StoreError(f"data directory {path} is in use by another broker process ({msg})") from e
+        raise StoreError(f"cannot open data directory {path}: {msg}") from e
+    parts = {name: db.get_column_family(name) for name in COLUMN_FAMILIES}
+    handles = {name: db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+    database = Database(db=db, handles=handles, **parts)
+    fmt = database.meta.get(b"format")
+    if fmt is None:
+        database.meta.put(b"format", str(STORE_FORMAT_VERSION).encode(), write_opt=sync_write_options())
+    elif int(fmt) != STORE_FORMAT_VERSION:
+        db.close()
+        raise StoreError(f"data directory {path} has store format {int(fmt)}; this broker reads {STORE_FORMAT_VERSION}")
+    return database
+
+
+def sync_write_options() -> WriteOptions:
+    wo = WriteOptions()
+    wo.sync = True
+    return wo
+
+
+def last_key(cf: Rdict) -> bytes | None:
+    it: RdictIter = cf.iter()
+    it.seek_to_last()
+    return it.key() if it.valid() else None
+
+
+def last_key_with_prefix(cf: Rdict, prefix: bytes) -> bytes | None:
+    it: RdictIter = cf.iter()
+    it.seek_for_prev(prefix + b"\xff" * 8)
+    if it.valid():
+        key = it.key()
+        if key.startswith(prefix):
+            return key
+    return None

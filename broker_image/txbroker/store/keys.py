@@ -1,0 +1,45 @@
+"""Key codecs for the column families (layout documented in records.py)."""
+
+from __future__ import annotations
+
+import struct
+
+_U64 = struct.Struct(">Q")
+_CQ_VALUE = struct.Struct(">QI")
+_QUEUE = struct.Struct(">H")
+
+lsn_key = _U64.pack
+
+
+def lsn_from_key(key: bytes) -> int:
+    return _U64.unpack(key)[0]
+
+
+def queue_prefix(topic: str, queue_id: int) -> bytes:
+    return topic.encode() + b"\x00" + _QUEUE.pack(queue_id)
+
+
+def cq_key(prefix: bytes, offset: int) -> bytes:
+    return prefix + _U64.pack(offset)
+
+
+def cq_offset(key: bytes) -> int:
+    return _U64.unpack_from(key, len(key) - 8)[0]
+
+
+cq_value = _CQ_VALUE.pack
+cq_value_decode = _CQ_VALUE.unpack
+
+
+def msg_id(lsn: int, index: int) -> str:
+    """A message's id: where its body is stored. Stable from half send through commit."""
+    return f"{lsn:016X}{index:04X}"
+
+
+def parse_msg_id(text: str) -> tuple[int, int]:
+    if len(text) != 20:
+        raise ValueError(f"message id {text!r} must be 20 hex digits")
+    try:
+        return int(text[:16], 16), int(text[16:], 16)
+    except ValueError:
+        raise ValueError(f"message id {text!r} must be 20 hex digits") from None

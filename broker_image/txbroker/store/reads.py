@@ -1,0 +1,87 @@
+"""Reading stored messages: by queue and offset, and by message id."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from txbroker.protocol.bodies import (
+    PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, MessageExt,
+)
+from txbroker.store import keys
+from txbroker.store.records import HalfRecord, NormalRecord, Record, decode_record
+from txbroker.store.state import StateMachine
+
+
+class MessageReader:
+    def __init__(self, state: StateMachine, cache_records: int = 256):
+        self._state = state
+        self._cache: OrderedDict[int, Record] = OrderedDict()
+        self._cache_size = cache_records
+
+    def record(self, lsn: int) -> Record | None:
+        cache = self._cache
+        rec = cache.get(lsn)
+        if rec is not None:
+            cache.move_to_end(lsn)
+            return rec
+        raw = self._state.db.log.get(keys.lsn_key(lsn))
+        if raw is None:
+            return None
+        rec = decode_record(raw)
+        cache[lsn] = rec
+        if len(cache) > self._cache_size:
+            cache.popitem(last=False)
+        return rec
+
+    def read_queue(self, topic: str, queue_id: int, offset: int, max_messages: int) -> tuple[list[MessageExt], int, int]:
+        """Durable messages of one queue from `offset`; returns (messages, next offset, queue end)."""
+        prefix = keys.queue_prefix(topic, queue_id)
+        end = self._state.visible_end.get(prefix)
+        if end is None:
+            self._state.queue_end(topic, queue_id)
+            end = self._state.visible_end.get(prefix, 0)
+        stop = min(end, offset + max_messages)
+        if offset >= stop:
+            return [], offset, end
+        out: list[MessageExt] = []
+        append = out.append
+        decode_value = keys.cq_value_decode
+        for key, value in self._state.db.cq.items(from_key=keys.cq_key(prefix, offset)):
+            off = keys.cq_offset(key)
+            if off >= stop or not key.startswith(prefix):
+                break
+            lsn, idx = decode_value(value)
+            append(self.view(lsn, idx, topic, queue_id, off))
+        return out, (out[-1].queue_offset + 1) if out else offset, end
+
+    def view(self, lsn: int, idx: int, topic: str, queue_id: int, offset: int) -> MessageExt:
+        rec = self.record(lsn)
+        m = rec.messages[idx]
+        txid = rec.transaction_id if type(rec) is HalfRecord else ""
+        return MessageExt(
+            msg_id=keys.msg_id(lsn, idx), topic=topic, queue_id=queue_id, queue_offset=offset,
+            body=m.body, tags=m.tags, keys=m.keys, properties=m.properties,
+            born_timestamp=rec.born_ms, store_timestamp=rec.born_ms, transaction_id=txid,
+        )
+
+    def by_id(self, msg_id: str) -> tuple[MessageExt, Record] | None:
+        """The stored message with this id, whether or not it is visible (see the record's kind)."""
+        lsn, idx = keys.parse_msg_id(msg_id)
+        rec = self.record(lsn)
+        if rec is None or type(rec) not in (HalfRecord, NormalRecord) or idx >= len(rec.messages):
+            return None
+        m = rec.messages[idx]
+        if type(rec) is NormalRecord:
+            return self.view(lsn, idx, m.topic, m.queue_id, rec.queue_offsets[idx]), rec
+        ext = self.view(lsn, idx, m.topic, m.queue_id, -1)
+        ext.properties = {**m.properties, PROPERTY_TRANSACTION_PREPARED: "true",
+                          PROPERTY_PRODUCER_GROUP: rec.producer_group}
+        return ext, rec
+
+    def half_message(self, lsn: int) -> tuple[MessageExt, int] | None:
+        """First message of a half record (what a check-back shows the producer) and the count."""
+        got = self.by_id(keys.msg_id(lsn, 0))
+        if got is None:
+            return None
+        ext, rec = got
+        return ext, len(rec.messages)

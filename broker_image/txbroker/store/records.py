@@ -1,0 +1,133 @@
+"""Log records: the unit of durability and, later, of replication.
+
+On-disk format, version 1 (STORE_FORMAT_VERSION, kept under meta key b"format"):
+
+  column family  key                                  value
+  log            u64 BE log sequence number (LSN)     msgpack record, tagged (see below)
+  cq             topic 0x00 u16 BE queue u64 BE offset  u64 BE LSN + u32 BE index in that record
+  pending        transaction id (utf-8)               PendingTx (prepared or parked transactions)
+  tx             transaction id (utf-8)               FinishedTx (committed or rolled back)
+  meta           b"format" | b"topic/<name>" | b"config/<key>" | b"epoch"
+
+A half message batch is stored once (HalfRecord, "under RMQ_SYS_TRANS_HALF_TOPIC"); committing it
+writes queue-index entries that point at that same record plus the op record (EndRecord, "in
+RMQ_SYS_TRANS_OP_HALF_TOPIC"), so the message bodies are never copied. The pending column family
+holds only unfinished transactions, so the check-back scan never walks finished history.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import Struct, field
+
+from txbroker.protocol.bodies import Message
+
+STORE_FORMAT_VERSION = 1
+
+
+class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
+    """A prepared transaction: its messages, each already bound to its real topic and queue."""
+
+    transaction_id: str
+    producer_group: str
+    born_ms: int
+    messages: list[Message]
+
+
+class NormalRecord(Struct, tag="N", array_like=True, omit_defaults=True):
+    """Plain messages, visible at once; queue_offsets[i] is messages[i]'s place in its queue."""
+
+    born_ms: int
+    messages: list[Message]
+    queue_offsets: list[int]
+
+
+class EndRecord(Struct, tag="E", array_like=True, omit_defaults=True):
+    """The op record: a transaction committed (offsets assigned) or rolled back."""
+
+    transaction_id: str
+    half_lsn: int
+    state: int  # TransactionState.COMMIT | ROLLBACK
+    end_ms: int
+    queue_offsets: list[int] = field(default_factory=list)
+    by: str = "producer"  # producer | check | admin
+
+
+class CheckRecord(Struct, tag="C", array_like=True):
+    """One check-back round: these transactions were asked about once more."""
+
+    transaction_ids: list[str]
+    check_ms: int
+
+
+class ParkRecord(Struct, tag="P", array_like=True):
+    """checkMax reached: the transaction moves to TRANS_CHECK_MAX_TIME_TOPIC."""
+
+    transaction_id: str
+    park_ms: int
+    queue_offsets: list[int]  # in TRANS_CHECK_MAX_TIME_TOPIC, one per message
+
+
+class ResumeRecord(Struct, tag="R", array_like=True):
+    """An operator resumed a parked transaction: checking starts over."""
+
+    transaction_id: str
+    resume_ms: int
+
+
+class TopicRecord(Struct, tag="T", array_like=True):
+    name: str
+    queue_count: int
+
+
+Record = HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord
+
+PREPARED = "PREPARED"
+PARKED = "PARKED"
+COMMITTED = "COMMITTED"
+ROLLED_BACK = "ROLLED_BACK"
+
+
+class PendingTx(Struct, array_like=True, omit_defaults=True):
+    """An unfinished transaction, as the check-back service and END_TRANSACTION need it."""
+
+    transaction_id: str
+    producer_group: str
+    half_lsn: int
+    born_ms: int
+    destinations: list[tuple[str, int]]  # (topic, queue) of each message, in order
+    immunity_ms: int = 0  # from CHECK_IMMUNITY_TIME_IN_SECONDS; 0: the group's timeout applies
+    checks: int = 0
+    last_check_ms: int = 0
+    state: str = PREPARED
+
+
+class FinishedTx(Struct, array_like=True, omit_defaults=True):
+    transaction_id: str
+    producer_group: str
+    half_lsn: int
+    state: str  # COMMITTED | ROLLED_BACK
+    end_lsn: int
+    end_ms: int
+    message_count: int
+    queue_offsets: list[int] = field(default_factory=list)
+    by: str = "producer"
+    checks: int = 0
+
+
+encode = msgspec.msgpack.Encoder().encode
+_record_decoder = msgspec.msgpack.Decoder(Record)
+_pending_decoder = msgspec.msgpack.Decoder(PendingTx)
+_finished_decoder = msgspec.msgpack.Decoder(FinishedTx)
+
+
+def decode_record(data: bytes) -> Record:
+    return _record_decoder.decode(data)
+
+
+def decode_pending(data: bytes) -> PendingTx:
+    return _pending_decoder.decode(data)
+
+
+def decode_finished(data: bytes) -> FinishedTx:
+    return _finished_decoder.decode(data)

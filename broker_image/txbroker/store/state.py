@@ -1,0 +1,235 @@
+"""The broker's durable state: recovery, applying log records, and the queue high-water marks.
+
+`append(record)` is the only way state changes. It writes the record and everything derived from
+it into the open group-commit batch and updates memory at once, so later requests in the same
+batch see it; readers only see what is durable (`visible_end`). A replica applies the records it
+receives through the same `apply` code, so master and slaves derive identical state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from txbroker.protocol.codes import TransactionState
+from txbroker.store import keys
+from txbroker.store.db import Database, last_key, last_key_with_prefix, open_database
+from txbroker.store.group_commit import Batch, GroupCommit
+from txbroker.store.records import (
+    COMMITTED, PARKED, PREPARED, ROLLED_BACK,
+    CheckRecord, EndRecord, FinishedTx, HalfRecord, NormalRecord, ParkRecord, PendingTx, Record,
+    ResumeRecord, TopicRecord, decode_finished, decode_pending, encode,
+)
+
+log = logging.getLogger(__name__)
+
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+
+
+class StateMachine:
+    def __init__(self, path: str, sync_flush: bool, on_fatal: Callable[[BaseException], None],
+                 observe_flush: Callable[[int, float], None] | None = None):
+        t0 = time.perf_counter()
+        self.path = path
+        self.db: Database = open_database(path)
+        h = self.db.handles
+        self._h_log, self._h_cq, self._h_pending, self._h_tx, self._h_meta = (
+            h["log"], h["cq"], h["pending"], h["tx"], h["meta"])
+        self.writer = GroupCommit(self.db.db, sync_flush, self._made_durable, on_fatal, observe_flush)
+        self.topics: dict[str, int] = {}
+        self.pending: dict[str, PendingTx] = {}
+        self._queue_end: dict[bytes, int] = {}  # next offset to assign, per queue prefix
+        self.visible_end: dict[bytes, int] = {}  # offsets below this are durable and readable
+        self._waiters: dict[bytes, list[asyncio.Future]] = {}
+        # Transactions changed by a batch not yet on disk: their batch, and (if finished) the outcome
+        # that the tx column family will hold once it is.
+        self._unsettled: dict[str, asyncio.Future] = {}
+        self._finishing: dict[str, FinishedTx] = {}
+        self.next_lsn = 1
+        self.durable_lsn = 0
+        self._recover()
+        self.recovery_seconds = time.perf_counter() - t0
+
+    # ---- recovery -------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        last = last_key(self.db.log)
+        self.next_lsn = (keys.lsn_from_key(last) + 1) if last else 1
+        self.durable_lsn = self.next_lsn - 1
+        for k, v in self.db.meta.items(from_key=b"topic/"):
+            if not k.startswith(b"topic/"):
+                break
+            self.topics[k[6:].decode()] = int(v)
+        for _k, v in self.db.pending.items():
+            p = decode_pending(v)
+            self.pending[p.transaction_id] = p
+        for topic, count in list(self.topics.items()) + [(TRANS_CHECK_MAX_TIME_TOPIC, 1)]:
+            for q in range(count):
+                self._load_queue_end(keys.queue_prefix(topic, q))
+        parked = sum(1 for p in self.pending.values() if p.state == PARKED)
+        log.info("recovered store %s: next LSN %d, %d topics, %d pending transactions (%d parked)",
+                 self.path, self.next_lsn, len(self.topics), len(self.pending) - parked, parked)
+
+    def _load_queue_end(self, prefix: bytes) -> int:
+        k = last_key_with_prefix(self.db.cq, prefix)
+        end = keys.cq_offset(k) + 1 if k else 0
+        self._queue_end[prefix] = end
+        self.visible_end[prefix] = end
+        return end
+
+    # ---- writing --------------------------------------------------------------------------
+
+    def reserve_offsets(self, prefix: bytes, n: int) -> int:
+        """Assign n consecutive offsets in a queue; returns the first."""
+        start = self._queue_end.get(prefix)
+        if start is None:
+            start = self._load_queue_end(prefix)
+        self._queue_end[prefix] = start + n
+        return start
+
+    def append(self, record: Record) -> tuple[int, asyncio.Future]:
+        """Make `record` part of the open batch; returns its LSN and the batch's durability future."""
+        b = self.writer.batch()
+        lsn = self.next_lsn
+        self.next_lsn = lsn + 1
+        b.wb.put(keys.lsn_key(lsn), encode(record), self._h_log)
+        self._apply(record, lsn, b)
+        b.records += 1
+        b.last_lsn = lsn
+        return lsn, b.future
+
+    def _apply(self, record: Record, lsn: int, b: Batch) -> None:
+        kind = type(record)
+        if kind is HalfRecord:
+            self._apply_half(record, lsn, b)
+        elif kind is EndRecord:
+            self._apply_end(record, lsn, b)
+        elif kind is NormalRecord:
+            self._index(b, lsn, [(m.topic, m.queue_id) for m in record.messages], record.queue_offsets)
+        elif kind is CheckRecord:
+            for txid in record.transaction_ids:
+                p = self.pending[txid]
+                p.checks += 1
+                p.last_check_ms = record.check_ms
+                b.wb.put(txid.encode(), encode(p), self._h_pending)
+        elif kind is ParkRecord:
+            p = self.pending[record.transaction_id]
+            p.state = PARKED
+            p.last_check_ms = record.park_ms
+            b.wb.put(p.transaction_id.encode(), encode(p), self._h_pending)
+            self._index(b, p.half_lsn, [(TRANS_CHECK_MAX_TIME_TOPIC, 0)] * len(p.destinations), record.queue_offsets)
+        elif kind is ResumeRecord:
+            p = self.pending[record.transaction_id]
+            p.state = PREPARED
+            p.checks = 0
+            p.last_check_ms = record.resume_ms
+            b.wb.put(p.transaction_id.encode(), encode(p), self._h_pending)
+        elif kind is TopicRecord:
+            self.topics[record.name] = record.queue_count
+            b.wb.put(b"topic/" + record.name.encode(), str(record.queue_count).encode(), self._h_meta)
+        else:  # pragma: no cover - the Record union is closed
+            raise TypeError(f"unknown record {kind.__name__}")
+
+    def _apply_half(self, r: HalfRecord, lsn: int, b: Batch) -> None:
+        first = r.messages[0].properties
+        immunity = first.get("CHECK_IMMUNITY_TIME_IN_SECONDS")
+        p = PendingTx(
+            transaction_id=r.transaction_id, producer_group=r.producer_group, half_lsn=lsn,
+            born_ms=r.born_ms, destinations=[(m.topic, m.queue_id) for m in r.messages],
+            immunity_ms=int(float(immunity) * 1000) if immunity else 0,
+        )
+        self.pending[r.transaction_id] = p
+        b.wb.put(r.transaction_id.encode(), encode(p), self._h_pending)
+        self._unsettled[r.transaction_id] = b.future
+        b.txids.append(r.transaction_id)
+
+    def _apply_end(self, r: EndRecord, lsn: int, b: Batch) -> None:
+        p = self.pending.pop(r.transaction_id)
+        tid = r.transaction_id.encode()
+        b.wb.delete(tid, self._h_pending)
+        committed = r.state == TransactionState.COMMIT
+        if committed:
+            self._index(b, p.half_lsn, p.destinations, r.queue_offsets)
+        done = FinishedTx(
+            transaction_id=r.transaction_id, producer_group=p.producer_group, half_lsn=p.half_lsn,
+            state=COMMITTED if committed else ROLLED_BACK, end_lsn=lsn, end_ms=r.end_ms,
+            message_count=len(p.destinations), queue_offsets=r.queue_offsets, by=r.by, checks=p.checks,
+        )
+        b.wb.put(tid, encode(done), self._h_tx)
+        self._finishing[r.transaction_id] = done
+        self._unsettled[r.transaction_id] = b.future
+        b.txids.append(r.transaction_id)
+
+    def _index(self, b: Batch, lsn: int, destinations, offsets) -> None:
+        """Queue-index entries for the messages of record `lsn` (becoming visible when durable)."""
+        put = b.wb.put
+        h = self._h_cq
+        visible = b.visible
+        queue_end = self._queue_end
+        prefix_of: dict[tuple[str, int], bytes] = {}
+        for i, (dest, off) in enumerate(zip(destinations, offsets)):
+            prefix = prefix_of.get(dest)
+            if prefix is None:
+                prefix = prefix_of[dest] = keys.queue_prefix(*dest)
+            put(prefix + keys.lsn_key(off), keys.cq_value(lsn, i), h)
+            end = off + 1
+            if visible.get(prefix, -1) < end:
+                visible[prefix] = end
+            if queue_end.get(prefix, 0) < end:  # a replica learns offsets from the record
+                queue_end[prefix] = end
+
+    def _made_durable(self, b: Batch) -> None:
+        self.durable_lsn = b.last_lsn
+        unsettled, finishing = self._unsettled, self._finishing
+        for txid in b.txids:
+            if unsettled.get(txid) is b.future:
+                del unsettled[txid]
+                finishing.pop(txid, None)
+        visible_end = self.visible_end
+        waiters = self._waiters
+        for prefix, end in b.visible.items():
+            if visible_end.get(prefix, 0) < end:
+                visible_end[prefix] = end
+            ws = waiters.pop(prefix, None)
+            if ws:
+                for w in ws:
+                    if not w.done():
+                        w.set_result(None)
+
+    # ---- waiting for visibility (long polling) -------------------------------------------------
+
+    def wait_visible(self, prefix: bytes) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(prefix, []).append(fut)
+        return fut
+
+    def forget_waiter(self, prefix: bytes, fut: asyncio.Future) -> None:
+        ws = self._waiters.get(prefix)
+        if ws and fut in ws:
+            ws.remove(fut)
+
+    # ---- lookups ---------------------------------------------------------------------------
+
+    def finished(self, transaction_id: str) -> FinishedTx | None:
+        f = self._finishing.get(transaction_id)
+        if f is not None:
+            return f
+        v = self.db.tx.get(transaction_id.encode())
+        return decode_finished(v) if v is not None else None
+
+    def durable_future(self, transaction_id: str) -> asyncio.Future | None:
+        """The batch that last changed this transaction, if it is not on disk yet."""
+        return self._unsettled.get(transaction_id)
+
+    def queue_end(self, topic: str, queue_id: int) -> int:
+        """Next offset to assign (master's view, may be ahead of what is durable)."""
+        prefix = keys.queue_prefix(topic, queue_id)
+        end = self._queue_end.get(prefix)
+        return end if end is not None else self._load_queue_end(prefix)
+
+    async def close(self) -> None:
+        await self.writer.drain()
+        self.writer.close()
+        self.db.close()
