@@ -190,7 +190,7 @@ class AdminApp:
             f = self.b.state.finished(txid)
             if f is None:
                 return _error(404, f"no transaction {txid!r} on this broker", "QUERY_NOT_FOUND")
-            doc = msgspec.to_builtins(f)
+            doc = msgspec.structs.asdict(f)
             doc["commit_log_offset"] = doc.pop("half_lsn")
             doc["messages"] = doc.pop("message_count")
         lsn = doc["commit_log_offset"]

@@ -1,0 +1,120 @@
+"""Fixtures shared by every test: real broker processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TXBROKER = str(Path(sys.executable).parent / "txbroker")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class BrokerProcess:
+    """A `txbroker broker` subprocess with its own data dir; can be killed and restarted on it."""
+
+    def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str]):
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.extra_args = extra_args
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self) -> "BrokerProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [TXBROKER, "broker", "--data-dir", str(self.data_dir), "--listen", self.address,
+             "--admin-listen", f"127.0.0.1:{self.admin_port}", *self.extra_args],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_until(self._ready, 20, what=f"broker on {self.address} to be ready (log: {self.log_path})")
+        return self
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"broker exited with {self.proc.returncode}: {self.log()[-2000:]}")
+        try:
+            with urllib.request.urlopen(self.admin_url + "/readyz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(20)
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        return self.kill(signal.SIGTERM)
+
+    def restart(self) -> "BrokerProcess":
+        self.stop()
+        return self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def broker_factory(tmp_path):
+    started: list[BrokerProcess] = []
+
+    def make(*args: str, name: str = "broker") -> BrokerProcess:
+        b = BrokerProcess(tmp_path / f"{name}-data", tmp_path / f"{name}.log", list(args))
+        started.append(b)
+        return b.start()
+
+    yield make
+    for b in started:
+        if b.proc is not None and b.proc.poll() is None:
+            b.proc.kill()
+            b.proc.wait(10)
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:
+    """A master with fast check-back (0.3 s interval, 0.2 s timeout) and ASYNC flush."""
+    return broker_factory("--check-interval-ms", "300", "--transaction-timeout-ms", "200")
+
+
+def run_cli(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    r = subprocess.run([TXBROKER, *args], capture_output=True, text=True, timeout=60, input=input,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if check and r.returncode != 0:
+        raise AssertionError(f"txbroker {' '.join(args)} exited {r.returncode}: {r.stderr}")
+    return r

@@ -1,0 +1,74 @@
+"""The `txbroker` command, as an operator on call would use it."""
+
+import json
+
+from conftest import run_cli, wait_until
+from txbroker.client import LocalTransactionState as S, Message, TransactionListener, TransactionProducer
+
+
+class Unknown(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return S.UNKNOWN
+
+    def check_local_transaction(self, msg):
+        return S.UNKNOWN
+
+
+def test_help_explains_every_command():
+    out = run_cli("--help").stdout
+    for cmd in ("broker", "topic", "send", "tail", "tx"):
+        assert cmd in out
+    assert "SIGTERM" in run_cli("broker", "--help").stdout
+    assert "resume" in run_cli("tx", "--help").stdout
+
+
+def test_broken_config_is_a_clear_error(tmp_path):
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('data_dir = "x"\nflush_disk_type = "SOMETIMES"\n')
+    r = run_cli("broker", "--config", str(cfg), check=False)
+    assert r.returncode == 2 and "flush_disk_type" in r.stderr
+
+
+def test_topics_send_and_tail(broker):
+    admin = ["--admin", broker.admin_url]
+    assert "Payments: 2 queues" in run_cli("topic", "create", "Payments", "--queues", "2", *admin).stdout
+    assert "Payments" in run_cli("topic", "list", *admin).stdout
+    out = run_cli("send", "--broker", broker.address, "--topic", "Payments", "--tags", "eu", "one", "two").stdout
+    assert out.count("SEND_OK") == 2
+    tail = run_cli("tail", "--broker", broker.address, "--topic", "Payments").stdout
+    assert "one" in tail and "two" in tail and "tags=eu" in tail
+    r = run_cli("send", "--broker", broker.address, "--topic", "bad topic", "x", check=False)
+    assert r.returncode == 1 and "invalid topic name" in r.stderr
+
+
+def test_tx_list_show_commit_rollback(broker):
+    admin = ["--admin", broker.admin_url]
+    with TransactionProducer("cli-pg", broker.address, Unknown()) as p:
+        keep = p.send_message_in_transaction(Message("Stuck", b"keep-me"), None).transaction_id
+        drop = p.send_message_in_transaction(Message("Stuck", b"drop-me"), None).transaction_id
+    listing = run_cli("tx", "list", *admin).stdout
+    assert keep in listing and drop in listing and "2 transactions" in listing
+    shown = json.loads(run_cli("tx", "show", keep, *admin).stdout)
+    assert shown["state"] == "PREPARED" and shown["first_message"]["body_preview"] == "keep-me"
+    assert "COMMITTED" in run_cli("tx", "commit", keep, *admin).stdout
+    assert "(already)" in run_cli("tx", "commit", keep, *admin).stdout
+    assert "ROLLED_BACK" in run_cli("tx", "rollback", drop, *admin).stdout
+    r = run_cli("tx", "commit", drop, *admin, check=False)
+    assert r.returncode == 1 and "already rolled back" in r.stderr
+    r = run_cli("tx", "resume", keep, *admin, check=False)
+    assert r.returncode == 1 and "already COMMITTED" in r.stderr
+    tail = run_cli("tail", "--broker", broker.address, "--topic", "Stuck").stdout
+    assert "keep-me" in tail and "drop-me" not in tail
+
+
+def test_metrics_and_broker_info(broker):
+    with TransactionProducer("m-pg", broker.address, Unknown()) as p:
+        txid = p.send_message_in_transaction(Message("Metered", b"x"), None).transaction_id
+        p.end(txid, S.COMMIT)
+    import urllib.request
+    text = urllib.request.urlopen(broker.admin_url + "/metrics").read().decode()
+    assert 'txbroker_transactions_total{outcome="commit"} 1.0' in text
+    assert 'txbroker_messages_sent_total{kind="half"} 1.0' in text
+    assert "txbroker_request_latency_seconds_bucket" in text
+    wait_until(lambda: "txbroker_pending_half_messages 0.0" in
+               urllib.request.urlopen(broker.admin_url + "/metrics").read().decode(), what="pending gauge")

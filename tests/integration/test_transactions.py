@@ -1,0 +1,313 @@
+"""Transactional messaging against a real broker process: the seeds' scenarios and I1-I4."""
+
+import threading
+import uuid
+
+import pytest
+
+from conftest import wait_until
+from txbroker.client import (
+    BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener,
+    TransactionProducer,
+)
+from txbroker.client.admin import AdminClient, AdminError
+
+
+def bodies(broker, topic):
+    with PullConsumer(broker.address) as c:
+        return sorted(m.body.decode() for m in c.read_all(topic))
+
+
+def pending(broker):
+    return AdminClient(broker.admin_url).get("/api/v1/transactions")["total"]
+
+
+class CyclingListener(TransactionListener):
+    """The seeds' TransactionListenerImpl: UNKNOWN first; check-back answers by index % 3."""
+
+    def __init__(self):
+        self.index = 0
+        self.states = {}
+        self.lock = threading.Lock()
+
+    def execute_local_transaction(self, msg, arg):
+        with self.lock:
+            self.states[msg.transaction_id] = self.index % 3
+            self.index += 1
+        return S.UNKNOWN
+
+    def check_local_transaction(self, msg):
+        return {0: S.UNKNOWN, 1: S.COMMIT, 2: S.ROLLBACK}[self.states.get(msg.transaction_id, 1)]
+
+
+def test_seed_index_mod_3_resolved_by_check_back(broker):
+    listener = CyclingListener()
+    with TransactionProducer("please_rename_unique_group_name", broker.address, listener) as p:
+        results = [p.send_message_in_transaction(Message("TopicTest", f"msg-{i}".encode()), None) for i in range(12)]
+        assert all(r.send_status == "SEND_OK" and r.local_state is S.UNKNOWN for r in results)
+        # Nothing is visible before check-back decides (I1).
+        assert bodies(broker, "TopicTest") == []
+        # Check-back commits 1 mod 3 and rolls back 2 mod 3; 0 mod 3 stay UNKNOWN and pending.
+        wait_until(lambda: pending(broker) == 4, what="check-back to resolve the COMMIT and ROLLBACK ones")
+    assert bodies(broker, "TopicTest") == sorted(f"msg-{i}" for i in range(12) if i % 3 == 1)
+    left = AdminClient(broker.admin_url).get("/api/v1/transactions")["transactions"]
+    assert all(t["checks"] >= 1 for t in left)
+
+
+class TransferListener(TransactionListener):
+    """The seeds' transfer example: the local transaction throws, so it is rolled back."""
+
+    def __init__(self, fail: bool):
+        self.fail = fail
+        self.states = {}
+
+    def execute_local_transaction(self, msg, arg):
+        try:
+            if self.fail:
+                raise RuntimeError("some exception occurred")
+            self.states[msg.transaction_id] = S.COMMIT
+            return S.COMMIT
+        except RuntimeError:
+            self.states[msg.transaction_id] = S.ROLLBACK
+            return S.ROLLBACK
+
+    def check_local_transaction(self, msg):
+        return self.states.get(msg.transaction_id, S.UNKNOWN)
+
+
+def test_seed_transfer_that_throws_is_rolled_back(broker):
+    with TransactionProducer("transfer_account_pg", broker.address, TransferListener(fail=True)) as p:
+        r = p.send_message_in_transaction(Message("TopicTransfer", b"transfer bill A->B $100"), None)
+    assert r.local_state is S.ROLLBACK and not r.end_error
+    assert bodies(broker, "TopicTransfer") == []
+    tx = AdminClient(broker.admin_url).get(f"/api/v1/transactions/{r.transaction_id}")
+    assert tx["state"] == "ROLLED_BACK"
+
+
+def test_listener_exception_counts_as_unknown_and_check_back_decides(broker):
+    class Raises(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            raise RuntimeError("database down")
+
+        def check_local_transaction(self, msg):
+            return S.COMMIT
+
+    with TransactionProducer("pg-raise", broker.address, Raises()) as p:
+        r = p.send_message_in_transaction(Message("TopicRaise", b"x"), None)
+        assert r.local_state is S.UNKNOWN
+        wait_until(lambda: bodies(broker, "TopicRaise") == ["x"], what="check-back commit")
+
+
+def test_dropped_end_transaction_is_recovered_by_check_back(broker):
+    """A producer commits locally but its END_TRANSACTION never reaches the broker."""
+    decided = {}
+
+    class Listener(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            decided[msg.transaction_id] = S.COMMIT
+            return S.UNKNOWN  # stands for the lost END_TRANSACTION: nothing is sent
+
+        def check_local_transaction(self, msg):
+            return decided[msg.transaction_id]
+
+    with TransactionProducer("pg-drop", broker.address, Listener()) as p:
+        r = p.send_message_in_transaction(Message("TopicDrop", b"paid"), None)
+        wait_until(lambda: bodies(broker, "TopicDrop") == ["paid"], what="check-back to commit the dropped END")
+        tx = AdminClient(broker.admin_url).get(f"/api/v1/transactions/{r.transaction_id}")
+        assert tx["state"] == "COMMITTED" and tx["by"] == "check"
+
+
+class Decided(TransactionListener):
+    def __init__(self, state):
+        self.state = state
+
+    def execute_local_transaction(self, msg, arg):
+        return self.state
+
+    def check_local_transaction(self, msg):
+        return self.state
+
+
+def test_many_messages_in_one_transaction_become_visible_together(broker):
+    msgs = [Message("TopicA" if i % 2 else "TopicB", f"m{i}".encode()) for i in range(50)]
+    with TransactionProducer("pg-batch", broker.address, Decided(S.COMMIT)) as p:
+        r = p.send_message_in_transaction(msgs, None)
+    assert len(r.msg_ids) == 50 and len(r.queue_offsets) == 50
+    assert bodies(broker, "TopicA") == sorted(f"m{i}" for i in range(50) if i % 2)
+    assert bodies(broker, "TopicB") == sorted(f"m{i}" for i in range(50) if not i % 2)
+
+
+def test_end_transaction_is_idempotent_and_never_revives(broker):
+    """I3: duplicate commits land once; commit after rollback and the reverse are refused."""
+    with TransactionProducer("pg-dup", broker.address, Decided(S.COMMIT)) as p:
+        r = p.send_message_in_transaction(Message("TopicDup", b"once"), None)
+        again = p.end(r.transaction_id, S.COMMIT)
+        assert again.already and again.queue_offsets == r.queue_offsets
+        with pytest.raises(BrokerError) as e:
+            p.end(r.transaction_id, S.ROLLBACK)
+        assert e.value.code_name == "TRANSACTION_SHOULD_COMMIT"
+    with TransactionProducer("pg-dup", broker.address, Decided(S.ROLLBACK)) as p:
+        rb = p.send_message_in_transaction(Message("TopicDup", b"never"), None)
+        with pytest.raises(BrokerError) as e:
+            p.end(rb.transaction_id, S.COMMIT)
+        assert e.value.code_name == "TRANSACTION_SHOULD_ROLLBACK" and "rolled back" in e.value.remark
+    assert bodies(broker, "TopicDup") == ["once"]
+
+
+def test_concurrent_duplicate_commits_land_exactly_once(broker):
+    """RocketMQ issue 5574: racing END_TRANSACTIONs (producer, retries, check-back) for one transaction."""
+    with TransactionProducer("pg-race", broker.address, Decided(S.UNKNOWN)) as p:
+        txids = [p.send_message_in_transaction(Message("TopicRace", f"r{i}".encode()), None).transaction_id
+                 for i in range(20)]
+        errors = []
+
+        def commit_all():
+            for t in txids:
+                try:
+                    p.end(t, S.COMMIT)
+                except BrokerError as e:  # pragma: no cover - would be the bug
+                    errors.append(e)
+
+        threads = [threading.Thread(target=commit_all) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert bodies(broker, "TopicRace") == sorted(f"r{i}" for i in range(20))
+
+
+def test_retried_half_send_with_the_same_id_stores_nothing_new(broker):
+    with TransactionProducer("pg-retry", broker.address, Decided(S.COMMIT)) as p:
+        txid = uuid.uuid4().hex
+        first = p.send_message_in_transaction(Message("TopicRetry", b"r"), None, transaction_id=txid)
+        second = p.send_message_in_transaction(Message("TopicRetry", b"r"), None, transaction_id=txid)
+    assert second.msg_ids == first.msg_ids
+    assert bodies(broker, "TopicRetry") == ["r"]
+
+
+def test_wrong_producer_group_and_unknown_transaction_are_refused(broker):
+    with TransactionProducer("owner", broker.address, Decided(S.UNKNOWN)) as owner, \
+            TransactionProducer("intruder", broker.address, Decided(S.UNKNOWN)) as intruder:
+        r = owner.send_message_in_transaction(Message("TopicOwn", b"mine"), None)
+        with pytest.raises(BrokerError) as e:
+            intruder.end(r.transaction_id, S.COMMIT)
+        assert e.value.code_name == "TRANSACTION_STATE_GROUP_WRONG" and "'owner'" in e.value.remark
+        with pytest.raises(BrokerError) as e:
+            intruder.end("no-such-transaction", S.COMMIT)
+        assert e.value.code_name == "QUERY_NOT_FOUND" and "no-such-transaction" in e.value.remark
+        owner.end(r.transaction_id, S.ROLLBACK)
+    assert bodies(broker, "TopicOwn") == []
+
+
+def test_plain_and_committed_messages_share_a_queue_in_order(broker):
+    with Producer("plain", broker.address) as plain, \
+            TransactionProducer("pg-mix", broker.address, Decided(S.COMMIT)) as tx:
+        plain.send(Message("TopicMix", b"p1", queue_id=0))
+        tx.send_message_in_transaction(Message("TopicMix", b"t1", queue_id=0), None)
+        plain.send(Message("TopicMix", b"p2", queue_id=0))
+    with PullConsumer(broker.address) as c:
+        r = c.pull("TopicMix", 0, 0)
+    assert [m.body for m in r.messages] == [b"p1", b"t1", b"p2"]
+    assert [m.queue_offset for m in r.messages] == [0, 1, 2]
+
+
+def test_immunity_time_delays_checks_without_burning_the_counter(broker):
+    """RocketMQ issue 8311: waiting out CHECK_IMMUNITY_TIME_IN_SECONDS counts no check."""
+    checked = threading.Event()
+
+    class Listener(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            return S.UNKNOWN
+
+        def check_local_transaction(self, msg):
+            checked.set()
+            return S.UNKNOWN
+
+    admin = AdminClient(broker.admin_url)
+    with TransactionProducer("pg-immune", broker.address, Listener()) as p:
+        msg = Message("TopicImmune", b"i", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "2"})
+        r = p.send_message_in_transaction(msg, None)
+        # Several scans (0.3 s apart) pass during the immunity: none may count.
+        scans = [admin.post("/api/v1/check-scan") for _ in range(5)]
+        assert all(s["checked"] == 0 for s in scans)
+        assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] == 0
+        assert not checked.is_set()
+        assert checked.wait(10), "check-back after the immunity time"
+        assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] >= 1
+
+
+def test_check_max_parks_then_resume_and_commit(broker_factory):
+    b = broker_factory("--check-interval-ms", "200", "--transaction-timeout-ms", "100", "--check-max", "3")
+    admin = AdminClient(b.admin_url)
+    with TransactionProducer("pg-park", b.address, Decided(S.UNKNOWN)) as p:
+        r = p.send_message_in_transaction(Message("TopicPark", b"stuck"), None)
+        wait_until(lambda: admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "PARKED",
+                   what="the transaction to be parked after 3 checks")
+    tx = admin.get(f"/api/v1/transactions/{r.transaction_id}")
+    assert tx["checks"] == 3
+    with PullConsumer(b.address) as c:
+        parked = c.read_all("TRANS_CHECK_MAX_TIME_TOPIC")
+    assert [m.body for m in parked] == [b"stuck"]
+    assert bodies(b, "TopicPark") == []
+    admin.post(f"/api/v1/transactions/{r.transaction_id}/resume")
+    assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] == 0
+    admin.post(f"/api/v1/transactions/{r.transaction_id}/commit")
+    assert bodies(b, "TopicPark") == ["stuck"]
+
+
+def test_reject_transaction_message_answers_no_permission(broker_factory):
+    b = broker_factory("--reject-transaction-message")
+    with TransactionProducer("pg-reject", b.address, Decided(S.COMMIT)) as p:
+        with pytest.raises(BrokerError) as e:
+            p.send_message_in_transaction(Message("TopicReject", b"x"), None)
+    assert e.value.code_name == "NO_PERMISSION"
+
+
+def test_slave_refuses_end_transaction_and_changes_nothing(broker_factory):
+    b = broker_factory("--role", "slave", "--master", "127.0.0.1:1")
+    with TransactionProducer("pg-slave", b.address, Decided(S.COMMIT)) as p:
+        with pytest.raises(BrokerError) as e:
+            p.end("any-transaction", S.COMMIT)
+        assert e.value.code_name == "SLAVE_NOT_AVAILABLE"
+        # A half send is refused too; the producer rolls back without running the local transaction.
+        r = p.send_message_in_transaction(Message("TopicSlave", b"x"), None)
+        assert r.send_status == "SLAVE_NOT_AVAILABLE" and r.local_state is S.ROLLBACK
+    assert AdminClient(b.admin_url).get("/api/v1/broker")["log_end_offset"] == 0
+    assert AdminClient(b.admin_url).get("/api/v1/transactions")["total"] == 0
+
+
+def test_check_back_goes_only_to_the_same_group_and_spreads_over_producers(broker):
+    asked = {"a1": 0, "a2": 0, "b": 0}
+
+    def listener(name, state):
+        class L(TransactionListener):
+            def execute_local_transaction(self, msg, arg):
+                return S.UNKNOWN
+
+            def check_local_transaction(self, msg):
+                asked[name] += 1
+                return state
+        return L()
+
+    with TransactionProducer("group-a", broker.address, listener("a1", S.UNKNOWN)) as a1, \
+            TransactionProducer("group-a", broker.address, listener("a2", S.UNKNOWN)), \
+            TransactionProducer("group-b", broker.address, listener("b", S.COMMIT)):
+        for i in range(10):
+            a1.send_message_in_transaction(Message("TopicGroups", f"a{i}".encode()), None)
+        wait_until(lambda: asked["a1"] >= 10 and asked["a2"] >= 10, what="checks spread over both producers of group-a")
+    assert asked["b"] == 0
+
+
+def test_admin_reload_changes_check_interval_live(broker_factory):
+    b = broker_factory("--check-interval-ms", "60000", "--transaction-timeout-ms", "100")
+    admin = AdminClient(b.admin_url)
+    with TransactionProducer("pg-live", b.address, Decided(S.UNKNOWN)) as p:
+        r = p.send_message_in_transaction(Message("TopicLive", b"x"), None)
+        p._async.listener = Decided(S.COMMIT)
+        admin.put("/api/v1/groups/pg-live/transaction", {"check_interval_ms": 300, "generation": 7})
+        wait_until(lambda: bodies(b, "TopicLive") == ["x"], what="check-back at the new interval")
+    assert admin.get("/api/v1/config")["groups"]["pg-live"]["generation"] == 7
+    with pytest.raises(AdminError, match="check_interval_ms"):
+        admin.put("/api/v1/groups/pg-live/transaction", {"check_interval_ms": "soon"})
+    assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "COMMITTED"
