@@ -1,5 +1,6 @@
 """Transactional messaging against a real broker process: the seeds' scenarios and I1-I4."""
 
+import asyncio
 import threading
 import uuid
 
@@ -11,6 +12,10 @@ from txbroker.client import (
     TransactionProducer,
 )
 from txbroker.client.admin import AdminClient, AdminError
+from txbroker.client.connection import BrokerClient
+from txbroker.client.errors import BrokerUnavailable
+from txbroker.protocol.bodies import EndTransactionRequest, SendRequest
+from txbroker.protocol.codes import RequestCode, TransactionState
 
 
 def bodies(broker, topic):
@@ -266,15 +271,29 @@ def test_reject_transaction_message_answers_no_permission(broker_factory):
 
 def test_slave_refuses_end_transaction_and_changes_nothing(broker_factory):
     b = broker_factory("--role", "slave", "--master", "127.0.0.1:1")
-    with TransactionProducer("pg-slave", b.address, Decided(S.COMMIT)) as p:
-        with pytest.raises(BrokerError) as e:
-            p.end("any-transaction", S.COMMIT)
-        assert e.value.code_name == "SLAVE_NOT_AVAILABLE"
-        # A half send is refused too; the producer rolls back without running the local transaction.
-        r = p.send_message_in_transaction(Message("TopicSlave", b"x"), None)
-        assert r.send_status == "SLAVE_NOT_AVAILABLE" and r.local_state is S.ROLLBACK
-    assert AdminClient(b.admin_url).get("/api/v1/broker")["log_end_offset"] == 0
+
+    async def ask():
+        client = BrokerClient(b.address, require_master=False)
+        try:
+            with pytest.raises(BrokerError) as end:
+                await client.request(RequestCode.END_TRANSACTION,
+                                     EndTransactionRequest("pg", "any-transaction", TransactionState.COMMIT))
+            with pytest.raises(BrokerError) as half:
+                await client.request(RequestCode.SEND_MESSAGE,
+                                     SendRequest("pg", [Message("TopicSlave", b"x")], "tx-1"))
+            return end.value, half.value
+        finally:
+            await client.close()
+
+    end, half = asyncio.run(ask())
+    assert end.code_name == "SLAVE_NOT_AVAILABLE" and "slave" in end.remark
+    assert half.code_name == "SLAVE_NOT_AVAILABLE"
+    info = AdminClient(b.admin_url).get("/api/v1/broker")
+    assert info["role"] == "slave" and info["log_end_offset"] == 0
     assert AdminClient(b.admin_url).get("/api/v1/transactions")["total"] == 0
+    # A producer given only the slave finds no master and says so.
+    with pytest.raises(BrokerUnavailable, match="no master"):
+        TransactionProducer("pg-slave", b.address, Decided(S.COMMIT), request_timeout=1).start()
 
 
 def test_check_back_goes_only_to_the_same_group_and_spreads_over_producers(broker):

@@ -56,6 +56,7 @@ class AdminApp:
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics)
         r.add_get("/api/v1/broker", self.broker_info)
+        r.add_post("/api/v1/role", self.change_role)
         r.add_get("/api/v1/config", self.get_config)
         r.add_put("/api/v1/config/transaction", self.put_transaction_defaults)
         r.add_get("/api/v1/groups", self.list_groups)
@@ -104,8 +105,22 @@ class AdminApp:
             "durable_offset": b.state.durable_lsn, "flush_disk_type": b.config.flush_disk_type,
             "pending_transactions": pending, "parked_transactions": parked, "topics": len(b.state.topics),
             "connections": len(b.connections), "producer_groups": b.producers.counts(),
-            "recovery_seconds": round(b.state.recovery_seconds, 4),
+            "recovery_seconds": round(b.state.recovery_seconds, 4), "fenced_by": b.role.fenced_by,
+            "local_durable_offset": b.state.local_durable_lsn, "replication": b.replication_status(),
         })
+
+    async def change_role(self, request):
+        """{"role": "master", "epoch": E} promotes; {"role": "slave", "master": ADDR, "epoch": E} demotes."""
+        doc = await request.json()
+        if not isinstance(doc, dict) or doc.get("role") not in ("master", "slave") or not isinstance(doc.get("epoch"), int):
+            return _error(400, 'body must be {"role": "master"|"slave", "epoch": N[, "master": "HOST:PORT"]}', "MALFORMED")
+        if doc["role"] == "master":
+            await self.b.promote(doc["epoch"])
+        else:
+            if not isinstance(doc.get("master"), str) or ":" not in doc["master"]:
+                return _error(400, "demotion needs the new master's address as master: HOST:PORT", "MALFORMED")
+            await self.b.demote(doc["master"], doc["epoch"])
+        return await self.broker_info(request)
 
     async def get_config(self, request):
         b = self.b

@@ -51,10 +51,12 @@ class CheckService:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.last_scan: ScanResult | None = None
+        settings.on_change(self._wake.set)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="check-back")
-        self._settings.on_change(self._wake.set)
+        """Runs on the master only; a promoted slave starts it from the pending transactions it holds."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="check-back")
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -40,6 +40,12 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     role: Literal["master", "slave"] = "master"
     master: str = ""  # the master's data-plane address, for a slave
     flush_disk_type: Literal["SYNC", "ASYNC"] = "ASYNC"
+    # SYNC: a write is answered once `sync_replicas` slaves have it (RocketMQ's SYNC_MASTER);
+    # ASYNC: once the master has it (ASYNC_MASTER).
+    replication_mode: Literal["SYNC", "ASYNC"] = "ASYNC"
+    sync_replicas: int = 1
+    replication_timeout_ms: int = 3_000  # then FLUSH_SLAVE_TIMEOUT
+    slave_read_enable: bool = False  # a slave serves pulls of replicated messages
     auto_create_topic: bool = True
     default_queue_count: int = 4
     max_message_size: int = 4 * 1024 * 1024
@@ -64,6 +70,10 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"default_queue_count must be between 1 and 1024, got {self.default_queue_count}")
         if not 1024 <= self.max_message_size <= 64 * 1024 * 1024:
             raise ConfigError(f"max_message_size must be between 1 KiB and 64 MiB, got {self.max_message_size}")
+        if not 1 <= self.sync_replicas <= 8:
+            raise ConfigError(f"sync_replicas must be between 1 and 8, got {self.sync_replicas}")
+        if self.replication_timeout_ms < 10:
+            raise ConfigError(f"replication_timeout_ms must be at least 10, got {self.replication_timeout_ms}")
         self.transaction.validate()
         return self
 
@@ -75,7 +85,7 @@ def parse_address(text: str, name: str = "address") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-_FLUSH_ALIASES = {"SYNC_FLUSH": "SYNC", "ASYNC_FLUSH": "ASYNC"}
+_FLUSH_ALIASES = {"SYNC_FLUSH": "SYNC", "ASYNC_FLUSH": "ASYNC", "SYNC_MASTER": "SYNC", "ASYNC_MASTER": "ASYNC"}
 
 
 def load_config(path: str | None, overrides: dict) -> BrokerConfig:
@@ -92,8 +102,9 @@ def load_config(path: str | None, overrides: dict) -> BrokerConfig:
     for key, value in overrides.items():
         if value is not None:
             raw[key] = value
-    if "flush_disk_type" in raw:
-        raw["flush_disk_type"] = _FLUSH_ALIASES.get(str(raw["flush_disk_type"]).upper(), str(raw["flush_disk_type"]).upper())
+    for key in ("flush_disk_type", "replication_mode"):
+        if key in raw:
+            raw[key] = _FLUSH_ALIASES.get(str(raw[key]).upper(), str(raw[key]).upper())
     try:
         cfg = msgspec.convert(raw, BrokerConfig)
     except msgspec.ValidationError as e:

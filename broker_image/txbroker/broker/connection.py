@@ -38,6 +38,8 @@ class BrokerConnection(asyncio.Protocol):
         self._writing_paused = False
         self._closing = False
         self.transport: asyncio.Transport | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
         self.peer = "?"
         self.client_id = ""
 
@@ -54,16 +56,24 @@ class BrokerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._broker.connections.discard(self)
         self._broker.producers.remove(self)
+        self._broker.leader.remove(self)
         self._metrics.connections.dec()
         self._closing = True
+        self._writable.set()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        self._writable.clear()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._writable.set()
         self._update_reading()
+
+    async def drained(self) -> None:
+        """Wait until the peer has taken what was written (or the connection is gone)."""
+        await self._writable.wait()
 
     def data_received(self, data: bytes) -> None:
         for item in self._decoder.feed(data):
@@ -87,6 +97,8 @@ class BrokerConnection(asyncio.Protocol):
             reply = handler(self, frame.body)
         except Exception as e:  # noqa: BLE001 - every failure becomes an answer, see _failure
             reply = self._failure(frame, e)
+        if reply is None:  # a one-way request handled in full
+            return
         if inspect.isawaitable(reply):
             self._track(+1)
             task = asyncio.ensure_future(reply)
@@ -101,7 +113,10 @@ class BrokerConnection(asyncio.Protocol):
 
     def _durable_done(self, frame: Frame, reply: Reply, durable: asyncio.Future, started: float) -> None:
         self._track(-1)
-        if durable.cancelled() or durable.exception() is not None:
+        err = None if durable.cancelled() else durable.exception()
+        if isinstance(err, RequestError):  # e.g. FLUSH_SLAVE_TIMEOUT: stored, but not as promised
+            reply = Reply(err.code, None, err.remark)
+        elif durable.cancelled() or err is not None:
             reply = Reply(ResponseCode.SYSTEM_ERROR, None, "the broker could not store the request; it is restarting")
         self._respond(frame, reply, started)
 
@@ -167,7 +182,8 @@ class BrokerConnection(asyncio.Protocol):
         return not self._writing_paused and not self._closing
 
     def send_oneway(self, code: int, body) -> None:
-        self.transport.write(encode_frame(FLAG_ONEWAY, code, 0, encode(body)))
+        if not self._closing:
+            self.transport.write(encode_frame(FLAG_ONEWAY, code, 0, encode(body)))
 
     def close(self) -> None:
         if self.transport is not None and not self._closing:

@@ -1,8 +1,13 @@
-"""The broker's role (master or slave) and epoch. Only a master changes state (invariant I5)."""
+"""The broker's role (master or slave) and epoch. Only a master changes state (invariant I5).
+
+The epoch lives in the log (EpochRecord), so master and slaves agree on it; this object only
+says what this broker is now. A master that learns of a higher epoch is `fenced`: it answers
+CONTROLLER_FENCED_MASTER_EPOCH until it is told where the new master is.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable
 
 from txbroker.broker.replies import RequestError
 from txbroker.protocol.codes import ResponseCode
@@ -11,17 +16,27 @@ MASTER = "master"
 SLAVE = "slave"
 
 
-@dataclass
 class RoleState:
-    role: str
-    epoch: int = 0
-    master_address: str = ""
+    def __init__(self, role: str, epoch: Callable[[], int], master_address: str = ""):
+        self.role = role
+        self._epoch = epoch
+        self.master_address = master_address
+        self.fenced_by = 0  # the higher epoch that deposed this broker, if any
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch()
 
     @property
     def is_master(self) -> bool:
         return self.role == MASTER
 
     def require_master(self) -> None:
-        if self.role != MASTER:
-            where = f"; the master is {self.master_address}" if self.master_address else ""
-            raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, f"this broker is a slave and changes nothing{where}")
+        if self.role == MASTER:
+            return
+        if self.fenced_by:
+            raise RequestError(ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
+                               f"this broker was master at epoch {self.epoch} and has been deposed by epoch "
+                               f"{self.fenced_by}; it changes nothing")
+        where = f"; the master is {self.master_address}" if self.master_address else ""
+        raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, f"this broker is a slave and changes nothing{where}")

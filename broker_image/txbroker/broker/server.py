@@ -15,11 +15,16 @@ from txbroker.broker.config import BrokerConfig, parse_address
 from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.producers import ProducerRegistry
-from txbroker.broker.role import RoleState
+from txbroker.broker.replication.follower import ReplicationFollower
+from txbroker.broker.replication.leader import ReplicationLeader
+from txbroker.broker.replies import RequestError
+from txbroker.broker.role import MASTER, SLAVE, RoleState
 from txbroker.broker.settings import SettingsBook
 from txbroker.broker.topics import TopicRegistry
-from txbroker.broker.transactions import TransactionService
+from txbroker.broker.transactions import TransactionService, now_ms
+from txbroker.protocol.codes import ResponseCode
 from txbroker.store.reads import MessageReader
+from txbroker.store.records import EpochRecord
 from txbroker.store.state import StateMachine
 
 log = logging.getLogger(__name__)
@@ -34,7 +39,7 @@ class Broker:
         self.state = StateMachine(config.data_dir, config.flush_disk_type == "SYNC", self._fatal,
                                   self.metrics.observe_flush)
         self.reader = MessageReader(self.state)
-        self.role = RoleState(config.role, master_address=config.master)
+        self.role = RoleState(config.role, lambda: self.state.epoch, config.master)
         self.topics = TopicRegistry(self.state, config.auto_create_topic, config.default_queue_count,
                                     config.max_message_size)
         self.settings = SettingsBook(config.transaction, self.state.db.meta)
@@ -43,6 +48,8 @@ class Broker:
                                                config.reject_transaction_message)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
+        self.leader = ReplicationLeader(self)
+        self.follower: ReplicationFollower | None = None
         self.handlers = processors.handlers(self)
         self.connections: set[BrokerConnection] = set()
         self.ready = False
@@ -61,12 +68,19 @@ class Broker:
         await self._admin_runner.setup()
         await web.TCPSite(self._admin_runner, ahost, aport, reuse_address=True).start()
         if self.role.is_master:
+            if self.state.epoch == 0:  # a new master opens epoch 1
+                await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
+            self.leader.attach()
             self.check_service.start()
+        elif self.config.master:
+            self.follower = ReplicationFollower(self, self.config.master)
+            self.follower.start()
         self.ready = True
         pending, parked = self.transactions.counts()
-        log.info("broker %s started as %s in %.3fs (store recovered in %.3fs): data %s, admin %s, flush %s, "
-                 "%d pending and %d parked transactions",
-                 self.config.broker_name, self.role.role, time.perf_counter() - t0 + self.state.recovery_seconds,
+        log.info("broker %s started as %s at epoch %d in %.3fs (store recovered in %.3fs): data %s, admin %s, "
+                 "flush %s, %d pending and %d parked transactions",
+                 self.config.broker_name, self.role.role, self.role.epoch,
+                 time.perf_counter() - t0 + self.state.recovery_seconds,
                  self.state.recovery_seconds, self.data_address, self.admin_address, self.config.flush_disk_type,
                  pending, parked)
 
@@ -90,6 +104,8 @@ class Broker:
         if self._server is not None:
             self._server.close()
         await self.check_service.stop()
+        if self.follower is not None:
+            await self.follower.stop()
         for conn in list(self.connections):
             conn.close()
         if self._admin_runner is not None:
@@ -99,6 +115,63 @@ class Broker:
         self._server = None
         self.stopped.set()
         log.info("broker %s stopped", self.config.broker_name)
+
+    # ---- role changes (the operator calls these through the admin API) -------------------------
+
+    async def promote(self, epoch: int) -> None:
+        """Become master at `epoch`, which must be above every epoch this broker has seen."""
+        if epoch <= self.state.epoch:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"promotion needs an epoch above the current {self.state.epoch}, got {epoch}")
+        if self.follower is not None:
+            await self.follower.stop()  # what was received is already applied
+            self.follower = None
+        await self.state.writer.drain()
+        self.role.role = MASTER
+        self.role.master_address = ""
+        self.role.fenced_by = 0
+        await self.state.append(EpochRecord(epoch, self.config.broker_name, now_ms()))[1]
+        self.leader.attach()
+        self.check_service.start()
+        pending, parked = self.transactions.counts()
+        log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
+                    epoch, self.state.next_lsn - 1, pending, parked)
+
+    async def demote(self, master: str, epoch: int) -> None:
+        """Become a slave of `master`, which leads at `epoch` (not below ours)."""
+        if epoch < self.state.epoch:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"the new master's epoch {epoch} is below this broker's {self.state.epoch}")
+        self._step_down(f"demoted: the master is {master} at epoch {epoch}")
+        await self.check_service.stop()
+        self.role.master_address = master
+        self.role.fenced_by = 0
+        if self.follower is not None:
+            await self.follower.stop()
+        self.follower = ReplicationFollower(self, master)
+        self.follower.start()
+        log.warning("now a slave of %s (epoch %d)", master, epoch)
+
+    def fence(self, epoch: int, why: str) -> None:
+        """A higher epoch exists: stop acting as master at once (no split brain)."""
+        if not self.role.is_master or epoch <= self.state.epoch:
+            return
+        log.error("fenced: %s, above our epoch %d; refusing writes and END_TRANSACTION from now on",
+                  why, self.state.epoch)
+        self._step_down(f"fenced by epoch {epoch}")
+        self.role.fenced_by = epoch
+        asyncio.ensure_future(self.check_service.stop())
+
+    def _step_down(self, reason: str) -> None:
+        self.role.role = SLAVE
+        if self.leader.active:
+            self.leader.detach(reason)
+
+    def replication_status(self) -> dict:
+        if self.role.is_master:
+            return {"slaves": self.leader.status(), "mode": self.config.replication_mode,
+                    "sync_replicas": self.config.sync_replicas}
+        return self.follower.status() if self.follower else {"master": "", "connected": False}
 
     def _fatal(self, exc: BaseException) -> None:
         self.exit_code = EXIT_STORE_FAILED

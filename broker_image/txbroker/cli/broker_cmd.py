@@ -24,6 +24,13 @@ def register(sub) -> None:
     p.add_argument("--broker-name", help="name shown in logs, metrics and answers")
     p.add_argument("--flush-disk-type", choices=["SYNC", "ASYNC", "SYNC_FLUSH", "ASYNC_FLUSH"],
                    help="SYNC: acknowledge after fsync (group commit); ASYNC (default): after the write")
+    p.add_argument("--replication-mode", choices=["SYNC", "ASYNC"],
+                   help="SYNC: answer writes once --sync-replicas slaves have them; ASYNC (default): once the master has")
+    p.add_argument("--sync-replicas", type=int, help="slaves that must acknowledge a SYNC write (default 1)")
+    p.add_argument("--replication-timeout-ms", type=int,
+                   help="wait this long for slave acknowledgements, then answer FLUSH_SLAVE_TIMEOUT (default 3000)")
+    p.add_argument("--slave-read-enable", action="store_true", default=None,
+                   help="as a slave, serve pulls of replicated messages")
     p.add_argument("--check-interval-ms", type=int, help="transaction check-back interval (default 60000)")
     p.add_argument("--transaction-timeout-ms", type=int, help="age before a half message is checked (default 6000)")
     p.add_argument("--check-max", type=int, help="checks before a transaction is parked (default 15)")
@@ -42,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         "master": args.master, "broker_name": args.broker_name, "flush_disk_type": args.flush_disk_type,
         "max_message_size": args.max_message_size, "reject_transaction_message": args.reject_transaction_message,
         "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
+        "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,
+        "replication_timeout_ms": args.replication_timeout_ms, "slave_read_enable": args.slave_read_enable,
     }
     tx = {"check_interval_ms": args.check_interval_ms, "timeout_ms": args.transaction_timeout_ms,
           "check_max": args.check_max}

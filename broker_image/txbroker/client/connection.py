@@ -13,7 +13,7 @@ from typing import Callable
 import msgspec
 
 from txbroker.client.errors import BrokerError, BrokerUnavailable, RequestTimeout
-from txbroker.protocol.bodies import ErrorBody, decoder, encode
+from txbroker.protocol.bodies import ErrorBody, HeartbeatRequest, HeartbeatResponse, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import FLAG_ONEWAY, Frame, FrameDecoder, FrameError, encode_frame
 
@@ -119,40 +119,45 @@ def parse_brokers(brokers) -> list[str]:
 
 
 class BrokerClient:
-    """Requests to whichever broker of the list answers, reconnecting with backoff.
+    """Requests to the brokers of a list, reconnecting with backoff and following the master.
 
-    `on_connect` runs on every new connection before it is used (heartbeats register producer
-    groups there, so a reconnected producer gets its check-backs again).
+    Every new connection starts with a HEARTBEAT that registers the client's producer groups (so a
+    reconnected producer gets its check-backs again) and tells the broker's role. A client that
+    `require_master` passes over slaves, and on a "not master" answer (a slave's
+    SLAVE_NOT_AVAILABLE, a deposed master's CONTROLLER_FENCED_MASTER_EPOCH) finds the master and
+    retries, within the deadline, the requests that are safe to repeat.
     """
 
-    def __init__(self, brokers, *, request_timeout: float = 10.0, connect_timeout: float = 3.0,
-                 on_request: Callable[[Connection, Frame], None] | None = None,
-                 on_connect: Callable[[Connection], "asyncio.Future"] | None = None):
+    def __init__(self, brokers, *, client_id: str = "", producer_groups: list[str] | None = None,
+                 require_master: bool = True, request_timeout: float = 10.0, connect_timeout: float = 3.0,
+                 on_request: Callable[[Connection, Frame], None] | None = None):
         self.addresses = parse_brokers(brokers)
+        self.client_id = client_id
+        self.producer_groups = producer_groups or []
+        self.require_master = require_master
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self._on_request = on_request
-        self._on_connect = on_connect
         self._conn: Connection | None = None
         self._connecting: asyncio.Future | None = None
         self._index = 0
         self._closed = False
 
+    @property
+    def address(self) -> str:
+        return self._conn.address if self._conn is not None else ""
+
     async def connection(self, deadline: float) -> Connection:
         conn = self._conn
         if conn is not None and conn.is_open:
             return conn
-        if self._connecting is None:
+        if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.ensure_future(self._connect(deadline))
-        try:
-            return await asyncio.shield(self._connecting)
-        finally:
-            if self._connecting is not None and self._connecting.done():
-                self._connecting = None
+        return await asyncio.shield(self._connecting)
 
     async def _connect(self, deadline: float) -> Connection:
         delay = 0.05
-        errors: list[str] = []
+        errors: dict[str, str] = {}
         while not self._closed:
             address = self.addresses[self._index % len(self.addresses)]
             conn = Connection(address)
@@ -160,47 +165,76 @@ class BrokerClient:
                 conn._on_request = lambda frame, c=conn: self._on_request(c, frame)
             try:
                 await conn.open(min(self.connect_timeout, max(deadline - time.monotonic(), 0.01)))
-                if self._on_connect is not None:
-                    await self._on_connect(conn)
+                hb = await self._heartbeat(conn)
+                if self.require_master and hb.role != "master":
+                    if hb.master and hb.master not in self.addresses:
+                        self.addresses.append(hb.master)  # the slave says where the master is
+                    raise _NotMaster(f"{hb.role} at epoch {hb.epoch}")
                 self._conn = conn
                 return conn
-            except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout) as e:
+            except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout, _NotMaster) as e:
                 conn.close()
-                errors.append(f"{address}: {e or type(e).__name__}")
+                errors[address] = str(e) or type(e).__name__
                 self._index += 1
-            if time.monotonic() + delay > deadline:
-                raise BrokerUnavailable("no broker reachable: " + "; ".join(errors[-len(self.addresses):]))
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 2.0)
+            if self._index % len(self.addresses) == 0:  # tried them all: back off
+                if time.monotonic() + delay > deadline:
+                    raise BrokerUnavailable(("no master among " if self.require_master else "no broker reachable: ")
+                                            + "; ".join(f"{a}: {m}" for a, m in errors.items()))
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
         raise BrokerUnavailable("client is closed")
+
+    async def _heartbeat(self, conn: Connection) -> HeartbeatResponse:
+        frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, self.producer_groups)),
+                                self.connect_timeout)
+        if frame.code != ResponseCode.SUCCESS:
+            raise ConnectionLost(f"heartbeat refused by {conn.address}: {_error_decoder.decode(frame.body).remark}")
+        return _heartbeat_decoder.decode(frame.body)
+
+    def _drop(self, conn: Connection) -> None:
+        if self._conn is conn:
+            self._conn = None
+            self._index += 1
+        conn.close()
 
     async def request(self, code: RequestCode, body, response_type=None, *, timeout: float | None = None,
                       retry: bool = True):
         """Send a request and decode the answer; BrokerError on an error code.
 
-        With `retry`, a lost connection is retried (on a new connection) until the timeout; only
-        pass it for requests that are safe to repeat (idempotent ones).
+        With `retry`, a lost connection or a "not master" answer is retried on the master until the
+        timeout; only pass it for requests that are safe to repeat (idempotent ones).
         """
         timeout = self.request_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         payload = encode(body)
+        name = RequestCode(code).name
         while True:
             conn = await self.connection(deadline)
             try:
                 frame = await conn.call(code, payload, max(deadline - time.monotonic(), 0.01))
-                break
             except ConnectionLost as e:
                 if not retry or time.monotonic() >= deadline:
-                    raise BrokerUnavailable(f"{RequestCode(code).name}: {e}") from None
-        if frame.code != ResponseCode.SUCCESS:
-            try:
-                remark = _error_decoder.decode(frame.body).remark
-            except msgspec.DecodeError:
-                remark = "(no detail)"
-            raise BrokerError(conn.address, RequestCode(code).name, frame.code, remark)
+                    raise BrokerUnavailable(f"{name}: {e}") from None
+                continue
+            if frame.code == ResponseCode.SUCCESS:
+                break
+            remark = _remark(frame)
+            if (retry and self.require_master and frame.code in _NOT_MASTER
+                    and time.monotonic() < deadline and not await self._still_master(conn)):
+                log.info("%s: %s is no longer master (%s); looking for the master", name, conn.address, remark)
+                self._drop(conn)
+                continue
+            raise BrokerError(conn.address, name, frame.code, remark)
         if response_type is None:
             return None
         return decoder(response_type).decode(frame.body)
+
+    async def _still_master(self, conn: Connection) -> bool:
+        """SLAVE_NOT_AVAILABLE also answers a SYNC write on a master without slaves: ask which it is."""
+        try:
+            return (await self._heartbeat(conn)).role == "master"
+        except (ConnectionLost, RequestTimeout):
+            return False
 
     def send_oneway(self, code: int, body) -> None:
         if self._conn is not None:
@@ -211,3 +245,18 @@ class BrokerClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class _NotMaster(Exception):
+    pass
+
+
+_NOT_MASTER = (ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH)
+_heartbeat_decoder = decoder(HeartbeatResponse)
+
+
+def _remark(frame: Frame) -> str:
+    try:
+        return _error_decoder.decode(frame.body).remark
+    except msgspec.DecodeError:
+        return "(no detail)"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient
-from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, Message, SendRequest, SendResponse, encode
+from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, Message, SendRequest, SendResponse
 from txbroker.protocol.codes import RequestCode
 
 
@@ -44,10 +44,8 @@ class AsyncProducer:
         self.group = group
         self.client_id = new_client_id()
         self.retry_sends = retry_sends  # a retried plain send can store a message twice
-        self.client = BrokerClient(brokers, request_timeout=request_timeout, on_connect=self._register)
-
-    async def _register(self, conn) -> None:
-        await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, [self.group])), self.client.connect_timeout)
+        self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
+                                   request_timeout=request_timeout)
 
     async def start(self) -> "AsyncProducer":
         await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id, [self.group]),

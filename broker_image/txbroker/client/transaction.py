@@ -86,8 +86,8 @@ class AsyncTransactionProducer:
         self.group = group
         self.listener = listener
         self.client_id = new_client_id()
-        self.client = BrokerClient(brokers, request_timeout=request_timeout, on_request=self._on_request,
-                                   on_connect=self._register)
+        self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
+                                   request_timeout=request_timeout, on_request=self._on_request)
         # Check-backs run on a bounded pool, as RocketMQ's checkExecutor; beyond the queue they are
         # dropped (the broker asks again at its next interval).
         self._check_pool = concurrent.futures.ThreadPoolExecutor(check_workers, thread_name_prefix="txbroker-check")
@@ -102,10 +102,6 @@ class AsyncTransactionProducer:
         await self.client.connection(time.monotonic() + self.client.request_timeout)
         self._heartbeat_task = asyncio.ensure_future(self._heartbeats())
         return self
-
-    async def _register(self, conn: Connection) -> None:
-        await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, [self.group])),
-                        self.client.connect_timeout)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -148,11 +144,12 @@ class AsyncTransactionProducer:
 
     async def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None) -> TransactionSendResult:
         msgs = as_list(msg_or_msgs)
+        txid = transaction_id or uuid.uuid4().hex
         try:
-            sent = await self.prepare(msgs, transaction_id)
+            sent = await self.prepare(msgs, txid)
         except BrokerError as e:
             if e.code in _NOT_STORED_CODES:
-                return await self._not_stored(e, transaction_id or "", msgs)
+                return await self._not_stored(e, txid, msgs)
             raise
         state = await self._execute(msg_or_msgs, arg, sent.transaction_id)
         return await self._finish(sent, state)
@@ -184,11 +181,15 @@ class AsyncTransactionProducer:
         log.warning("half message not safely stored (%s): rolling back without running the local transaction",
                     e.code_name)
         result = TransactionSendResult(e.code_name, txid, [], LocalTransactionState.ROLLBACK)
-        if txid:
-            try:
-                await self.end(txid, LocalTransactionState.ROLLBACK)
-            except ClientError as end_error:
+        try:
+            await self.end(txid, LocalTransactionState.ROLLBACK)
+        except BrokerError as end_error:
+            # The rollback may itself be "stored on the master only" (same replication state):
+            # it is recorded there all the same, so only other refusals are worth reporting.
+            if end_error.code not in _NOT_STORED_CODES:
                 result.end_error = str(end_error)
+        except ClientError as end_error:
+            result.end_error = str(end_error)
         return result
 
     # ---- check-back ------------------------------------------------------------------------------
@@ -264,11 +265,12 @@ class TransactionProducer:
     def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None) -> TransactionSendResult:
         a = self._async
         msgs = as_list(msg_or_msgs)
+        txid = transaction_id or uuid.uuid4().hex
         try:
-            sent = background.run(a.prepare(msgs, transaction_id))
+            sent = background.run(a.prepare(msgs, txid))
         except BrokerError as e:
             if e.code in _NOT_STORED_CODES:
-                return background.run(a._not_stored(e, transaction_id or "", msgs))
+                return background.run(a._not_stored(e, txid, msgs))
             raise
         try:
             state = _state_of(a.listener.execute_local_transaction(msg_or_msgs, arg), "execute_local_transaction",

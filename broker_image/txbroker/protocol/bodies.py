@@ -103,6 +103,7 @@ class HeartbeatResponse(Struct, array_like=True, omit_defaults=True):
     broker_name: str
     role: str
     epoch: int = 0
+    master: str = ""  # where the master is, as this broker knows it
 
 
 class PullRequest(Struct, array_like=True, omit_defaults=True):
@@ -140,6 +141,29 @@ class CreateTopicRequest(Struct, array_like=True, omit_defaults=True):
 
 class ViewMessageRequest(Struct, array_like=True):
     msg_id: str
+
+
+class ReplicaSubscribe(Struct, array_like=True, omit_defaults=True):
+    slave_name: str
+    next_lsn: int  # first record the slave needs
+    epoch: int  # the highest epoch in the slave's log
+    address: str = ""  # the slave's own data-plane address, for status
+
+
+class ReplicaWelcome(Struct, array_like=True, omit_defaults=True):
+    master_epoch: int
+    truncate_after: int = -1  # >= 0: drop records after this LSN first, then subscribe again
+
+
+class ReplicaRecords(Struct, array_like=True):
+    first_lsn: int
+    records: list[bytes]
+    master_epoch: int
+
+
+class ReplicaAck(Struct, array_like=True):
+    durable_lsn: int
+    epoch: int
 
 
 class Empty(Struct, array_like=True):

@@ -18,6 +18,11 @@ class RequestCode(IntEnum):
     END_TRANSACTION = 37
     CHECK_TRANSACTION_STATE = 39
     GET_ROUTEINFO_BY_TOPIC = 105
+    # Replication between brokers (RocketMQ runs its HA service on a port of its own; ours shares
+    # the data plane's framing and port).
+    REPLICATION_SUBSCRIBE = 900  # slave -> master: send me records from LSN n
+    REPLICATION_PUSH = 901  # master -> slave, one-way: records
+    REPLICATION_ACK = 902  # slave -> master, one-way: durable up to LSN n
 
 
 class ResponseCode(IntEnum):

@@ -23,14 +23,16 @@ log = logging.getLogger(__name__)
 
 
 class Batch:
-    __slots__ = ("wb", "future", "visible", "records", "last_lsn", "txids", "on_durable")
+    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "on_durable")
 
     def __init__(self, future: asyncio.Future) -> None:
         self.wb = WriteBatch(raw_mode=True)
         self.future = future
         self.visible: dict[bytes, int] = {}  # queue prefix -> end offset made visible by this batch
         self.records = 0
+        self.first_lsn = 0
         self.last_lsn = 0
+        self.raw: list[bytes] = []  # the encoded records, in LSN order, for replication
         self.txids: list[str] = []  # transactions prepared or finished in this batch
         self.on_durable: list[Callable[[], None]] = []
 
@@ -38,6 +40,9 @@ class Batch:
 class GroupCommit:
     def __init__(self, db, sync: bool, on_durable: Callable[[Batch], None],
                  on_fatal: Callable[[BaseException], None], observe_flush: Callable[[int, float], None] | None = None):
+        # `hold(batch, complete)`, when set, is told of every locally written batch and calls
+        # complete(batch, error) when it may be answered (SYNC replication waits for slaves there).
+        self.hold: Callable[[Batch, Callable[[Batch, BaseException | None], None]], None] | None = None
         self._db = db
         self._sync = sync
         self._wo = WriteOptions()
@@ -100,13 +105,25 @@ class GroupCommit:
             b.future.exception()  # mark retrieved
             self._on_fatal(error)
             return
+        if self.hold is not None:
+            self.hold(b, self.complete)
+        else:
+            self.complete(b, None)
+        if self._open is not None:
+            self._flush()
+
+    def complete(self, b: Batch, error: BaseException | None) -> None:
+        """The batch is durable (and replicated as required): make it visible and answer."""
         self._on_durable(b)
         for cb in b.on_durable:
             cb()
-        if not b.future.done():
+        if b.future.done():
+            return
+        if error is None:
             b.future.set_result(None)
-        if self._open is not None:
-            self._flush()
+        else:
+            b.future.set_exception(error)
+            b.future.exception()  # answered through the connection; no "never retrieved" noise
 
     async def drain(self) -> None:
         """Wait until everything added so far is durable."""

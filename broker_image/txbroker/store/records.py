@@ -7,7 +7,7 @@ On-disk format, version 1 (STORE_FORMAT_VERSION, kept under meta key b"format"):
   cq             topic 0x00 u16 BE queue u64 BE offset  u64 BE LSN + u32 BE index in that record
   pending        transaction id (utf-8)               PendingTx (prepared or parked transactions)
   tx             transaction id (utf-8)               FinishedTx (committed or rolled back)
-  meta           b"format" | b"topic/<name>" | b"config/<key>" | b"epoch"
+  meta           b"format" | b"topic/<name>" | b"config/group/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
 
 A half message batch is stored once (HalfRecord, "under RMQ_SYS_TRANS_HALF_TOPIC"); committing it
 writes queue-index entries that point at that same record plus the op record (EndRecord, "in
@@ -80,7 +80,15 @@ class TopicRecord(Struct, tag="T", array_like=True):
     queue_count: int
 
 
-Record = HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord
+class EpochRecord(Struct, tag="X", array_like=True):
+    """First record a master writes at a new epoch: marks where that epoch's records begin."""
+
+    epoch: int
+    broker_name: str
+    start_ms: int
+
+
+Record = HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord | EpochRecord
 
 PREPARED = "PREPARED"
 PARKED = "PARKED"

@@ -19,8 +19,8 @@ from txbroker.store.db import Database, last_key, last_key_with_prefix, open_dat
 from txbroker.store.group_commit import Batch, GroupCommit
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
-    CheckRecord, EndRecord, FinishedTx, HalfRecord, NormalRecord, ParkRecord, PendingTx, Record,
-    ResumeRecord, TopicRecord, decode_finished, decode_pending, encode,
+    CheckRecord, EndRecord, EpochRecord, FinishedTx, HalfRecord, NormalRecord, ParkRecord, PendingTx, Record,
+    ResumeRecord, TopicRecord, decode_finished, decode_pending, decode_record, encode,
 )
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,10 @@ class StateMachine:
         self._h_log, self._h_cq, self._h_pending, self._h_tx, self._h_meta = (
             h["log"], h["cq"], h["pending"], h["tx"], h["meta"])
         self.writer = GroupCommit(self.db.db, sync_flush, self._made_durable, on_fatal, observe_flush)
+        self.writer.hold = self._written_locally
+        # Replication sets this to hold a written batch's answer until slaves have it.
+        self.replication_hold = None
+        self.epochs: list[tuple[int, int]] = []  # (epoch, first LSN of that epoch), ascending
         self.topics: dict[str, int] = {}
         self.pending: dict[str, PendingTx] = {}
         self._queue_end: dict[bytes, int] = {}  # next offset to assign, per queue prefix
@@ -48,7 +52,8 @@ class StateMachine:
         self._unsettled: dict[str, asyncio.Future] = {}
         self._finishing: dict[str, FinishedTx] = {}
         self.next_lsn = 1
-        self.durable_lsn = 0
+        self.durable_lsn = 0  # written, and replicated as required: visible to readers
+        self.local_durable_lsn = 0  # written to the local disk (what replication can ship)
         self._recover()
         self.recovery_seconds = time.perf_counter() - t0
 
@@ -57,7 +62,11 @@ class StateMachine:
     def _recover(self) -> None:
         last = last_key(self.db.log)
         self.next_lsn = (keys.lsn_from_key(last) + 1) if last else 1
-        self.durable_lsn = self.next_lsn - 1
+        self.durable_lsn = self.local_durable_lsn = self.next_lsn - 1
+        for k, v in self.db.meta.items(from_key=b"epoch/"):
+            if not k.startswith(b"epoch/"):
+                break
+            self.epochs.append((keys.lsn_from_key(k[6:]), int(v)))
         for k, v in self.db.meta.items(from_key=b"topic/"):
             if not k.startswith(b"topic/"):
                 break
@@ -69,8 +78,19 @@ class StateMachine:
             for q in range(count):
                 self._load_queue_end(keys.queue_prefix(topic, q))
         parked = sum(1 for p in self.pending.values() if p.state == PARKED)
-        log.info("recovered store %s: next LSN %d, %d topics, %d pending transactions (%d parked)",
-                 self.path, self.next_lsn, len(self.topics), len(self.pending) - parked, parked)
+        log.info("recovered store %s: next LSN %d, epoch %d, %d topics, %d pending transactions (%d parked)",
+                 self.path, self.next_lsn, self.epoch, len(self.topics), len(self.pending) - parked, parked)
+
+    @property
+    def epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else 0
+
+    def epoch_end(self, epoch: int) -> int:
+        """Last LSN written at `epoch` or before (the log end if no later epoch exists)."""
+        for e, start in self.epochs:
+            if e > epoch:
+                return start - 1
+        return self.next_lsn - 1
 
     def _load_queue_end(self, prefix: bytes) -> int:
         k = last_key_with_prefix(self.db.cq, prefix)
@@ -94,11 +114,38 @@ class StateMachine:
         b = self.writer.batch()
         lsn = self.next_lsn
         self.next_lsn = lsn + 1
-        b.wb.put(keys.lsn_key(lsn), encode(record), self._h_log)
+        raw = encode(record)
+        b.wb.put(keys.lsn_key(lsn), raw, self._h_log)
         self._apply(record, lsn, b)
+        if not b.records:
+            b.first_lsn = lsn
         b.records += 1
         b.last_lsn = lsn
+        b.raw.append(raw)
         return lsn, b.future
+
+    def apply_replicated(self, lsn: int, raw: bytes) -> asyncio.Future:
+        """A slave applies the master's record `lsn` exactly as the master did."""
+        if lsn != self.next_lsn:
+            raise ValueError(f"replicated record {lsn} does not follow the local log end {self.next_lsn - 1}")
+        record = decode_record(raw)
+        b = self.writer.batch()
+        self.next_lsn = lsn + 1
+        b.wb.put(keys.lsn_key(lsn), raw, self._h_log)
+        self._apply(record, lsn, b)
+        if not b.records:
+            b.first_lsn = lsn
+        b.records += 1
+        b.last_lsn = lsn
+        b.raw.append(raw)
+        return b.future
+
+    def _written_locally(self, b: Batch, complete) -> None:
+        self.local_durable_lsn = b.last_lsn
+        if self.replication_hold is not None:
+            self.replication_hold(b, complete)
+        else:
+            complete(b, None)
 
     def _apply(self, record: Record, lsn: int, b: Batch) -> None:
         kind = type(record)
@@ -129,6 +176,9 @@ class StateMachine:
         elif kind is TopicRecord:
             self.topics[record.name] = record.queue_count
             b.wb.put(b"topic/" + record.name.encode(), str(record.queue_count).encode(), self._h_meta)
+        elif kind is EpochRecord:
+            self.epochs.append((record.epoch, lsn))
+            b.wb.put(b"epoch/" + keys.lsn_key(record.epoch), str(lsn).encode(), self._h_meta)
         else:  # pragma: no cover - the Record union is closed
             raise TypeError(f"unknown record {kind.__name__}")
 
@@ -197,6 +247,52 @@ class StateMachine:
                 for w in ws:
                     if not w.done():
                         w.set_result(None)
+
+    # ---- truncation (a returning old master rejoins as a slave) ------------------------------
+
+    async def truncate_after(self, last_kept: int) -> int:
+        """Drop log records after `last_kept` and rebuild all derived state from the log.
+
+        Derived state cannot be un-applied record by record, so it is rebuilt by replaying the kept
+        log: slow for a long log, but it runs only when a deposed master rejoins with records the
+        new master never had. Returns how many records were dropped.
+        """
+        await self.writer.drain()
+        dropped = self.next_lsn - 1 - last_kept
+        log.warning("truncating the log after LSN %d (%d records the new master does not have); "
+                    "rebuilding derived state from the log", last_kept, dropped)
+        db = self.db
+        if dropped > 0:
+            db.log.delete_range(keys.lsn_key(last_kept + 1), keys.lsn_key(2**64 - 1))
+        for cf in (db.cq, db.pending, db.tx):
+            cf.delete_range(b"", b"\xff" * 16)
+        db.meta.delete_range(b"epoch/", b"epoch0")
+        db.meta.delete_range(b"topic/", b"topic0")
+        self.topics.clear()
+        self.pending.clear()
+        self._queue_end.clear()
+        self.visible_end.clear()
+        self.epochs.clear()
+        self._unsettled.clear()
+        self._finishing.clear()
+        self.next_lsn = 1
+        replayed = 0
+        for k, raw in db.log.items():
+            lsn = keys.lsn_from_key(k)
+            if lsn > last_kept:
+                break
+            b = self.writer.batch()
+            self._apply(decode_record(raw), lsn, b)
+            b.last_lsn = lsn
+            self.next_lsn = lsn + 1
+            replayed += 1
+            if replayed % 10_000 == 0:
+                await self.writer.drain()
+                log.info("rebuild: %d records replayed", replayed)
+        await self.writer.drain()
+        self.durable_lsn = self.local_durable_lsn = self.next_lsn - 1
+        log.warning("rebuild done: %d records replayed, log end %d", replayed, self.next_lsn - 1)
+        return max(dropped, 0)
 
     # ---- waiting for visibility (long polling) -------------------------------------------------
 

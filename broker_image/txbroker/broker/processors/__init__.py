@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from txbroker.protocol.codes import RequestCode
 
-from . import client, end_transaction, message, pull, send, topic
+from . import client, end_transaction, message, pull, replication, send, topic
 
 
 def handlers(broker) -> dict[int, object]:
@@ -19,4 +19,6 @@ def handlers(broker) -> dict[int, object]:
         RequestCode.GET_ROUTEINFO_BY_TOPIC: topic.RouteProcessor(broker),
         RequestCode.UPDATE_AND_CREATE_TOPIC: topic.CreateTopicProcessor(broker),
         RequestCode.VIEW_MESSAGE_BY_ID: message.ViewMessageProcessor(broker),
+        RequestCode.REPLICATION_SUBSCRIBE: replication.SubscribeProcessor(broker),
+        RequestCode.REPLICATION_ACK: replication.AckProcessor(broker),
     }

@@ -14,7 +14,7 @@ class HeartbeatProcessor:
         conn.client_id = req.client_id
         self._broker.producers.heartbeat(conn, req.producer_groups)
         role = self._broker.role
-        return ok(HeartbeatResponse(self._broker.config.broker_name, role.role, role.epoch))
+        return ok(HeartbeatResponse(self._broker.config.broker_name, role.role, role.epoch, role.master_address))
 
 
 class UnregisterProcessor:

@@ -17,9 +17,13 @@ class PullProcessor:
         self._topics = broker.topics
         self._reader = broker.reader
         self._state = broker.state
+        self._role = broker.role
+        self._slave_reads = broker.config.slave_read_enable
 
     async def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        if not self._slave_reads:
+            self._role.require_master()
         count = self._topics.queue_count(req.topic)
         if count is None:
             return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")

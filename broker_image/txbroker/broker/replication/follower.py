@@ -1,0 +1,122 @@
+"""The slave's side of replication: subscribe to the master, apply its records, acknowledge them.
+
+Runs until stopped, reconnecting with backoff. If the master says the slave holds records it does
+not share (a deposed master coming back), the slave truncates them and rebuilds its state before
+subscribing again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from txbroker.client.connection import Connection, ConnectionLost
+from txbroker.client.errors import RequestTimeout
+from txbroker.protocol.bodies import ErrorBody, ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome, decoder, encode
+from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
+from txbroker.protocol.framing import Frame
+
+log = logging.getLogger(__name__)
+
+_records = decoder(ReplicaRecords)
+_welcome = decoder(ReplicaWelcome)
+_error = decoder(ErrorBody)
+
+
+class ReplicationFollower:
+    def __init__(self, broker, master: str):
+        self._broker = broker
+        self._state = broker.state
+        self.master = master
+        self.connected = False
+        self.last_error = ""
+        self._conn: Connection | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._conn is not None:
+            self._conn.close()
+        self.connected = False
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                if await self._session():
+                    delay = 0.05
+                    continue
+            except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout) as e:
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.info("replication from %s: %s; retrying", self.master, self.last_error)
+            except Exception:  # a bug must not end replication silently
+                log.exception("replication from %s failed; retrying", self.master)
+            self.connected = False
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+
+    async def _session(self) -> bool:
+        """One connection's life. True: reconnect at once (after a truncation)."""
+        conn = self._conn = Connection(self.master, self._on_push)
+        await conn.open(3.0)
+        state = self._state
+        req = ReplicaSubscribe(self._broker.config.broker_name, state.next_lsn, state.epoch,
+                               self._broker.config.listen)
+        frame = await conn.call(RequestCode.REPLICATION_SUBSCRIBE, encode(req), 10.0)
+        if frame.code != ResponseCode.SUCCESS:
+            self.last_error = f"{code_name(frame.code)}: {_error.decode(frame.body).remark}"
+            log.warning("master %s refused replication: %s", self.master, self.last_error)
+            conn.close()
+            return False
+        welcome = _welcome.decode(frame.body)
+        if welcome.truncate_after >= 0:
+            conn.close()
+            await state.truncate_after(welcome.truncate_after)
+            return True
+        self.connected = True
+        self.last_error = ""
+        log.info("replicating from %s (epoch %d) from LSN %d", self.master, welcome.master_epoch, req.next_lsn)
+        await conn.closed.wait()
+        log.warning("replication connection to %s closed", self.master)
+        return False
+
+    def _on_push(self, frame: Frame) -> None:
+        if frame.code != RequestCode.REPLICATION_PUSH:
+            return
+        conn = self._conn
+        try:
+            batch = _records.decode(frame.body)
+            if batch.master_epoch < self._state.epoch:
+                log.error("ignoring records from %s at epoch %d, older than ours (%d)", self.master,
+                          batch.master_epoch, self._state.epoch)
+                conn.close()
+                return
+            fut = None
+            for i, raw in enumerate(batch.records):
+                fut = self._state.apply_replicated(batch.first_lsn + i, raw)
+        except ValueError as e:  # a gap or overlap: subscribe again from our log end
+            log.warning("replication from %s out of step (%s); resubscribing", self.master, e)
+            conn.close()
+            return
+        if fut is not None:
+            last = batch.first_lsn + len(batch.records) - 1
+            fut.add_done_callback(lambda f, c=conn, n=last: self._ack(c, f, n))
+
+    def _ack(self, conn: Connection, fut: asyncio.Future, lsn: int) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        conn.send_oneway(RequestCode.REPLICATION_ACK, encode(ReplicaAck(lsn, self._state.epoch)))
+
+    def status(self) -> dict:
+        return {"master": self.master, "connected": self.connected, "replicated_offset": self._state.durable_lsn,
+                "last_error": self.last_error}

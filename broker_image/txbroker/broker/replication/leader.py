@@ -1,0 +1,214 @@
+"""The master's side of replication: one feed per subscribed slave, and SYNC acknowledgement.
+
+A feed is `live` when the slave is caught up: new batches are pushed to it as they are written.
+Otherwise (new subscriber, or a slave too slow to take pushes) a catch-up task reads the log from
+disk and streams it until the slave is caught up. SYNC mode answers a batch when `sync_replicas`
+slaves have acknowledged it; with fewer slaves in sync it answers SLAVE_NOT_AVAILABLE at once,
+and FLUSH_SLAVE_TIMEOUT if the acknowledgements do not come in time. In both cases the write is
+stored on the master (as in RocketMQ) but not promised to survive a failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+from txbroker.broker.replies import RequestError, error, ok
+from txbroker.protocol.bodies import ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome
+from txbroker.protocol.codes import RequestCode, ResponseCode
+from txbroker.store import keys
+from txbroker.store.group_commit import Batch
+
+log = logging.getLogger(__name__)
+
+CHUNK_RECORDS = 512
+CHUNK_BYTES = 1 << 20
+
+
+class ReplicaFeed:
+    __slots__ = ("conn", "name", "address", "next_lsn", "acked_lsn", "live", "task", "since")
+
+    def __init__(self, conn, name: str, address: str, next_lsn: int):
+        self.conn = conn
+        self.name = name
+        self.address = address
+        self.next_lsn = next_lsn
+        self.acked_lsn = next_lsn - 1
+        self.live = False
+        self.task: asyncio.Task | None = None
+        self.since = time.time()
+
+
+class ReplicationLeader:
+    def __init__(self, broker):
+        self._broker = broker
+        self._state = broker.state
+        cfg = broker.config
+        self.sync = cfg.replication_mode == "SYNC"
+        self.sync_replicas = cfg.sync_replicas
+        self.timeout = cfg.replication_timeout_ms / 1000
+        self.feeds: dict[object, ReplicaFeed] = {}
+        self._held: collections.deque = collections.deque()  # (batch, complete, deadline)
+        self._timer: asyncio.TimerHandle | None = None
+        self.active = False
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        self.active = True
+        self._state.replication_hold = self.hold
+
+    def detach(self, reason: str) -> None:
+        """Stop leading (demoted or fenced): answer what is held, drop the slaves."""
+        self.active = False
+        self._state.replication_hold = None
+        self._fail_held(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, reason))
+        for feed in list(self.feeds.values()):
+            self.remove(feed.conn)
+            feed.conn.close()
+
+    # ---- slaves come and go -----------------------------------------------------------------------
+
+    def subscribe(self, conn, req: ReplicaSubscribe):
+        self._broker.role.require_master()
+        state = self._state
+        if req.epoch > state.epoch:
+            self._broker.fence(req.epoch, f"slave {req.slave_name} is at epoch {req.epoch}")
+            return error(ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
+                         f"this master is at epoch {state.epoch}, behind the slave's {req.epoch}")
+        if req.next_lsn < 1:
+            return error(ResponseCode.MESSAGE_ILLEGAL, f"next_lsn must be at least 1, got {req.next_lsn}")
+        last = req.next_lsn - 1
+        shared_end = state.epoch_end(req.epoch) if req.epoch < state.epoch else state.next_lsn - 1
+        if last > shared_end:
+            log.warning("slave %s has records %d..%d this master does not share (its epoch %d, ours %d): "
+                        "it must truncate after %d", req.slave_name, shared_end + 1, last, req.epoch, state.epoch,
+                        shared_end)
+            return ok(ReplicaWelcome(state.epoch, shared_end))
+        old = self.feeds.pop(conn, None)
+        if old is not None and old.task is not None:
+            old.task.cancel()
+        feed = self.feeds[conn] = ReplicaFeed(conn, req.slave_name, req.address, req.next_lsn)
+        feed.task = asyncio.ensure_future(self._catch_up(feed))
+        log.info("slave %s (%s) subscribed from LSN %d; log end %d", req.slave_name, req.address or conn.peer,
+                 req.next_lsn, state.next_lsn - 1)
+        return ok(ReplicaWelcome(state.epoch))
+
+    def remove(self, conn) -> None:
+        feed = self.feeds.pop(conn, None)
+        if feed is not None:
+            if feed.task is not None:
+                feed.task.cancel()
+            log.warning("slave %s disconnected (acknowledged up to %d)", feed.name, feed.acked_lsn)
+
+    def ack(self, conn, req: ReplicaAck) -> None:
+        feed = self.feeds.get(conn)
+        if feed is None:
+            return
+        if req.epoch > self._state.epoch:
+            self._broker.fence(req.epoch, f"slave {feed.name} acknowledged at epoch {req.epoch}")
+            return
+        if req.durable_lsn > feed.acked_lsn:
+            feed.acked_lsn = req.durable_lsn
+            if self._held:
+                self._release()
+
+    # ---- shipping ----------------------------------------------------------------------------------
+
+    def hold(self, b: Batch, complete) -> None:
+        """Called for every batch written locally: push it to live slaves; answer now or when acknowledged."""
+        if b.raw:
+            epoch = self._state.epoch
+            msg = None
+            for feed in self.feeds.values():
+                if feed.live and feed.next_lsn == b.first_lsn:
+                    if not feed.conn.writable():
+                        feed.live = False  # too slow for pushes: catch up from disk instead
+                        feed.task = asyncio.ensure_future(self._catch_up(feed))
+                        continue
+                    if msg is None:
+                        msg = ReplicaRecords(b.first_lsn, b.raw, epoch)
+                    feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, msg)
+                    feed.next_lsn = b.last_lsn + 1
+        if not self.sync or not b.raw:
+            if self._held:
+                self._held.append((b, complete, 0.0))
+                self._release()
+            else:
+                complete(b, None)
+            return
+        if self.in_sync() < self.sync_replicas:
+            self._fail_held(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark()))
+            complete(b, RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark()))
+            return
+        self._held.append((b, complete, time.monotonic() + self.timeout))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
+        self._release()
+
+    def in_sync(self) -> int:
+        return sum(1 for f in self.feeds.values() if f.live)
+
+    def _no_slave_remark(self) -> str:
+        return (f"SYNC replication needs {self.sync_replicas} slave(s) in sync, {self.in_sync()} connected and caught up: "
+                f"stored on the master only")
+
+    def _release(self) -> None:
+        acked = sorted((f.acked_lsn for f in self.feeds.values()), reverse=True)
+        need = self.sync_replicas if self.sync else 0
+        replicated = acked[need - 1] if need and len(acked) >= need else (2**63 if not need else -1)
+        held = self._held
+        while held and (held[0][0].last_lsn <= replicated or held[0][2] == 0.0):
+            b, complete, _ = held.popleft()
+            complete(b, None)
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        held = self._held
+        while held and held[0][2] and held[0][2] <= now:
+            b, complete, _ = held.popleft()
+            complete(b, RequestError(ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                                     f"no acknowledgement from {self.sync_replicas} slave(s) within "
+                                     f"{self.timeout:.1f}s: stored on the master only"))
+        self._release()
+        if held:
+            self._timer = asyncio.get_running_loop().call_later(max(held[0][2] - now, 0.001), self._expire)
+
+    def _fail_held(self, err: RequestError) -> None:
+        while self._held:
+            b, complete, _ = self._held.popleft()
+            complete(b, err)
+
+    async def _catch_up(self, feed: ReplicaFeed) -> None:
+        state = self._state
+        log_cf = state.db.log
+        try:
+            while self.feeds.get(feed.conn) is feed:
+                end = state.local_durable_lsn
+                if feed.next_lsn > end:
+                    feed.live = True
+                    if self._held:
+                        self._release()
+                    return
+                records: list[bytes] = []
+                size = 0
+                for k, v in log_cf.items(from_key=keys.lsn_key(feed.next_lsn)):
+                    if keys.lsn_from_key(k) > end:
+                        break
+                    records.append(v)
+                    size += len(v)
+                    if len(records) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
+                        break
+                feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, ReplicaRecords(feed.next_lsn, records, state.epoch))
+                feed.next_lsn += len(records)
+                await feed.conn.drained()
+        except asyncio.CancelledError:
+            pass
+
+    def status(self) -> list[dict]:
+        end = self._state.next_lsn - 1
+        return [{"name": f.name, "address": f.address or f.conn.peer, "acknowledged_offset": f.acked_lsn,
+                 "lag": end - f.acked_lsn, "in_sync": f.live} for f in self.feeds.values()]
