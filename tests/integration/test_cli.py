@@ -41,7 +41,8 @@ def test_topics_send_and_tail(broker):
     assert r.returncode == 1 and "invalid topic name" in r.stderr
 
 
-def test_tx_list_show_commit_rollback(broker):
+def test_tx_list_show_commit_rollback(broker_factory):
+    broker = broker_factory("--check-interval-ms", "60000")  # no check-back parks them mid-test
     admin = ["--admin", broker.admin_url]
     with TransactionProducer("cli-pg", broker.address, Unknown()) as p:
         keep = p.send_message_in_transaction(Message("Stuck", b"keep-me"), None).transaction_id
