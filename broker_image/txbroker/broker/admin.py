@@ -105,6 +105,7 @@ class AdminApp:
             "durable_offset": b.state.durable_lsn, "flush_disk_type": b.config.flush_disk_type,
             "pending_transactions": pending, "parked_transactions": parked, "topics": len(b.state.topics),
             "connections": len(b.connections), "producer_groups": b.producers.counts(),
+            "consumer_groups": b.consumers.groups(),
             "recovery_seconds": round(b.state.recovery_seconds, 4), "fenced_by": b.role.fenced_by,
             "local_durable_offset": b.state.local_durable_lsn, "replication": b.replication_status(),
         })

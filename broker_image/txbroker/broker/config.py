@@ -52,6 +52,9 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     reject_transaction_message: bool = False
     max_inflight_per_connection: int = 1024
     producer_expiry_ms: int = 120_000  # a producer silent this long gets no more check-backs
+    consumer_expiry_ms: int = 120_000  # a consumer silent this long leaves its group
+    # Delays of the retry levels; a failed message's first retry waits level 3 (RocketMQ's levels).
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     log_level: str = "INFO"
     transaction: TransactionSettings = field(default_factory=TransactionSettings)
 
@@ -74,6 +77,11 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"sync_replicas must be between 1 and 8, got {self.sync_replicas}")
         if self.replication_timeout_ms < 10:
             raise ConfigError(f"replication_timeout_ms must be at least 10, got {self.replication_timeout_ms}")
+        from txbroker.broker.schedule_service import parse_delay_levels
+        try:
+            parse_delay_levels(self.message_delay_level)
+        except ValueError as e:
+            raise ConfigError(f"message_delay_level: {e}") from None
         self.transaction.validate()
         return self
 

@@ -57,6 +57,7 @@ class BrokerConnection(asyncio.Protocol):
         self._broker.connections.discard(self)
         self._broker.producers.remove(self)
         self._broker.leader.remove(self)
+        self._broker.consumers.remove_connection(self)
         self._metrics.connections.dec()
         self._closing = True
         self._writable.set()

@@ -13,12 +13,14 @@ from txbroker.broker.admin import AdminApp
 from txbroker.broker.check_service import CheckService
 from txbroker.broker.config import BrokerConfig, parse_address
 from txbroker.broker.connection import BrokerConnection
+from txbroker.broker.consumers import ConsumerRegistry
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.replication.follower import ReplicationFollower
 from txbroker.broker.replication.leader import ReplicationLeader
 from txbroker.broker.replies import RequestError
 from txbroker.broker.role import MASTER, SLAVE, RoleState
+from txbroker.broker.schedule_service import ScheduleService, parse_delay_levels
 from txbroker.broker.settings import SettingsBook
 from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transactions import TransactionService, now_ms
@@ -40,10 +42,14 @@ class Broker:
                                   self.metrics.observe_flush)
         self.reader = MessageReader(self.state)
         self.role = RoleState(config.role, lambda: self.state.epoch, config.master)
+        levels = parse_delay_levels(config.message_delay_level)
         self.topics = TopicRegistry(self.state, config.auto_create_topic, config.default_queue_count,
-                                    config.max_message_size)
+                                    config.max_message_size, len(levels))
         self.settings = SettingsBook(config.transaction, self.state.db.meta)
         self.producers = ProducerRegistry(config.producer_expiry_ms)
+        self.consumers = ConsumerRegistry(config.consumer_expiry_ms)
+        self.schedule = ScheduleService(self, levels)
+        self._housekeeping: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics,
                                                config.reject_transaction_message)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
@@ -72,9 +78,11 @@ class Broker:
                 await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
             self.leader.attach()
             self.check_service.start()
+            self.schedule.start()
         elif self.config.master:
             self.follower = ReplicationFollower(self, self.config.master)
             self.follower.start()
+        self._housekeeping = loop.create_task(self._housekeep())
         self.ready = True
         pending, parked = self.transactions.counts()
         log.info("broker %s started as %s at epoch %d in %.3fs (store recovered in %.3fs): data %s, admin %s, "
@@ -104,6 +112,9 @@ class Broker:
         if self._server is not None:
             self._server.close()
         await self.check_service.stop()
+        await self.schedule.stop()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
         if self.follower is not None:
             await self.follower.stop()
         for conn in list(self.connections):
@@ -133,6 +144,7 @@ class Broker:
         await self.state.append(EpochRecord(epoch, self.config.broker_name, now_ms()))[1]
         self.leader.attach()
         self.check_service.start()
+        self.schedule.start()
         pending, parked = self.transactions.counts()
         log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
                     epoch, self.state.next_lsn - 1, pending, parked)
@@ -144,6 +156,7 @@ class Broker:
                                f"the new master's epoch {epoch} is below this broker's {self.state.epoch}")
         self._step_down(f"demoted: the master is {master} at epoch {epoch}")
         await self.check_service.stop()
+        await self.schedule.stop()
         self.role.master_address = master
         self.role.fenced_by = 0
         if self.follower is not None:
@@ -161,6 +174,7 @@ class Broker:
         self._step_down(f"fenced by epoch {epoch}")
         self.role.fenced_by = epoch
         asyncio.ensure_future(self.check_service.stop())
+        asyncio.ensure_future(self.schedule.stop())
 
     def _step_down(self, reason: str) -> None:
         self.role.role = SLAVE
@@ -172,6 +186,11 @@ class Broker:
             return {"slaves": self.leader.status(), "mode": self.config.replication_mode,
                     "sync_replicas": self.config.sync_replicas}
         return self.follower.status() if self.follower else {"master": "", "connected": False}
+
+    async def _housekeep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.consumers.expire()
 
     def _fatal(self, exc: BaseException) -> None:
         self.exit_code = EXIT_STORE_FAILED

@@ -12,7 +12,9 @@ from txbroker.store.records import TopicRecord
 from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
 
 TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # RocketMQ's rule
-SYSTEM_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", TRANS_CHECK_MAX_TIME_TOPIC})
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+SYSTEM_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", TRANS_CHECK_MAX_TIME_TOPIC,
+                           SCHEDULE_TOPIC})
 MAX_QUEUES = 1024
 
 
@@ -23,8 +25,10 @@ def check_topic_name(name: str) -> None:
 
 
 class TopicRegistry:
-    def __init__(self, state: StateMachine, auto_create: bool, default_queue_count: int, max_message_size: int):
+    def __init__(self, state: StateMachine, auto_create: bool, default_queue_count: int, max_message_size: int,
+                 delay_levels: int = 18):
         self._state = state
+        self._delay_levels = delay_levels
         self.auto_create = auto_create
         self.default_queue_count = default_queue_count
         self.max_message_size = max_message_size
@@ -33,6 +37,8 @@ class TopicRegistry:
     def queue_count(self, topic: str) -> int | None:
         if topic == TRANS_CHECK_MAX_TIME_TOPIC:
             return 1
+        if topic == SCHEDULE_TOPIC:
+            return self._delay_levels
         return self._state.topics.get(topic)
 
     def create(self, name: str, queue_count: int = 0) -> bool:

@@ -31,6 +31,9 @@ def register(sub) -> None:
                    help="wait this long for slave acknowledgements, then answer FLUSH_SLAVE_TIMEOUT (default 3000)")
     p.add_argument("--slave-read-enable", action="store_true", default=None,
                    help="as a slave, serve pulls of replicated messages")
+    p.add_argument("--message-delay-level",
+                   help="retry delays per level, e.g. '1s 5s 10s 30s 1m ...' (RocketMQ's 18 levels by default)")
+    p.add_argument("--consumer-expiry-ms", type=int, help="a consumer silent this long leaves its group (default 120000)")
     p.add_argument("--check-interval-ms", type=int, help="transaction check-back interval (default 60000)")
     p.add_argument("--transaction-timeout-ms", type=int, help="age before a half message is checked (default 6000)")
     p.add_argument("--check-max", type=int, help="checks before a transaction is parked (default 15)")
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
         "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,
         "replication_timeout_ms": args.replication_timeout_ms, "slave_read_enable": args.slave_read_enable,
+        "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
     }
     tx = {"check_interval_ms": args.check_interval_ms, "timeout_ms": args.transaction_timeout_ms,
           "check_max": args.check_max}

@@ -7,7 +7,7 @@ import os
 import sys
 
 from txbroker import __version__
-from txbroker.cli import broker_cmd, messages_cmd, topic_cmd, tx_cmd
+from txbroker.cli import broker_cmd, lookup_cmd, messages_cmd, topic_cmd, tx_cmd
 
 DEFAULT_BROKER = os.environ.get("TXBROKER_BROKER", "127.0.0.1:10911")
 DEFAULT_ADMIN = os.environ.get("TXBROKER_ADMIN", "http://127.0.0.1:10912")
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker_cmd.register(sub)
     topic_cmd.register(sub, DEFAULT_ADMIN)
     messages_cmd.register(sub, DEFAULT_BROKER)
+    lookup_cmd.register(sub, DEFAULT_BROKER)
     tx_cmd.register(sub, DEFAULT_ADMIN)
     return p
 

@@ -8,14 +8,18 @@ background event loop.
 
 from txbroker.client.consumer import AsyncPullConsumer, PullConsumer, PullResult
 from txbroker.client.errors import BrokerError, BrokerUnavailable, ClientError, RequestTimeout
-from txbroker.client.producer import AsyncProducer, Producer, SendResult
+from txbroker.client.producer import AsyncProducer, Producer, SendResult, hash_selector
+from txbroker.client.push_consumer import (
+    AsyncPushConsumer, ConsumeContext, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, MessageModel, PushConsumer,
+)
 from txbroker.client.transaction import (
     AsyncTransactionProducer, LocalTransactionState, TransactionListener, TransactionProducer, TransactionSendResult,
 )
 from txbroker.protocol.bodies import Message, MessageExt
 
 __all__ = [
-    "AsyncProducer", "AsyncPullConsumer", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
+    "AsyncProducer", "AsyncPullConsumer", "AsyncPushConsumer", "ConsumeContext", "ConsumeFrom",
+    "ConsumeOrderlyStatus", "ConsumeStatus", "MessageModel", "PushConsumer", "hash_selector", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
     "ClientError", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",
     "RequestTimeout", "SendResult", "TransactionListener", "TransactionProducer", "TransactionSendResult",
 ]

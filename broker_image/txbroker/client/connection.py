@@ -129,11 +129,12 @@ class BrokerClient:
     """
 
     def __init__(self, brokers, *, client_id: str = "", producer_groups: list[str] | None = None,
-                 require_master: bool = True, request_timeout: float = 10.0, connect_timeout: float = 3.0,
+                 consumer_groups: list[str] | None = None, require_master: bool = True, request_timeout: float = 10.0, connect_timeout: float = 3.0,
                  on_request: Callable[[Connection, Frame], None] | None = None):
         self.addresses = parse_brokers(brokers)
         self.client_id = client_id
         self.producer_groups = producer_groups or []
+        self.consumer_groups = consumer_groups or []
         self.require_master = require_master
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
@@ -185,7 +186,8 @@ class BrokerClient:
         raise BrokerUnavailable("client is closed")
 
     async def _heartbeat(self, conn: Connection) -> HeartbeatResponse:
-        frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, self.producer_groups)),
+        frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, self.producer_groups,
+                                                                     self.consumer_groups)),
                                 self.connect_timeout)
         if frame.code != ResponseCode.SUCCESS:
             raise ConnectionLost(f"heartbeat refused by {conn.address}: {_error_decoder.decode(frame.body).remark}")
@@ -239,6 +241,11 @@ class BrokerClient:
     def send_oneway(self, code: int, body) -> None:
         if self._conn is not None:
             self._conn.send_oneway(code, encode(body))
+
+    async def heartbeat(self) -> HeartbeatResponse:
+        """Renew this client's registration (producer and consumer groups) with the broker."""
+        conn = await self.connection(time.monotonic() + self.request_timeout)
+        return await self._heartbeat(conn)
 
     async def close(self) -> None:
         self._closed = True

@@ -6,7 +6,11 @@ from dataclasses import dataclass
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient
-from txbroker.protocol.bodies import MessageExt, PullRequest, PullResponse, RouteRequest, RouteResponse
+from txbroker.protocol.bodies import (
+    CommitOffsetsRequest, MessageExt, PullRequest, PullResponse, QueryByKeyRequest, QueryByKeyResponse,
+    QueryOffsetsRequest, QueryOffsetsResponse, QueueOffset, RouteRequest, RouteResponse, SearchOffsetRequest,
+    SearchOffsetResponse, ViewMessageRequest,
+)
 from txbroker.protocol.codes import RequestCode
 
 
@@ -26,13 +30,39 @@ class AsyncPullConsumer:
         r: RouteResponse = await self.client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic), RouteResponse)
         return r.queue_count
 
-    async def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, wait_ms: int = 0) -> PullResult:
-        """Messages of one queue from `offset`; with `wait_ms`, waits that long for one to arrive."""
+    async def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, wait_ms: int = 0,
+                   tags: str = "") -> PullResult:
+        """Messages of one queue from `offset`; with `wait_ms`, waits that long for one to arrive.
+        `tags` filters on the broker ("TagA || TagB"); filtered-out messages still move next_offset."""
         timeout = self.client.request_timeout + wait_ms / 1000
         r: PullResponse = await self.client.request(
-            RequestCode.PULL_MESSAGE, PullRequest(topic, queue_id, offset, max_messages, wait_ms), PullResponse,
-            timeout=timeout)
+            RequestCode.PULL_MESSAGE, PullRequest(topic, queue_id, offset, max_messages, wait_ms, "", tags),
+            PullResponse, timeout=timeout)
         return PullResult(r.messages, r.next_offset, r.max_offset)
+
+    async def committed_offsets(self, group: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
+        """A group's committed offsets per queue, and each queue's end."""
+        r: QueryOffsetsResponse = await self.client.request(
+            RequestCode.QUERY_CONSUMER_OFFSET, QueryOffsetsRequest(group, topic), QueryOffsetsResponse)
+        return r.offsets, r.max_offsets
+
+    async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        await self.client.request(RequestCode.UPDATE_CONSUMER_OFFSET, CommitOffsetsRequest(
+            group, [QueueOffset(t, q, o) for (t, q), o in offsets.items()]))
+
+    async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        r: SearchOffsetResponse = await self.client.request(
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, SearchOffsetRequest(topic, queue_id, timestamp_ms),
+            SearchOffsetResponse)
+        return r.offset
+
+    async def find_by_key(self, topic: str, key: str, max_messages: int = 32) -> list[MessageExt]:
+        r: QueryByKeyResponse = await self.client.request(
+            RequestCode.QUERY_MESSAGE, QueryByKeyRequest(topic, key, max_messages), QueryByKeyResponse)
+        return r.messages
+
+    async def view(self, msg_id: str) -> MessageExt:
+        return await self.client.request(RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequest(msg_id), MessageExt)
 
     async def read_all(self, topic: str, max_messages: int = 1024) -> list[MessageExt]:
         """Every committed message of a topic, queue by queue (for checks and small topics)."""
@@ -66,8 +96,24 @@ class PullConsumer:
     def queue_count(self, topic: str) -> int:
         return background.run(self._async.queue_count(topic))
 
-    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, wait_ms: int = 0) -> PullResult:
-        return background.run(self._async.pull(topic, queue_id, offset, max_messages, wait_ms))
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, wait_ms: int = 0,
+             tags: str = "") -> PullResult:
+        return background.run(self._async.pull(topic, queue_id, offset, max_messages, wait_ms, tags))
+
+    def committed_offsets(self, group: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
+        return background.run(self._async.committed_offsets(group, topic))
+
+    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        background.run(self._async.commit_offsets(group, offsets))
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return background.run(self._async.search_offset(topic, queue_id, timestamp_ms))
+
+    def find_by_key(self, topic: str, key: str, max_messages: int = 32) -> list[MessageExt]:
+        return background.run(self._async.find_by_key(topic, key, max_messages))
+
+    def view(self, msg_id: str) -> MessageExt:
+        return background.run(self._async.view(msg_id))
 
     def read_all(self, topic: str) -> list[MessageExt]:
         return background.run(self._async.read_all(topic))

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import uuid
+import zlib
 from dataclasses import dataclass, field
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient
-from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, Message, SendRequest, SendResponse
-from txbroker.protocol.codes import RequestCode
+from txbroker.client.errors import BrokerError
+from txbroker.protocol.bodies import (
+    CreateTopicRequest, HeartbeatRequest, HeartbeatResponse, Message, RouteRequest, RouteResponse, SendRequest,
+    SendResponse,
+)
+from txbroker.protocol.codes import RequestCode, ResponseCode
 
 
 @dataclass
@@ -21,6 +26,13 @@ class SendResult:
     @property
     def msg_id(self) -> str:
         return self.msg_ids[0]
+
+
+def hash_selector(queue_count: int, msg: Message, arg) -> int:
+    """RocketMQ's SelectMessageQueueByHash, with a hash that is the same in every process:
+    messages with the same `arg` (or, without one, the same keys) go to the same queue."""
+    key = str(arg if arg is not None else msg.keys)
+    return zlib.crc32(key.encode()) % queue_count
 
 
 def new_client_id() -> str:
@@ -46,14 +58,33 @@ class AsyncProducer:
         self.retry_sends = retry_sends  # a retried plain send can store a message twice
         self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
                                    request_timeout=request_timeout)
+        self._queue_counts: dict[str, int] = {}
+
+    async def _queue_count(self, topic: str) -> int:
+        try:
+            r: RouteResponse = await self.client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic), RouteResponse)
+            return r.queue_count
+        except BrokerError as e:
+            if e.code != ResponseCode.TOPIC_NOT_EXIST:
+                raise
+        await self.client.request(RequestCode.UPDATE_AND_CREATE_TOPIC, CreateTopicRequest(topic))
+        return await self._queue_count(topic)
 
     async def start(self) -> "AsyncProducer":
         await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id, [self.group]),
                                   HeartbeatResponse, retry=True)
         return self
 
-    async def send(self, msg_or_msgs) -> SendResult:
+    async def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
+        """Send; with `selector(queue_count, message, arg) -> queue_id` the messages go to that queue
+        (ordered messages: related messages on one queue, e.g. `hash_selector` by key)."""
         msgs = as_list(msg_or_msgs)
+        if selector is not None:
+            for m in msgs:
+                count = self._queue_counts.get(m.topic)
+                if count is None:
+                    count = self._queue_counts[m.topic] = await self._queue_count(m.topic)
+                m.queue_id = selector(count, m, arg)
         r: SendResponse = await self.client.request(RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs),
                                                     SendResponse, retry=self.retry_sends)
         return SendResult(r.msg_ids, r.queue_ids, r.queue_offsets)
@@ -78,8 +109,8 @@ class Producer:
         background.run(self._async.start())
         return self
 
-    def send(self, msg_or_msgs) -> SendResult:
-        return background.run(self._async.send(msg_or_msgs))
+    def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
+        return background.run(self._async.send(msg_or_msgs, selector, arg))
 
     def shutdown(self) -> None:
         background.run(self._async.close())

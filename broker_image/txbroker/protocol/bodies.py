@@ -99,6 +99,84 @@ class HeartbeatRequest(Struct, array_like=True, omit_defaults=True):
     consumer_groups: list[str] = field(default_factory=list)
 
 
+class ConsumerListRequest(Struct, array_like=True):
+    consumer_group: str
+
+
+class ConsumerListResponse(Struct, array_like=True):
+    client_ids: list[str]
+
+
+class QueueOffset(Struct, array_like=True):
+    topic: str
+    queue_id: int
+    offset: int
+
+
+class CommitOffsetsRequest(Struct, array_like=True):
+    """UPDATE_CONSUMER_OFFSET for many queues at once."""
+
+    consumer_group: str
+    offsets: list[QueueOffset]
+
+
+class QueryOffsetsRequest(Struct, array_like=True):
+    consumer_group: str
+    topic: str
+
+
+class QueryOffsetsResponse(Struct, array_like=True):
+    offsets: dict[int, int]  # queue -> committed offset (absent: never committed)
+    max_offsets: dict[int, int]
+
+
+class SendBackRequest(Struct, array_like=True, omit_defaults=True):
+    """CONSUMER_SEND_MSG_BACK: consume later (retry topic, with delay) or, past the maximum, DLQ."""
+
+    consumer_group: str
+    msg_id: str
+    topic: str  # where the consumer got it (the original topic or %RETRY%group)
+    reconsume_times: int  # times consumed so far and failed, including this one
+    max_reconsume_times: int = 16
+
+
+class SendBackResponse(Struct, array_like=True):
+    destination: str  # %RETRY%group or %DLQ%group
+    delay_ms: int
+
+
+class LockQueuesRequest(Struct, array_like=True, omit_defaults=True):
+    consumer_group: str
+    client_id: str
+    topic: str
+    queue_ids: list[int]
+    lease_ms: int = 60_000
+
+
+class LockQueuesResponse(Struct, array_like=True):
+    locked: list[int]
+
+
+class SearchOffsetRequest(Struct, array_like=True):
+    topic: str
+    queue_id: int
+    timestamp_ms: int
+
+
+class SearchOffsetResponse(Struct, array_like=True):
+    offset: int
+
+
+class QueryByKeyRequest(Struct, array_like=True, omit_defaults=True):
+    topic: str
+    key: str
+    max_messages: int = 32
+
+
+class QueryByKeyResponse(Struct, array_like=True):
+    messages: list[MessageExt]
+
+
 class HeartbeatResponse(Struct, array_like=True, omit_defaults=True):
     broker_name: str
     role: str
@@ -113,6 +191,7 @@ class PullRequest(Struct, array_like=True, omit_defaults=True):
     max_messages: int = 32
     max_wait_ms: int = 0  # long-poll: wait up to this long for a message to become visible
     consumer_group: str = ""
+    tags: str = ""  # subscription expression: "" or "*" for all, or "TagA || TagB"
 
 
 class PullResponse(Struct, array_like=True, omit_defaults=True):
@@ -120,6 +199,10 @@ class PullResponse(Struct, array_like=True, omit_defaults=True):
     next_offset: int
     min_offset: int = 0
     max_offset: int = 0
+
+
+class NotifyConsumersChanged(Struct, array_like=True):
+    consumer_group: str
 
 
 class RouteRequest(Struct, array_like=True):

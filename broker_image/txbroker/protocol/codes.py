@@ -11,12 +11,20 @@ class RequestCode(IntEnum):
     SEND_MESSAGE = 10
     PULL_MESSAGE = 11
     QUERY_MESSAGE = 12
+    QUERY_CONSUMER_OFFSET = 14
+    UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17
     VIEW_MESSAGE_BY_ID = 33
     HEARTBEAT = 34
+    SEARCH_OFFSET_BY_TIMESTAMP = 29
     UNREGISTER_CLIENT = 35
+    CONSUMER_SEND_MSG_BACK = 36
     END_TRANSACTION = 37
+    GET_CONSUMER_LIST_BY_GROUP = 38
     CHECK_TRANSACTION_STATE = 39
+    NOTIFY_CONSUMER_IDS_CHANGED = 40
+    LOCK_BATCH_MQ = 41
+    UNLOCK_BATCH_MQ = 42
     GET_ROUTEINFO_BY_TOPIC = 105
     # Replication between brokers (RocketMQ runs its HA service on a port of its own; ours shares
     # the data plane's framing and port).
@@ -44,6 +52,8 @@ class ResponseCode(IntEnum):
     PULL_RETRY_IMMEDIATELY = 20
     PULL_OFFSET_MOVED = 21
     QUERY_NOT_FOUND = 22
+    SUBSCRIPTION_PARSE_FAILED = 23
+    SUBSCRIPTION_GROUP_NOT_EXIST = 26
     # A commit arrived for a transaction that was already rolled back, or the reverse.
     TRANSACTION_SHOULD_COMMIT = 200
     TRANSACTION_SHOULD_ROLLBACK = 201

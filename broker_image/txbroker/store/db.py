@@ -9,7 +9,7 @@ from rocksdict import Options, Rdict, RdictIter, WriteOptions
 
 from txbroker.store.records import STORE_FORMAT_VERSION
 
-COLUMN_FAMILIES = ("log", "cq", "pending", "tx", "meta")
+COLUMN_FAMILIES = ("log", "cq", "pending", "tx", "meta", "offsets", "keys")
 
 
 class StoreError(Exception):
@@ -24,6 +24,8 @@ class Database:
     pending: Rdict
     tx: Rdict
     meta: Rdict
+    offsets: Rdict
+    keys: Rdict
     handles: dict
 
     def close(self) -> None:

@@ -43,3 +43,11 @@ def parse_msg_id(text: str) -> tuple[int, int]:
         return int(text[:16], 16), int(text[16:], 16)
     except ValueError:
         raise ValueError(f"message id {text!r} must be 20 hex digits") from None
+
+
+def offset_key(group: str, topic: str, queue_id: int) -> bytes:
+    return group.encode() + b"\x00" + queue_prefix(topic, queue_id)
+
+
+def key_index_prefix(topic: str, key: str) -> bytes:
+    return topic.encode() + b"\x00" + key.encode() + b"\x00"

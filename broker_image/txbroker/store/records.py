@@ -7,6 +7,8 @@ On-disk format, version 1 (STORE_FORMAT_VERSION, kept under meta key b"format"):
   cq             topic 0x00 u16 BE queue u64 BE offset  u64 BE LSN + u32 BE index in that record
   pending        transaction id (utf-8)               PendingTx (prepared or parked transactions)
   tx             transaction id (utf-8)               FinishedTx (committed or rolled back)
+  offsets        group 0x00 topic 0x00 u16 BE queue       u64 BE next offset to consume
+  keys           topic 0x00 key 0x00 u64 BE LSN u32 BE index  u64 BE queue offset
   meta           b"format" | b"topic/<name>" | b"config/group/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
 
 A half message batch is stored once (HalfRecord, "under RMQ_SYS_TRANS_HALF_TOPIC"); committing it
@@ -80,6 +82,13 @@ class TopicRecord(Struct, tag="T", array_like=True):
     queue_count: int
 
 
+class OffsetRecord(Struct, tag="O", array_like=True):
+    """A consumer group's committed offsets (also the schedule service's progress)."""
+
+    consumer_group: str
+    offsets: list[tuple[str, int, int]]  # (topic, queue, next offset to consume)
+
+
 class EpochRecord(Struct, tag="X", array_like=True):
     """First record a master writes at a new epoch: marks where that epoch's records begin."""
 
@@ -88,7 +97,7 @@ class EpochRecord(Struct, tag="X", array_like=True):
     start_ms: int
 
 
-Record = HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord | EpochRecord
+Record = HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord | EpochRecord | OffsetRecord
 
 PREPARED = "PREPARED"
 PARKED = "PARKED"
@@ -108,6 +117,7 @@ class PendingTx(Struct, array_like=True, omit_defaults=True):
     checks: int = 0
     last_check_ms: int = 0
     state: str = PREPARED
+    keyed: list[tuple[int, str]] = field(default_factory=list)  # (message index, keys) to index at commit
 
 
 class FinishedTx(Struct, array_like=True, omit_defaults=True):

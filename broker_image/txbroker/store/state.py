@@ -20,7 +20,7 @@ from txbroker.store.group_commit import Batch, GroupCommit
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
     CheckRecord, EndRecord, EpochRecord, FinishedTx, HalfRecord, NormalRecord, ParkRecord, PendingTx, Record,
-    ResumeRecord, TopicRecord, decode_finished, decode_pending, decode_record, encode,
+    OffsetRecord, ResumeRecord, TopicRecord, decode_finished, decode_pending, decode_record, encode,
 )
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class StateMachine:
         h = self.db.handles
         self._h_log, self._h_cq, self._h_pending, self._h_tx, self._h_meta = (
             h["log"], h["cq"], h["pending"], h["tx"], h["meta"])
+        self._h_offsets, self._h_keys = h["offsets"], h["keys"]
         self.writer = GroupCommit(self.db.db, sync_flush, self._made_durable, on_fatal, observe_flush)
         self.writer.hold = self._written_locally
         # Replication sets this to hold a written batch's answer until slaves have it.
@@ -154,7 +155,15 @@ class StateMachine:
         elif kind is EndRecord:
             self._apply_end(record, lsn, b)
         elif kind is NormalRecord:
-            self._index(b, lsn, [(m.topic, m.queue_id) for m in record.messages], record.queue_offsets)
+            msgs = record.messages
+            self._index(b, lsn, [(m.topic, m.queue_id) for m in msgs], record.queue_offsets)
+            keyed = [(i, m.keys) for i, m in enumerate(msgs) if m.keys]
+            if keyed:
+                self._index_keys(b, lsn, [(m.topic, m.queue_id) for m in msgs], record.queue_offsets, keyed)
+        elif kind is OffsetRecord:
+            put = b.wb.put
+            for topic, queue, offset in record.offsets:
+                put(keys.offset_key(record.consumer_group, topic, queue), keys.lsn_key(offset), self._h_offsets)
         elif kind is CheckRecord:
             for txid in record.transaction_ids:
                 p = self.pending[txid]
@@ -189,6 +198,7 @@ class StateMachine:
             transaction_id=r.transaction_id, producer_group=r.producer_group, half_lsn=lsn,
             born_ms=r.born_ms, destinations=[(m.topic, m.queue_id) for m in r.messages],
             immunity_ms=int(float(immunity) * 1000) if immunity else 0,
+            keyed=[(i, m.keys) for i, m in enumerate(r.messages) if m.keys],
         )
         self.pending[r.transaction_id] = p
         b.wb.put(r.transaction_id.encode(), encode(p), self._h_pending)
@@ -202,6 +212,8 @@ class StateMachine:
         committed = r.state == TransactionState.COMMIT
         if committed:
             self._index(b, p.half_lsn, p.destinations, r.queue_offsets)
+            if p.keyed:
+                self._index_keys(b, p.half_lsn, p.destinations, r.queue_offsets, p.keyed)
         done = FinishedTx(
             transaction_id=r.transaction_id, producer_group=p.producer_group, half_lsn=p.half_lsn,
             state=COMMITTED if committed else ROLLED_BACK, end_lsn=lsn, end_ms=r.end_ms,
@@ -229,6 +241,18 @@ class StateMachine:
                 visible[prefix] = end
             if queue_end.get(prefix, 0) < end:  # a replica learns offsets from the record
                 queue_end[prefix] = end
+
+    def _index_keys(self, b: Batch, lsn: int, destinations, offsets, keyed) -> None:
+        """Key-index entries (lookup by message key) for the keyed messages of a visible record."""
+        for i, text in keyed:
+            topic = destinations[i][0]
+            for key in text.split():
+                b.wb.put(keys.key_index_prefix(topic, key) + keys.cq_value(lsn, i), keys.lsn_key(offsets[i]),
+                         self._h_keys)
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        v = self.db.offsets.get(keys.offset_key(group, topic, queue_id))
+        return keys.lsn_from_key(v) if v is not None else None
 
     def _made_durable(self, b: Batch) -> None:
         self.durable_lsn = b.last_lsn
@@ -264,7 +288,7 @@ class StateMachine:
         db = self.db
         if dropped > 0:
             db.log.delete_range(keys.lsn_key(last_kept + 1), keys.lsn_key(2**64 - 1))
-        for cf in (db.cq, db.pending, db.tx):
+        for cf in (db.cq, db.pending, db.tx, db.offsets, db.keys):
             cf.delete_range(b"", b"\xff" * 16)
         db.meta.delete_range(b"epoch/", b"epoch0")
         db.meta.delete_range(b"topic/", b"topic0")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from txbroker.protocol.codes import RequestCode
 
-from . import client, end_transaction, message, pull, replication, send, topic
+from . import client, consumer, end_transaction, message, pull, replication, send, topic
 
 
 def handlers(broker) -> dict[int, object]:
@@ -19,6 +19,14 @@ def handlers(broker) -> dict[int, object]:
         RequestCode.GET_ROUTEINFO_BY_TOPIC: topic.RouteProcessor(broker),
         RequestCode.UPDATE_AND_CREATE_TOPIC: topic.CreateTopicProcessor(broker),
         RequestCode.VIEW_MESSAGE_BY_ID: message.ViewMessageProcessor(broker),
+        RequestCode.GET_CONSUMER_LIST_BY_GROUP: consumer.ConsumerListProcessor(broker),
+        RequestCode.UPDATE_CONSUMER_OFFSET: consumer.CommitOffsetsProcessor(broker),
+        RequestCode.QUERY_CONSUMER_OFFSET: consumer.QueryOffsetsProcessor(broker),
+        RequestCode.CONSUMER_SEND_MSG_BACK: consumer.SendBackProcessor(broker),
+        RequestCode.LOCK_BATCH_MQ: consumer.LockQueuesProcessor(broker),
+        RequestCode.UNLOCK_BATCH_MQ: consumer.LockQueuesProcessor(broker, unlock=True),
+        RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: consumer.SearchOffsetProcessor(broker),
+        RequestCode.QUERY_MESSAGE: consumer.QueryByKeyProcessor(broker),
         RequestCode.REPLICATION_SUBSCRIBE: replication.SubscribeProcessor(broker),
         RequestCode.REPLICATION_ACK: replication.AckProcessor(broker),
     }

@@ -13,6 +13,8 @@ class HeartbeatProcessor:
         req = self._decode(body)
         conn.client_id = req.client_id
         self._broker.producers.heartbeat(conn, req.producer_groups)
+        if req.consumer_groups:
+            self._broker.consumers.heartbeat(conn, req.client_id, req.consumer_groups)
         role = self._broker.role
         return ok(HeartbeatResponse(self._broker.config.broker_name, role.role, role.epoch, role.master_address))
 
@@ -23,4 +25,5 @@ class UnregisterProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         self._broker.producers.remove(conn)
+        self._broker.consumers.remove_connection(conn)
         return ok()

@@ -5,6 +5,7 @@ import asyncio
 from txbroker.broker.replies import Reply, error, ok
 from txbroker.protocol.bodies import PullRequest, PullResponse, decoder
 from txbroker.protocol.codes import ResponseCode
+from txbroker.protocol.tags import TagExpressionError, parse_tags
 from txbroker.store import keys
 
 MAX_PULL = 1024
@@ -19,6 +20,7 @@ class PullProcessor:
         self._state = broker.state
         self._role = broker.role
         self._slave_reads = broker.config.slave_read_enable
+        self._expressions: dict[str, frozenset | None] = {}
 
     async def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
@@ -31,6 +33,7 @@ class PullProcessor:
             return error(ResponseCode.MESSAGE_ILLEGAL, f"queue {req.queue_id} does not exist: topic {req.topic} has {count} queues")
         if req.offset < 0:
             return error(ResponseCode.PULL_OFFSET_MOVED, f"offset {req.offset} is negative")
+        wanted = self._tags(req.tags) if req.tags else None
         n = min(max(req.max_messages, 1), MAX_PULL)
         msgs, nxt, end = self._reader.read_queue(req.topic, req.queue_id, req.offset, n)
         if req.offset > end:
@@ -44,4 +47,20 @@ class PullProcessor:
             except asyncio.TimeoutError:
                 self._state.forget_waiter(prefix, waiter)
             msgs, nxt, end = self._reader.read_queue(req.topic, req.queue_id, req.offset, n)
+        if wanted is not None:  # filtered out messages are passed over: next_offset still moves on
+            msgs = [m for m in msgs if m.tags in wanted]
         return ok(PullResponse(msgs, nxt, 0, end))
+
+    def _tags(self, expression: str):
+        try:
+            return self._expressions[expression]
+        except KeyError:
+            pass
+        try:
+            parsed = parse_tags(expression)
+        except TagExpressionError as e:
+            from txbroker.broker.replies import RequestError
+            raise RequestError(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e)) from None
+        if len(self._expressions) < 10_000:
+            self._expressions[expression] = parsed
+        return parsed

@@ -1,0 +1,184 @@
+"""Consumer-group requests: membership, offsets, send-back (retry / DLQ), queue locks, and lookups
+by timestamp and key."""
+
+from __future__ import annotations
+
+from txbroker.broker.replies import Reply, error, ok
+from txbroker.broker.schedule_service import ScheduleService
+from txbroker.protocol.bodies import (
+    PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
+    CommitOffsetsRequest, ConsumerListRequest, ConsumerListResponse, LockQueuesRequest, LockQueuesResponse, Message,
+    QueryByKeyRequest, QueryByKeyResponse, QueryOffsetsRequest, QueryOffsetsResponse, SearchOffsetRequest,
+    SearchOffsetResponse, SendBackRequest, SendBackResponse, decoder,
+)
+from txbroker.protocol.codes import ResponseCode
+from txbroker.store import keys
+from txbroker.store.records import NormalRecord, OffsetRecord
+from txbroker.broker.transactions import now_ms
+
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+FIRST_RETRY_LEVEL = 3  # RocketMQ: the first retry waits level 3 (10 s by default)
+
+
+class ConsumerListProcessor:
+    def __init__(self, broker):
+        self._decode = decoder(ConsumerListRequest).decode
+        self._consumers = broker.consumers
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        return ok(ConsumerListResponse(self._consumers.members(req.consumer_group)))
+
+
+class CommitOffsetsProcessor:
+    def __init__(self, broker):
+        self._decode = decoder(CommitOffsetsRequest).decode
+        self._b = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        self._b.role.require_master()
+        if not req.consumer_group:
+            return error(ResponseCode.MESSAGE_ILLEGAL, "committing offsets needs a consumer group")
+        entries = []
+        for o in req.offsets:
+            count = self._b.topics.queue_count(o.topic)
+            if count is None:
+                return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {o.topic} does not exist")
+            if not 0 <= o.queue_id < count:
+                return error(ResponseCode.MESSAGE_ILLEGAL, f"queue {o.queue_id} does not exist: topic {o.topic} has {count} queues")
+            end = self._b.state.queue_end(o.topic, o.queue_id)
+            if not 0 <= o.offset <= end:
+                return error(ResponseCode.PULL_OFFSET_MOVED,
+                             f"offset {o.offset} is outside queue {o.topic}:{o.queue_id} (0..{end})")
+            entries.append((o.topic, o.queue_id, o.offset))
+        _lsn, durable = self._b.state.append(OffsetRecord(req.consumer_group, entries))
+        return ok(None, durable)
+
+
+class QueryOffsetsProcessor:
+    def __init__(self, broker):
+        self._decode = decoder(QueryOffsetsRequest).decode
+        self._b = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        count = self._b.topics.queue_count(req.topic)
+        if count is None:
+            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
+        state = self._b.state
+        committed = {}
+        for q in range(count):
+            off = state.committed_offset(req.consumer_group, req.topic, q)
+            if off is not None:
+                committed[q] = off
+        maxima = {q: state.visible_end.get(keys.queue_prefix(req.topic, q), 0) for q in range(count)}
+        return ok(QueryOffsetsResponse(committed, maxima))
+
+
+class SendBackProcessor:
+    """A message its consumer could not process: retry later through the delay levels, or DLQ."""
+
+    def __init__(self, broker):
+        self._decode = decoder(SendBackRequest).decode
+        self._b = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        b = self._b
+        b.role.require_master()
+        try:
+            got = b.reader.by_id(req.msg_id)
+        except ValueError as e:
+            return error(ResponseCode.MESSAGE_ILLEGAL, str(e))
+        if got is None:
+            return error(ResponseCode.QUERY_NOT_FOUND, f"no message with id {req.msg_id}")
+        m = got[0]
+        props = {k: v for k, v in m.properties.items()
+                 if k not in (PROPERTY_TRANSACTION_PREPARED, PROPERTY_PRODUCER_GROUP)}
+        props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, req.msg_id)
+        if not req.topic.startswith(RETRY_PREFIX):
+            props[PROPERTY_RETRY_TOPIC] = req.topic
+        props[PROPERTY_RECONSUME_TIME] = str(req.reconsume_times + 1)
+        group = req.consumer_group
+        if req.reconsume_times >= req.max_reconsume_times:
+            dlq = DLQ_PREFIX + group
+            if dlq not in b.state.topics:
+                b.topics.create(dlq, 1)
+            offset = b.state.reserve_offsets(keys.queue_prefix(dlq, 0), 1)
+            _lsn, durable = b.state.append(NormalRecord(now_ms(), [Message(dlq, m.body, m.tags, m.keys, props, 0)], [offset]))
+            return ok(SendBackResponse(dlq, 0), durable)
+        retry = RETRY_PREFIX + group
+        if retry not in b.state.topics:
+            b.topics.create(retry, 1)
+        schedule: ScheduleService = b.schedule
+        delay = schedule.schedule(Message(retry, m.body, m.tags, m.keys, props, 0), FIRST_RETRY_LEVEL + req.reconsume_times)
+        return ok(SendBackResponse(retry, delay), b.state.writer.batch().future)
+
+
+class LockQueuesProcessor:
+    def __init__(self, broker, unlock: bool = False):
+        self._decode = decoder(LockQueuesRequest).decode
+        self._b = broker
+        self._unlock = unlock
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        self._b.role.require_master()
+        consumers = self._b.consumers
+        if self._unlock:
+            consumers.unlock(req.consumer_group, req.client_id, req.topic, req.queue_ids)
+            return ok(LockQueuesResponse([]))
+        return ok(LockQueuesResponse(consumers.lock(req.consumer_group, req.client_id, req.topic, req.queue_ids,
+                                                    min(max(req.lease_ms, 100), 300_000))))
+
+
+class SearchOffsetProcessor:
+    """The first offset of a queue whose message was stored at or after a time (binary search)."""
+
+    def __init__(self, broker):
+        self._decode = decoder(SearchOffsetRequest).decode
+        self._b = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        count = self._b.topics.queue_count(req.topic)
+        if count is None:
+            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
+        if not 0 <= req.queue_id < count:
+            return error(ResponseCode.MESSAGE_ILLEGAL, f"queue {req.queue_id} does not exist: topic {req.topic} has {count} queues")
+        read = self._b.reader.read_queue
+        lo, hi = 0, read(req.topic, req.queue_id, 0, 0)[2]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            msgs = read(req.topic, req.queue_id, mid, 1)[0]
+            if msgs and msgs[0].store_timestamp < req.timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return ok(SearchOffsetResponse(lo))
+
+
+class QueryByKeyProcessor:
+    def __init__(self, broker):
+        self._decode = decoder(QueryByKeyRequest).decode
+        self._b = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        req = self._decode(body)
+        if self._b.topics.queue_count(req.topic) is None:
+            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
+        prefix = keys.key_index_prefix(req.topic, req.key)
+        reader = self._b.reader
+        out = []
+        for k, v in self._b.state.db.keys.items(from_key=prefix):
+            if not k.startswith(prefix) or len(out) >= min(req.max_messages, 1024):
+                break
+            lsn, idx = keys.cq_value_decode(k[len(prefix):])
+            rec = reader.record(lsn)
+            out.append(reader.view(lsn, idx, req.topic, rec.messages[idx].queue_id, keys.lsn_from_key(v)))
+        return ok(QueryByKeyResponse(out))

@@ -1,0 +1,119 @@
+"""Delayed delivery by level, as RocketMQ does it: the retry path of consumer groups.
+
+A message to deliver later is stored in SCHEDULE_TOPIC_XXXX, in the queue of its delay level.
+Each level's queue is in delivery-time order (same delay, stored in order), so the service only
+ever looks at each queue's head: when it is due, the message is stored again, visible, in its real
+topic (%RETRY%<group>), and the level's progress is recorded as an offset. Runs on the master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+from txbroker.broker.topics import SCHEDULE_TOPIC
+from txbroker.broker.transactions import now_ms
+from txbroker.protocol.bodies import Message
+from txbroker.store import keys
+from txbroker.store.records import NormalRecord, OffsetRecord
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_GROUP = "%SCHEDULE%"
+PROPERTY_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_DELAY = "DELAY"
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """'1s 5s 10s 30s 1m ...' -> milliseconds per level (level 1 first)."""
+    out = []
+    for part in text.split():
+        m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", part)
+        if not m:
+            raise ValueError(f"delay level {part!r}: use a number and a unit (ms, s, m, h, d), e.g. 10s")
+        out.append(int(m.group(1)) * _UNITS[m.group(2)])
+    if not out:
+        raise ValueError("at least one delay level is needed")
+    return out
+
+
+class ScheduleService:
+    def __init__(self, broker, levels_ms: list[int]):
+        self._b = broker
+        self.levels_ms = levels_ms
+        self._next: dict[int, int] = {}  # level queue -> next offset to deliver
+        self._task: asyncio.Task | None = None
+
+    def schedule(self, msg: Message, delay_level: int) -> int:
+        """Store `msg` (its real topic and queue already set) to become visible after the level's delay."""
+        level = min(max(delay_level, 1), len(self.levels_ms))
+        delay = self.levels_ms[level - 1]
+        props = dict(msg.properties)
+        props[PROPERTY_REAL_TOPIC] = msg.topic
+        props[PROPERTY_DELAY] = str(level)
+        props[PROPERTY_DELIVER_MS] = str(now_ms() + delay)
+        state = self._b.state
+        queue = level - 1
+        offset = state.reserve_offsets(keys.queue_prefix(SCHEDULE_TOPIC, queue), 1)
+        state.append(NormalRecord(now_ms(), [Message(SCHEDULE_TOPIC, msg.body, msg.tags, msg.keys, props, queue)],
+                                  [offset]))
+        return delay
+
+    def start(self) -> None:
+        if self._task is None:
+            self._next = {q: self._b.state.committed_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q) or 0
+                          for q in range(len(self.levels_ms))}
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        tick = min(max(min(self.levels_ms) / 4000, 0.02), 1.0)
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                self.deliver_due()
+            except Exception:
+                log.exception("delayed delivery failed; retrying")
+
+    def deliver_due(self) -> int:
+        state, reader = self._b.state, self._b.reader
+        now = now_ms()
+        delivered = 0
+        progress = []
+        for q in range(len(self.levels_ms)):
+            start = self._next.get(q, 0)
+            msgs, _, _ = reader.read_queue(SCHEDULE_TOPIC, q, start, 256)
+            due = []
+            for m in msgs:
+                if int(m.properties.get(PROPERTY_DELIVER_MS, "0")) > now:
+                    break
+                due.append(m)
+            if not due:
+                continue
+            out = []
+            offsets = []
+            for m in due:
+                props = {k: v for k, v in m.properties.items() if k not in (PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, PROPERTY_DELAY)}
+                topic = m.properties[PROPERTY_REAL_TOPIC]
+                if topic not in state.topics:
+                    self._b.topics.create(topic, 1)
+                out.append(Message(topic, m.body, m.tags, m.keys, props, 0))
+                offsets.append(state.reserve_offsets(keys.queue_prefix(topic, 0), 1))
+            state.append(NormalRecord(now, out, offsets))
+            self._next[q] = start + len(due)
+            progress.append((SCHEDULE_TOPIC, q, self._next[q]))
+            delivered += len(due)
+        if progress:
+            state.append(OffsetRecord(SCHEDULE_GROUP, progress))
+        return delivered
