@@ -87,7 +87,9 @@ def test_kill_9_loses_no_acknowledged_commit(broker_factory):
         # The producers' group comes back to answer check-backs from their record of decisions.
         async with AsyncTransactionProducer("orders-pg", b.address, ledger):
             await asyncio.get_running_loop().run_in_executor(None, lambda: wait_until(
-                lambda: admin.get("/api/v1/transactions")["total"] == 0, 30, what="check-back to settle all"))
+                lambda: admin.get("/api/v1/transactions")["total"] == 0
+                and admin.get("/api/v1/broker")["durable_offset"] == admin.get("/api/v1/broker")["log_end_offset"],
+                30, what="check-back to settle all, durably"))
 
     asyncio.run(settle())
     with PullConsumer(b.address) as c:

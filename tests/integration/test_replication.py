@@ -33,6 +33,14 @@ def caught_up(slave, master):
     return lambda: info(slave)["local_durable_offset"] == info(master)["log_end_offset"]
 
 
+def settled(b):
+    """No transaction left undecided, and every decision durable (and replicated) so visible."""
+    if AdminClient(b.admin_url).get("/api/v1/transactions")["total"]:
+        return False
+    i = info(b)
+    return i["durable_offset"] == i["log_end_offset"]
+
+
 def visible(b, topic):
     with PullConsumer(b.address) as c:
         return Counter(m.body.decode() for m in c.read_all(topic))
@@ -161,8 +169,7 @@ def test_kill_master_promote_most_caught_up_slave(broker_factory, mode):
     async def settle():
         async with AsyncTransactionProducer("orders-pg", s_new.address, ledger):
             await asyncio.get_running_loop().run_in_executor(None, lambda: wait_until(
-                lambda: AdminClient(s_new.admin_url).get("/api/v1/transactions")["total"] == 0, 60,
-                what="check-back on the new master"))
+                lambda: settled(s_new), 60, what="check-back on the new master, and all of it visible"))
     asyncio.run(settle())
     seen = visible(s_new, "Orders")
     assert all(n == 1 for n in seen.values()), "a message delivered twice"
