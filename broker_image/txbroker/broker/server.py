@@ -188,8 +188,14 @@ class Broker:
         return self.follower.status() if self.follower else {"master": "", "connected": False}
 
     async def _housekeep(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            before = loop.time()
             await asyncio.sleep(1.0)
+            lag = loop.time() - before - 1.0
+            self.metrics.loop_lag.observe(max(lag, 0.0))
+            if lag > 0.5:  # everything on this broker waited that long: say so
+                log.warning("event loop lagged %.2fs behind (the broker was blocked or starved of CPU)", lag)
             self.consumers.expire()
 
     def _fatal(self, exc: BaseException) -> None:
