@@ -1,9 +1,0 @@
-//go:build tools
-
-// Package tools pins the command packages built from this module so `go mod tidy` keeps them.
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
