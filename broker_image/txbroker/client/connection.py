@@ -56,6 +56,7 @@ class Connection:
         self._transport: asyncio.Transport | None = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
+        self._out: list[bytes] | None = None
         self.closed = asyncio.Event()
 
     async def open(self, timeout: float) -> None:
@@ -89,7 +90,7 @@ class Connection:
         opaque = next(self._ids) & 0xFFFFFFFF
         fut = asyncio.get_running_loop().create_future()
         self._waiting[opaque] = fut
-        self._transport.write(encode_frame(0, code, opaque, body))
+        self._write(encode_frame(0, code, opaque, body))
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -98,7 +99,20 @@ class Connection:
 
     def send_oneway(self, code: int, body: bytes) -> None:
         if self.is_open:
-            self._transport.write(encode_frame(FLAG_ONEWAY, code, 0, body))
+            self._write(encode_frame(FLAG_ONEWAY, code, 0, body))
+
+    def _write(self, data: bytes) -> None:
+        """Requests made in one loop iteration (pipelining) leave in one system call."""
+        if self._out is None:
+            self._out = [data]
+            asyncio.get_running_loop().call_soon(self._flush_out)
+        else:
+            self._out.append(data)
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, None
+        if out and self.is_open:
+            self._transport.writelines(out)
 
     def close(self) -> None:
         if self._transport is not None:
