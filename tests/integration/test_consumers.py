@@ -255,7 +255,7 @@ def test_consumer_bad_input(broker):
     with pytest.raises(BrokerError) as e:
         PushConsumer("bad-cg", broker.address, "NoSuchTopic", Collect(), **FAST).start()
     assert e.value.code_name == "TOPIC_NOT_EXIST"
-    with pytest.raises(TagExpressionError, match="invalid tag expression 'TagA \|\|'"):
+    with pytest.raises(TagExpressionError, match=r"invalid tag expression 'TagA \|\|'"):
         PushConsumer("bad-cg", broker.address, "Tagged", Collect(), tags="TagA ||")
     send_many(broker, "Small", 3)
     with PullConsumer(broker.address) as c:
