@@ -21,6 +21,7 @@ from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.settings import SettingsBook
 from txbroker.broker.transactions import TransactionService, now_ms
+from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import CheckTransactionStateRequest
 from txbroker.protocol.codes import RequestCode
 from txbroker.store.reads import MessageReader
@@ -50,30 +51,31 @@ class CheckService:
         self._metrics = metrics
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._running = False
         self.last_scan: ScanResult | None = None
         settings.on_change(self._wake.set)
 
     def start(self) -> None:
         """Runs on the master only; a promoted slave starts it from the pending transactions it holds."""
         if self._task is None:
+            self._running = True
             self._task = asyncio.get_running_loop().create_task(self._run(), name="check-back")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._running = False
+        self._wake.set()
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
-        while True:
+        while self._running:
             try:
                 await asyncio.wait_for(self._wake.wait(), self._settings.tick_seconds())
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            if not self._running:
+                return
             try:
                 self.scan()
             except Exception:  # a scan failing must not end check-back for good

@@ -14,6 +14,7 @@ import re
 
 from txbroker.broker.topics import SCHEDULE_TOPIC
 from txbroker.broker.transactions import now_ms
+from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import Message
 from txbroker.store import keys
 from txbroker.store.records import NormalRecord, OffsetRecord
@@ -46,6 +47,7 @@ class ScheduleService:
         self.levels_ms = levels_ms
         self._next: dict[int, int] = {}  # level queue -> next offset to deliver
         self._task: asyncio.Task | None = None
+        self._running = False
 
     def schedule(self, msg: Message, delay_level: int) -> int:
         """Store `msg` (its real topic and queue already set) to become visible after the level's delay."""
@@ -66,20 +68,17 @@ class ScheduleService:
         if self._task is None:
             self._next = {q: self._b.state.committed_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q) or 0
                           for q in range(len(self.levels_ms))}
+            self._running = True
             self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._running = False
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         tick = min(max(min(self.levels_ms) / 4000, 0.02), 1.0)
-        while True:
+        while self._running:
             await asyncio.sleep(tick)
             try:
                 self.deliver_due()

@@ -31,6 +31,7 @@ from txbroker.client import background
 from txbroker.client.connection import BrokerClient
 from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.producer import new_client_id
+from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import (
     CommitOffsetsRequest, ConsumerListRequest, ConsumerListResponse, LockQueuesRequest, LockQueuesResponse,
     MessageExt, PullRequest, PullResponse, QueryOffsetsRequest, QueryOffsetsResponse, QueueOffset, RouteRequest,
@@ -94,6 +95,7 @@ class _Queue:
     committed: int = -1
     task: asyncio.Task | None = None
     locked_until: float = 0.0
+    stopped: bool = False  # dropped from this member: its loop must end
 
     def done_offset(self) -> int:
         return min(self.in_flight) if self.in_flight else self.next_pull
@@ -148,8 +150,9 @@ class AsyncPushConsumer:
     async def shutdown(self) -> None:
         """Stop pulling, let in-flight messages finish, commit offsets, release locks, leave the group."""
         self._running = False
+        self._rebalance_now.set()
         for t in self._tasks:
-            t.cancel()
+            await stop_task(t)
         for q in list(self._queues.values()):
             await self._drop(q)
         try:
@@ -166,7 +169,7 @@ class AsyncPushConsumer:
         await self.shutdown()
 
     async def _every(self, interval: float, fn) -> None:
-        while True:
+        while self._running:
             await asyncio.sleep(interval)
             try:
                 await fn()
@@ -180,7 +183,7 @@ class AsyncPushConsumer:
     # ---- rebalance ---------------------------------------------------------------------------------
 
     async def _rebalancer(self) -> None:
-        while True:
+        while self._running:
             try:
                 await asyncio.wait_for(self._rebalance_now.wait(), self.rebalance_interval)
             except asyncio.TimeoutError:
@@ -257,12 +260,8 @@ class AsyncPushConsumer:
 
     async def _drop(self, q: _Queue) -> None:
         key = (q.topic, q.queue_id)
-        if q.task is not None:
-            q.task.cancel()
-            try:
-                await q.task
-            except (asyncio.CancelledError, Exception):
-                pass
+        q.stopped = True
+        await stop_task(q.task)
         await self.commit_offsets([q])
         self._queues.pop(key, None)
         if self.orderly and q.locked_until:
@@ -276,7 +275,7 @@ class AsyncPushConsumer:
 
     async def _consume_queue(self, q: _Queue) -> None:
         tags = "" if q.topic.startswith(RETRY_PREFIX) else self.tags
-        while self._running:
+        while self._running and not q.stopped:
             if self.orderly and not await self._hold_lock(q):
                 await asyncio.sleep(min(self.lease_ms / 3000, 1.0))
                 continue
@@ -295,6 +294,8 @@ class AsyncPushConsumer:
                 log.warning("consumer %s: pull %s:%d failed: %s", self.group, q.topic, q.queue_id, e)
                 await asyncio.sleep(1.0)
                 continue
+            if q.stopped:
+                return  # not ours any more: another member consumes from the committed offset
             msgs = [self._present(m) for m in r.messages]
             if not msgs:
                 q.next_pull = r.next_offset
@@ -358,7 +359,7 @@ class AsyncPushConsumer:
     async def _consume_orderly(self, q: _Queue, msgs: list[MessageExt]) -> None:
         i = 0
         while i < len(msgs):
-            if not self._running or not await self._hold_lock(q):
+            if not self._running or q.stopped or not await self._hold_lock(q):
                 q.next_pull = msgs[i].queue_offset  # pull again from the first unconsumed one
                 return
             batch = msgs[i:i + self.batch_max]

@@ -104,7 +104,7 @@ class AsyncTransactionProducer:
         return self
 
     async def _heartbeats(self) -> None:
-        while True:
+        while not self.client._closed:
             await asyncio.sleep(30)
             try:
                 await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id, [self.group]))

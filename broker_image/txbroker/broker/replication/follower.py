@@ -13,6 +13,7 @@ import random
 
 from txbroker.client.connection import Connection, ConnectionLost
 from txbroker.client.errors import RequestTimeout
+from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import ErrorBody, ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
 from txbroker.protocol.framing import Frame
@@ -33,25 +34,22 @@ class ReplicationFollower:
         self.last_error = ""
         self._conn: Connection | None = None
         self._task: asyncio.Task | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._stopping = True
         if self._conn is not None:
             self._conn.close()
+        await stop_task(self._task)
+        self._task = None
         self.connected = False
 
     async def _run(self) -> None:
         delay = 0.05
-        while True:
+        while not self._stopping:
             try:
                 if await self._session():
                     delay = 0.05
@@ -69,6 +67,9 @@ class ReplicationFollower:
         """One connection's life. True: reconnect at once (after a truncation)."""
         conn = self._conn = Connection(self.master, self._on_push)
         await conn.open(3.0)
+        if self._stopping:
+            conn.close()
+            return False
         state = self._state
         req = ReplicaSubscribe(self._broker.config.broker_name, state.next_lsn, state.epoch,
                                self._broker.config.listen)
