@@ -56,9 +56,8 @@ class TransactionService:
         self._topics.validate_for_send(req.messages)
         lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages))
         self._metrics.sent_half.inc(len(req.messages))
-        msg_id = keys.msg_id
         return ok(SendResponse(
-            msg_ids=[msg_id(lsn, i) for i in range(len(req.messages))],
+            msg_ids=keys.msg_ids(lsn, len(req.messages)),
             queue_ids=[m.queue_id for m in req.messages],
             transaction_id=txid, commit_log_offset=lsn), durable)
 
@@ -69,7 +68,7 @@ class TransactionService:
                          f"not {req.producer_group!r}")
         lsn = existing.half_lsn
         n = len(existing.destinations) if isinstance(existing, PendingTx) else existing.message_count
-        return ok(SendResponse(msg_ids=[keys.msg_id(lsn, i) for i in range(n)], transaction_id=req.transaction_id,
+        return ok(SendResponse(msg_ids=keys.msg_ids(lsn, n), transaction_id=req.transaction_id,
                                commit_log_offset=lsn, duplicate=True), self._state.durable_future(req.transaction_id))
 
     # ---- end ---------------------------------------------------------------------------------

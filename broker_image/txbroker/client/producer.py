@@ -46,6 +46,8 @@ def as_list(msg_or_msgs) -> list[Message]:
     for m in msgs:
         if not isinstance(m, Message):
             raise TypeError(f"expected txbroker.client.Message, got {type(m).__name__}")
+        if m.transaction_id:  # set by an earlier transactional send: never put on the wire again
+            m.transaction_id = ""
     return msgs
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from rocksdict import Options, Rdict, RdictIter, WriteOptions
+from rocksdict import BlockBasedOptions, Options, Rdict, RdictIter, WriteOptions
 
 from txbroker.store.records import STORE_FORMAT_VERSION
 
@@ -29,6 +29,10 @@ class Database:
     handles: dict
 
     def close(self) -> None:
+        # Each column-family handle keeps the database (and its LOCK file) open: close them all.
+        for cf in (self.log, self.cq, self.pending, self.tx, self.meta, self.offsets, self.keys):
+            cf.close()
+        self.handles.clear()
         self.db.close()
 
 
@@ -46,13 +50,26 @@ def _options() -> Options:
     return opt
 
 
+def _cf_options(name: str) -> Options:
+    opt = Options(raw_mode=True)
+    if name in ("tx", "pending", "keys", "offsets"):
+        # Point lookups that usually miss (is this transaction id new?): a bloom filter answers
+        # a miss without reading blocks, so history does not slow down new transactions.
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        opt.set_block_based_table_factory(table)
+    return opt
+
+
 def open_database(path: str) -> Database:
     os.makedirs(path, exist_ok=True)
-    cfs = {name: Options(raw_mode=True) for name in COLUMN_FAMILIES}
+    cfs = {name: _cf_options(name) for name in COLUMN_FAMILIES}
     try:
         db = Rdict(path, options=_options(), column_families=cfs)
     except Exception as e:  # rocksdict raises a bare Exception with RocksDB's message
         msg = str(e)
+        if "lock hold by current process" in msg:
+            raise StoreError(f"data directory {path} is already open in this process ({msg})") from e
         if "lock" in msg.lower():
             raise StoreError(f"data directory {path} is in use by another broker process ({msg})") from e
         raise StoreError(f"cannot open data directory {path}: {msg}") from e

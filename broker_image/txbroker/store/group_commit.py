@@ -1,10 +1,10 @@
 """Group commit: many requests' changes go to disk in one RocksDB write.
 
-Changes accumulate in the open batch; a flush writes it. With SYNC flush the write (and its fsync)
-runs on a dedicated thread, so the event loop keeps taking requests into the next batch while the
-disk works: that is what makes a synced broker fast. With ASYNC flush the batch is written at the
-end of the current event-loop iteration without fsync (the WAL reaches the OS, which survives a
-process kill but not a machine crash).
+Changes accumulate in the open batch; a flush writes it on a dedicated writer thread (RocksDB
+releases the GIL while writing), so the event loop keeps taking requests into the next batch while
+the write and, with SYNC flush, its fsync run: that is what makes a synced broker fast. With ASYNC
+flush there is no fsync (the WAL reaches the OS, which survives a process kill but not a machine
+crash).
 
 A failed write is fatal: memory is ahead of disk, so the broker must stop and recover from disk.
 """
@@ -54,7 +54,7 @@ class GroupCommit:
         self._flying: Batch | None = None  # the batch being written (SYNC mode)
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="txbroker-fsync") if sync else None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="txbroker-writer")
 
     def batch(self) -> Batch:
         """The open batch, to add changes to; its future resolves when they are durable."""
@@ -75,25 +75,15 @@ class GroupCommit:
         if b is None or self._flying is not None:
             return
         self._open = None
-        if self._sync:
-            self._flying = b
-            fut = self._loop.run_in_executor(self._executor, self._write, b)
-            fut.add_done_callback(lambda f, b=b: self._written(b, f.exception()))
-        else:
-            self._written(b, self._write_catching(b))
+        self._flying = b
+        fut = self._loop.run_in_executor(self._executor, self._write, b)
+        fut.add_done_callback(lambda f, b=b: self._written(b, f.exception()))
 
     def _write(self, b: Batch) -> None:
         t0 = time.perf_counter()
         self._db.write(b.wb, self._wo)
         if self._observe is not None:
             self._observe(b.records, time.perf_counter() - t0)
-
-    def _write_catching(self, b: Batch) -> BaseException | None:
-        try:
-            self._write(b)
-        except BaseException as e:  # noqa: BLE001 - any write failure is fatal, handled below
-            return e
-        return None
 
     def _written(self, b: Batch, error: BaseException | None) -> None:
         self._flying = None
@@ -132,5 +122,4 @@ class GroupCommit:
                 await asyncio.shield(b.future)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        self._executor.shutdown(wait=True)

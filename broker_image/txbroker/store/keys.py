@@ -36,6 +36,17 @@ def msg_id(lsn: int, index: int) -> str:
     return f"{lsn:016X}{index:04X}"
 
 
+_SUFFIXES = [f"{i:04X}" for i in range(1024)]
+
+
+def msg_ids(lsn: int, count: int) -> list[str]:
+    """The ids of a record's `count` messages (one format for the prefix, not one per message)."""
+    prefix = f"{lsn:016X}"
+    if count <= len(_SUFFIXES):
+        return [prefix + sfx for sfx in _SUFFIXES[:count]]
+    return [f"{prefix}{i:04X}" for i in range(count)]
+
+
 def parse_msg_id(text: str) -> tuple[int, int]:
     if len(text) != 20:
         raise ValueError(f"message id {text!r} must be 20 hex digits")

@@ -28,5 +28,4 @@ class SendProcessor:
         offsets = [reserve(qp(m.topic, m.queue_id), 1) for m in msgs]
         lsn, durable = self._state.append(NormalRecord(now_ms(), msgs, offsets))
         self._sent.inc(len(msgs))
-        mid = keys.msg_id
-        return ok(SendResponse([mid(lsn, i) for i in range(len(msgs))], [m.queue_id for m in msgs], offsets), durable)
+        return ok(SendResponse(keys.msg_ids(lsn, len(msgs)), [m.queue_id for m in msgs], offsets), durable)
