@@ -23,7 +23,7 @@ def test_close_releases_the_store_and_recovery_sees_everything(tmp_path):
         assert set(again.pending) == {"t2"}
         assert again.finished("t1").state == "COMMITTED" and again.finished("t1").queue_offsets == [0, 0]
         assert again.next_lsn == 4
-        assert again.visible_end[keys.queue_prefix("T", 0)] == 1
+        assert again.queue_end("T", 0) == 1 and again.queue_end("T", 1) == 1
         await again.close()
 
     asyncio.run(main())
