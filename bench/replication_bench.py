@@ -117,7 +117,7 @@ def main() -> int:
     print(f"{'replication':12} {'tx/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for r in rows:
         print(f"{r['mode']:12} {r['tx_per_s']:>8} {r['p50_ms']:>8} {r['p99_ms']:>8}")
-    print(f"\nfailover (1 master + 2 slaves, SYNC replication and flush, promotion called by the benchmark):")
+    print("\nfailover (1 master + 2 slaves, SYNC replication and flush, promotion called by the benchmark):")
     for k, v in fo.items():
         print(f"  {k:40} {v}")
     path = write_results("replication", {"command": " ".join([sys.executable] + sys.argv), "machine": machine(),

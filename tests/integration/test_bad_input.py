@@ -2,7 +2,6 @@
 it should, and nothing already stored is harmed."""
 
 import socket
-import struct
 
 import pytest
 

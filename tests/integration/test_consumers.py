@@ -1,11 +1,9 @@
 """Consumer groups against real brokers and consumer processes: sharing and rebalancing, retries
 and dead letters, ordered queues, tags, keys, offsets that survive restarts, and bad input."""
 
-import asyncio
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 

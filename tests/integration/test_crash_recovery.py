@@ -8,7 +8,6 @@ and check-back settles the rest from the producers' own record of their decision
 import asyncio
 import signal
 import threading
-import time
 from collections import Counter
 
 import pytest

@@ -41,6 +41,15 @@ class TopicRegistry:
             return self._delay_levels
         return self._state.topics.get(topic)
 
+    def require(self, topic: str, queue_id: int | None = None) -> int:
+        """The topic's queue count; RequestError naming what is missing if the topic (or queue) is not there."""
+        count = self.queue_count(topic)
+        if count is None:
+            raise RequestError(ResponseCode.TOPIC_NOT_EXIST, f"topic {topic} does not exist")
+        if queue_id is not None and not 0 <= queue_id < count:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"queue {queue_id} does not exist: topic {topic} has {count} queues")
+        return count
+
     def create(self, name: str, queue_count: int = 0) -> bool:
         """Create (or widen) a topic; returns False if it already existed as asked."""
         check_topic_name(name)

@@ -26,7 +26,7 @@ from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.producer import as_list, new_client_id
 from txbroker.protocol.bodies import (
     CheckTransactionStateRequest, EndTransactionRequest, EndTransactionResponse, HeartbeatRequest, Message,
-    MessageExt, SendRequest, SendResponse, decoder, encode,
+    MessageExt, SendRequest, SendResponse, decoder,
 )
 from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
 from txbroker.protocol.framing import Frame

@@ -112,24 +112,16 @@ class StateMachine:
 
     def append(self, record: Record) -> tuple[int, asyncio.Future]:
         """Make `record` part of the open batch; returns its LSN and the batch's durability future."""
-        b = self.writer.batch()
         lsn = self.next_lsn
-        self.next_lsn = lsn + 1
-        raw = encode(record)
-        b.wb.put(keys.lsn_key(lsn), raw, self._h_log)
-        self._apply(record, lsn, b)
-        if not b.records:
-            b.first_lsn = lsn
-        b.records += 1
-        b.last_lsn = lsn
-        b.raw.append(raw)
-        return lsn, b.future
+        return lsn, self._write(lsn, record, encode(record))
 
     def apply_replicated(self, lsn: int, raw: bytes) -> asyncio.Future:
         """A slave applies the master's record `lsn` exactly as the master did."""
         if lsn != self.next_lsn:
             raise ValueError(f"replicated record {lsn} does not follow the local log end {self.next_lsn - 1}")
-        record = decode_record(raw)
+        return self._write(lsn, decode_record(raw), raw)
+
+    def _write(self, lsn: int, record: Record, raw: bytes) -> asyncio.Future:
         b = self.writer.batch()
         self.next_lsn = lsn + 1
         b.wb.put(keys.lsn_key(lsn), raw, self._h_log)

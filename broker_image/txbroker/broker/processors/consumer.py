@@ -46,11 +46,7 @@ class CommitOffsetsProcessor:
             return error(ResponseCode.MESSAGE_ILLEGAL, "committing offsets needs a consumer group")
         entries = []
         for o in req.offsets:
-            count = self._b.topics.queue_count(o.topic)
-            if count is None:
-                return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {o.topic} does not exist")
-            if not 0 <= o.queue_id < count:
-                return error(ResponseCode.MESSAGE_ILLEGAL, f"queue {o.queue_id} does not exist: topic {o.topic} has {count} queues")
+            self._b.topics.require(o.topic, o.queue_id)
             end = self._b.state.queue_end(o.topic, o.queue_id)
             if not 0 <= o.offset <= end:
                 return error(ResponseCode.PULL_OFFSET_MOVED,
@@ -67,9 +63,7 @@ class QueryOffsetsProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
-        count = self._b.topics.queue_count(req.topic)
-        if count is None:
-            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
+        count = self._b.topics.require(req.topic)
         state = self._b.state
         committed = {}
         for q in range(count):
@@ -146,11 +140,7 @@ class SearchOffsetProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
-        count = self._b.topics.queue_count(req.topic)
-        if count is None:
-            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
-        if not 0 <= req.queue_id < count:
-            return error(ResponseCode.MESSAGE_ILLEGAL, f"queue {req.queue_id} does not exist: topic {req.topic} has {count} queues")
+        self._b.topics.require(req.topic, req.queue_id)
         read = self._b.reader.read_queue
         lo, hi = 0, read(req.topic, req.queue_id, 0, 0)[2]
         while lo < hi:
@@ -170,8 +160,7 @@ class QueryByKeyProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
-        if self._b.topics.queue_count(req.topic) is None:
-            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
+        self._b.topics.require(req.topic)
         prefix = keys.key_index_prefix(req.topic, req.key)
         reader = self._b.reader
         out = []

@@ -26,11 +26,7 @@ class PullProcessor:
         req = self._decode(body)
         if not self._slave_reads:
             self._role.require_master()
-        count = self._topics.queue_count(req.topic)
-        if count is None:
-            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
-        if not 0 <= req.queue_id < count:
-            return error(ResponseCode.MESSAGE_ILLEGAL, f"queue {req.queue_id} does not exist: topic {req.topic} has {count} queues")
+        self._topics.require(req.topic, req.queue_id)
         if req.offset < 0:
             return error(ResponseCode.PULL_OFFSET_MOVED, f"offset {req.offset} is negative")
         wanted = self._tags(req.tags) if req.tags else None

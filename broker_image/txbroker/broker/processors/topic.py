@@ -1,8 +1,7 @@
 """GET_ROUTEINFO_BY_TOPIC and UPDATE_AND_CREATE_TOPIC."""
 
-from txbroker.broker.replies import Reply, error, ok
+from txbroker.broker.replies import Reply, ok
 from txbroker.protocol.bodies import CreateTopicRequest, RouteRequest, RouteResponse, decoder
-from txbroker.protocol.codes import ResponseCode
 
 
 class RouteProcessor:
@@ -12,9 +11,7 @@ class RouteProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
-        count = self._broker.topics.queue_count(req.topic)
-        if count is None:
-            return error(ResponseCode.TOPIC_NOT_EXIST, f"topic {req.topic} does not exist")
+        count = self._broker.topics.require(req.topic)
         role = self._broker.role
         return ok(RouteResponse(req.topic, count, self._broker.config.broker_name, role.role, role.epoch))
 
