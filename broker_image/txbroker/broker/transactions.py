@@ -8,6 +8,7 @@ anything (invariant I3).
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from txbroker.broker.metrics import BrokerMetrics
@@ -95,12 +96,10 @@ class TransactionService:
         offsets: list[int] = []
         if wanted == TransactionState.COMMIT:
             reserve = self._state.reserve_offsets
-            prefixes: dict[tuple[str, int], bytes] = {}
-            for dest in p.destinations:
-                prefix = prefixes.get(dest)
-                if prefix is None:
-                    prefix = prefixes[dest] = keys.queue_prefix(*dest)
-                offsets.append(reserve(prefix, 1))
+            for dest, run in itertools.groupby(p.destinations):  # consecutive messages to one queue
+                n = sum(1 for _ in run)
+                start = reserve(keys.queue_prefix(*dest), n)
+                offsets.extend(range(start, start + n))
         _lsn, durable = self._state.append(EndRecord(txid, p.half_lsn, wanted, now_ms(), offsets, by))
         if wanted == TransactionState.COMMIT:
             self._metrics.tx_commit.inc()
