@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-unit test-integration demo bench clean help
+.PHONY: venv test test-unit demo demo-broker bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "txbroker needs Python 3.11+, found " + sys.version' 
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade 'pip>=24'
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,operator]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,operator,spark]'
 	touch $(STAMP)
 
 test: venv  ## run every test (unit, integration with real brokers, e2e)
@@ -28,7 +28,10 @@ test: venv  ## run every test (unit, integration with real brokers, e2e)
 test-unit: venv
 	$(PY) -m pytest -n $(PYTEST_WORKERS) tests/unit
 
-demo: venv  ## run the main job on the embedded default
+demo: venv  ## run the main job on the embedded default: Spark local mode, a local master+slave pair
+	$(PY) -m txbroker_spark.demo
+
+demo-broker: venv  ## the broker-only demo: transactional orders, kill -9, check-back, verification
 	$(PY) -m txbroker.demo
 
 bench: venv  ## run the benchmarks (prints figures, writes bench/results/)

@@ -1,0 +1,285 @@
+"""Talking to the broker from Spark: building messages from rows, sending a task's rows as half
+messages (pipelined, in batches, one transaction id per batch), and ending many transactions at
+once from the driver.
+
+Neither the tasks nor the driver's commit register in the producer group (no HEARTBEAT): a
+SEND_MESSAGE with a transaction id and an END_TRANSACTION only need the group's name. So the
+broker's check-backs go only to the ledger checker (`python -m txbroker_spark.checker`), the one
+process that can answer them for a job whose driver is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as _dt
+import decimal
+import hashlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import msgspec
+
+from txbroker.client import background
+from txbroker.client.connection import BrokerClient
+from txbroker.client.errors import BrokerError, ClientError
+from txbroker.protocol.bodies import (
+    EndTransactionRequest, EndTransactionResponse, Message, RouteRequest, RouteResponse, SendRequest, SendResponse,
+)
+from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
+
+from txbroker_spark.options import OptionError, WriteOptions
+
+log = logging.getLogger("txbroker_spark")
+
+
+# ---- rows -> messages ------------------------------------------------------------------------
+
+def _json_default(value):
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if hasattr(value, "asDict"):
+        return value.asDict(recursive=True)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+# msgspec writes datetimes as RFC 3339, decimals as strings, bytes as base64, NaN/inf as null.
+_dumps = msgspec.json.Encoder(enc_hook=_json_default, decimal_format="string").encode
+
+
+class MessageBuilder:
+    """Turns rows into Messages as the options say: body (row as JSON by default, or one column as
+    bytes / string / JSON), keys from keyColumn, tags from tagsColumn or a constant."""
+
+    def __init__(self, o: WriteOptions, properties: dict[str, str]):
+        self.o = o
+        self.topic = o.topic
+        self.properties = properties
+
+    def _body(self, value, row_number: int) -> bytes:
+        fmt = self.o.body_format
+        if fmt == "json":
+            body = _dumps(value)
+        elif value is None:
+            raise ValueError(f"txbroker option 'bodyColumn': column {self.o.body_column!r} is null in a row "
+                             f"(row {row_number} of this task); a message needs a body")
+        elif fmt == "bytes":
+            body = bytes(value)
+        else:
+            body = value.encode()
+        if not body:
+            raise ValueError(f"txbroker option 'bodyColumn': column {self.o.body_column!r} is empty in a row "
+                             f"(row {row_number} of this task); the broker refuses empty bodies")
+        return body
+
+    def from_arrow(self, batch, first_row: int = 0) -> list[Message]:
+        o = self.o
+        n = batch.num_rows
+        if o.body_column is None:
+            values = batch.to_pylist()
+        else:
+            values = batch.column(o.body_column).to_pylist()
+        keys = batch.column(o.key_column).to_pylist() if o.key_column else None
+        tags = batch.column(o.tags_column).to_pylist() if o.tags_column else None
+        return self._build(n, values, keys, tags, first_row)
+
+    def from_rows(self, rows: list, first_row: int = 0) -> list[Message]:
+        o = self.o
+        if o.body_column is None:
+            values = [r.asDict(recursive=True) for r in rows]
+        else:
+            values = [r[o.body_column] for r in rows]
+        keys = [r[o.key_column] for r in rows] if o.key_column else None
+        tags = [r[o.tags_column] for r in rows] if o.tags_column else None
+        return self._build(len(rows), values, keys, tags, first_row)
+
+    def _build(self, n, values, keys, tags, first_row) -> list[Message]:
+        topic, props, const_tags, body = self.topic, self.properties, self.o.tags, self._body
+        out = []
+        for i in range(n):
+            k = keys[i] if keys is not None else None
+            t = tags[i] if tags is not None else const_tags
+            out.append(Message(topic, body(values[i], first_row + i), "" if t is None else str(t),
+                               "" if k is None else str(k), props))
+        return out
+
+
+def content_hash(msgs: list[Message]) -> str:
+    """A digest of what a batch holds: two attempts that send the same rows get the same id."""
+    h = hashlib.blake2b(digest_size=8)
+    for m in msgs:
+        for part in (m.body, m.keys.encode(), m.tags.encode()):
+            h.update(len(part).to_bytes(4, "little"))
+            h.update(part)
+    return h.hexdigest()
+
+
+# ---- the task side ---------------------------------------------------------------------------
+
+def _refusal(e: BrokerError, o: WriteOptions) -> Exception:
+    if e.code == ResponseCode.TOPIC_NOT_EXIST:
+        return OptionError("topic", f"the broker refused: {e.remark} (create it, or enable auto_create_topic)")
+    if e.code == ResponseCode.TRANSACTION_STATE_GROUP_WRONG:
+        return OptionError("producerGroup", f"the broker refused: {e.remark}")
+    return RuntimeError(f"txbroker: the broker refused a half message for topic {o.topic!r}: {e}")
+
+
+class TaskPublisher:
+    """Sends one task's messages as half messages, `batch_size` rows (or `max_batch_bytes`) per
+    transaction, with up to `max_inflight` prepares in flight while the task reads more rows."""
+
+    def __init__(self, o: WriteOptions, txid_for):
+        self.o = o
+        self._txid_for = txid_for  # (chunk number, messages) -> transaction id
+        self._loop = background.loop()
+        self._client = BrokerClient(o.brokers, request_timeout=o.request_timeout)
+        self._inflight: deque = deque()
+        self._pending: list[Message] = []
+        self._pending_bytes = 0
+        self.txids: list[str] = []
+        self.rows = 0
+        self.duplicates = 0
+        self.chunks = 0
+
+    def add(self, msgs: list[Message]) -> None:
+        limit_rows, limit_bytes = self.o.batch_size, self.o.max_batch_bytes
+        pending = self._pending
+        for m in msgs:
+            size = len(m.body)
+            if pending and self._pending_bytes + size > limit_bytes:
+                self._flush()
+                pending = self._pending
+            pending.append(m)
+            self._pending_bytes += size
+            if len(pending) >= limit_rows:
+                self._flush()
+                pending = self._pending
+
+    def _flush(self) -> None:
+        msgs = self._pending
+        if not msgs:
+            return
+        self._pending, self._pending_bytes = [], 0
+        txid = self._txid_for(self.chunks, msgs)
+        self.chunks += 1
+        self.txids.append(txid)
+        self.rows += len(msgs)
+        self._inflight.append(asyncio.run_coroutine_threadsafe(self._prepare(msgs, txid), self._loop))
+        while len(self._inflight) >= self.o.max_inflight:
+            self._reap(self._inflight.popleft())
+
+    def _reap(self, fut) -> None:
+        r: SendResponse = fut.result()
+        if r.duplicate:
+            self.duplicates += 1
+
+    async def _prepare(self, msgs: list[Message], txid: str) -> SendResponse:
+        try:
+            return await self._client.request(RequestCode.SEND_MESSAGE, SendRequest(self.o.group, msgs, txid),
+                                              SendResponse, retry=True)
+        except BrokerError as e:
+            raise _refusal(e, self.o) from None
+
+    def finish(self) -> None:
+        """Send what is left and wait until every half message is acknowledged."""
+        self._flush()
+        while self._inflight:
+            self._reap(self._inflight.popleft())
+
+    def abandon(self) -> None:
+        """Stop waiting for prepares in flight (the task is failing)."""
+        for fut in self._inflight:
+            fut.cancel()
+        self._inflight.clear()
+
+    def close(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(10)
+        except Exception:  # noqa: BLE001 - closing must not mask the task's own outcome
+            pass
+
+
+# ---- the driver side: many ENDs at once ------------------------------------------------------
+
+@dataclass
+class EndReport:
+    state: str
+    acknowledged: int = 0  # ended now, or found already ended this way
+    already: int = 0
+    refused: dict[str, str] = field(default_factory=dict)  # the broker said no (e.g. decided the other way)
+    undelivered: dict[str, str] = field(default_factory=dict)  # no answer: check-back will finish them
+    queue_offsets: int = 0
+
+    def summary(self) -> str:
+        return (f"{self.state}: {self.acknowledged} acknowledged ({self.already} already), "
+                f"{len(self.refused)} refused, {len(self.undelivered)} undelivered")
+
+
+async def end_all_async(brokers, group: str, txids, state: TransactionState, *, request_timeout: float = 30.0,
+                        concurrency: int = 256) -> EndReport:
+    report = EndReport(state.name)
+    txids = list(dict.fromkeys(txids))
+    if not txids:
+        return report
+    client = BrokerClient(brokers, request_timeout=request_timeout)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(txid: str) -> None:
+        async with sem:
+            try:
+                r: EndTransactionResponse = await client.request(
+                    RequestCode.END_TRANSACTION, EndTransactionRequest(group, txid, int(state), 0, False),
+                    EndTransactionResponse, retry=True)
+            except BrokerError as e:
+                if state == TransactionState.ROLLBACK and e.code == ResponseCode.QUERY_NOT_FOUND:
+                    report.acknowledged += 1  # never stored: nothing to roll back
+                else:
+                    report.refused[txid] = f"{e.code_name}: {e.remark}"
+            except ClientError as e:
+                report.undelivered[txid] = str(e)
+            else:
+                report.acknowledged += 1
+                report.already += bool(r.already)
+                report.queue_offsets += len(r.queue_offsets)
+
+    try:
+        await asyncio.gather(*(one(t) for t in txids))
+    finally:
+        await client.close()
+    return report
+
+
+def end_all(brokers, group: str, txids, state: TransactionState, **kwargs) -> EndReport:
+    return background.run(end_all_async(brokers, group, txids, state, **kwargs))
+
+
+async def _probe(brokers, topic: str, timeout: float) -> int | None:
+    client = BrokerClient(brokers, request_timeout=timeout, connect_timeout=min(timeout, 3.0))
+    try:
+        r: RouteResponse = await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic),
+                                                RouteResponse, retry=False)
+        return r.queue_count
+    except BrokerError as e:
+        if e.code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        raise
+    finally:
+        await client.close()
+
+
+def probe_brokers(brokers: list[str], topic: str, timeout: float = 5.0) -> int | None:
+    """Fail fast, naming option 'brokers', when no broker answers; returns the topic's queue count
+    (None if it does not exist yet)."""
+    try:
+        return background.run(_probe(brokers, topic, timeout), timeout + 5)
+    except BrokerError as e:
+        raise OptionError("brokers", f"the broker at {e.broker} answered {e.code_name}: {e.remark}") from None
+    except (ClientError, OSError, TimeoutError) as e:
+        raise OptionError("brokers", f"no broker reachable at {','.join(brokers)}: {e}") from None

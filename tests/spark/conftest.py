@@ -1,0 +1,51 @@
+"""Fixtures for the Spark tests: one local SparkSession per test process, and per test a real broker
+(fast check-back) with a ledger checker process in front of a fresh ledger directory.
+
+The tests need pyspark (with pyarrow) and Java; without them they are skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from spark_helpers import GROUP, GROUP_SETTINGS, TxEnv, admin, start_checker, stop  # noqa: E402
+
+_MISSING = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
+if shutil.which("java") is None:
+    _MISSING.append("java")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _MISSING:
+        return
+    skip = pytest.mark.skip(reason=f"Spark tests need {', '.join(_MISSING)} (pip install -e '.[spark]'; a JDK)")
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from txbroker_spark import local_session
+
+    session = local_session("txbroker-spark-tests", "local[2,4]", log_level="ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def tx_env(broker_factory, tmp_path):
+    """A broker with fast check-back, the group's check settings, a ledger and its checker."""
+    broker = broker_factory("--check-interval-ms", "300", "--transaction-timeout-ms", "200")
+    admin(broker.admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction", GROUP_SETTINGS)
+    env = TxEnv(broker=broker, ledger=tmp_path / "ledger", checker_log=tmp_path / "checker.log")
+    env.checker = start_checker(env.brokers, GROUP, env.ledger, env.checker_log)
+    yield env
+    stop(env.checker)

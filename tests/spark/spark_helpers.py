@@ -1,0 +1,196 @@
+"""Helpers for the Spark tests: a broker + ledger checker environment, consumers, driver subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE / "spark_driver.py"
+GROUP = "spark-tests"
+# Check-back every 0.3 s once a half message is 0.2 s old, and enough checks to outlast any job here.
+GROUP_SETTINGS = {"check_interval_ms": 300, "timeout_ms": 200, "check_max": 10000}
+
+
+def free_port_unused() -> int:
+    """A loopback port nothing listens on (for 'unknown broker' cases)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def admin(url: str, method: str, path: str, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def start_checker(brokers: str, group: str, ledger: Path, log_path: Path, *extra: str) -> subprocess.Popen:
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "txbroker_spark.checker", "--brokers", brokers, "--group", group,
+                             "--ledger", str(ledger), *extra], stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+
+    def ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"checker exited {proc.returncode}: {log_path.read_text()[-2000:]}")
+        return "checker ready" in log_path.read_text(errors="replace")
+
+    wait_until(ready, 30, 0.05, "the ledger checker to be ready")
+    return proc
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@dataclass
+class TxEnv:
+    broker: object  # conftest.BrokerProcess
+    ledger: Path
+    checker_log: Path
+    group: str = GROUP
+    checker: subprocess.Popen | None = None
+
+    @property
+    def brokers(self) -> str:
+        return self.broker.address
+
+    @property
+    def admin_url(self) -> str:
+        return self.broker.admin_url
+
+    def options(self, topic: str, **extra) -> dict:
+        opts = {"brokers": self.brokers, "topic": topic, "producerGroup": self.group, "ledger": str(self.ledger)}
+        opts.update({k: str(v) for k, v in extra.items()})
+        return opts
+
+    def pending(self) -> list[dict]:
+        return admin(self.admin_url, "GET", f"/api/v1/transactions?group={self.group}&limit=100000")["transactions"]
+
+    def wait_settled(self, timeout: float = 90.0) -> None:
+        wait_until(lambda: not self.pending(), timeout, 0.2, "every half transaction to be committed or rolled back")
+
+    def transaction(self, txid: str) -> dict:
+        return admin(self.admin_url, "GET", f"/api/v1/transactions/{txid}")
+
+    def events(self, topic: str):
+        from txbroker.client import PullConsumer
+
+        with PullConsumer(self.brokers) as c:
+            try:
+                return c.read_all(topic)
+            except Exception as e:  # noqa: BLE001 - a topic nobody published to does not exist
+                if "TOPIC_NOT_EXIST" in str(e):
+                    return []
+                raise
+
+    def checker_answers(self) -> dict[str, list[str]]:
+        """txid -> the answers the checker gave for it, from its log."""
+        out: dict[str, list[str]] = {}
+        for m in re.finditer(r"check-back (\S+) \(job [^)]*\): (\w+)", self.checker_log.read_text(errors="replace")):
+            out.setdefault(m.group(1), []).append(m.group(2))
+        return out
+
+    def metric(self, name: str, label: str = "") -> float:
+        """Sum of a Prometheus counter's samples (optionally those with `label`, e.g. 'kind="half"')."""
+        with urllib.request.urlopen(self.admin_url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line:
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def bodies_by_id(events) -> Counter:
+    return Counter(json.loads(m.body)["id"] for m in events)
+
+
+def spawn_driver(*args: str, log_path: Path, env: dict | None = None) -> subprocess.Popen:
+    """A Spark driver in its own process group (so the test can SIGKILL the driver, its JVM and workers)."""
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, str(DRIVER), *args], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, **(env or {})})
+    log.close()
+    return proc
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver's whole process group (the Python driver, its JVM, the Python workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def wait_marker(path: Path, proc: subprocess.Popen, log_path: Path, timeout: float = 240.0) -> dict:
+    def seen():
+        if proc.poll() is not None:
+            raise AssertionError(f"driver exited {proc.returncode} before the hook: {log_path.read_text()[-3000:]}")
+        return path.exists()
+
+    wait_until(seen, timeout, 0.2, f"the driver to reach its hook ({path.name})")
+    return json.loads(path.read_text())
+
+
+def run_driver(*args: str, log_path: Path, timeout: float = 300.0) -> None:
+    proc = spawn_driver(*args, log_path=log_path)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise AssertionError(f"driver did not finish in {timeout}s: {log_path.read_text()[-3000:]}") from None
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    assert code == 0, f"driver exited {code}: {log_path.read_text()[-4000:]}"
+
+
+def write_input_files(directory: Path, files: int, rows_per_file: int) -> list[int]:
+    """JSON-lines input for a file stream: one micro-batch per file (maxFilesPerTrigger=1)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    base = time.time() - 3600
+    ids = []
+    for f in range(files):
+        lines = []
+        for r in range(rows_per_file):
+            i = f * rows_per_file + r
+            ids.append(i)
+            lines.append(json.dumps({"id": i, "payload": f"row-{i}"}))
+        tmp = directory / f".f{f:03d}.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.utime(tmp, (base + f, base + f))  # the file source takes files in modification order
+        os.replace(tmp, directory / f"f{f:03d}.json")
+    return ids
