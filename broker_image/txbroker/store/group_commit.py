@@ -1,10 +1,11 @@
 """Group commit: many requests' changes go to disk in one RocksDB write.
 
-Changes accumulate in the open batch; a flush writes it on a dedicated writer thread (RocksDB
-releases the GIL while writing), so the event loop keeps taking requests into the next batch while
-the write and, with SYNC flush, its fsync run: that is what makes a synced broker fast. With ASYNC
-flush there is no fsync (the WAL reaches the OS, which survives a process kill but not a machine
-crash).
+Changes accumulate in the open batch. With SYNC flush a flush runs the write and its fsync on a
+dedicated writer thread (RocksDB releases the GIL), so the event loop keeps taking requests into
+the next batch while the disk works: that is what makes a synced broker fast. With ASYNC flush the
+batch is written at the end of the current loop iteration, on the loop: without fsync the write is
+cheap, and a hop to a thread and back cost more latency than it saved (tx-8p: 5.1k -> 9.4k tx/s).
+The WAL then reaches the OS, which survives a process kill but not a machine crash.
 
 A failed write is fatal: memory is ahead of disk, so the broker must stop and recover from disk.
 """
@@ -75,6 +76,16 @@ class GroupCommit:
         if b is None or self._flying is not None:
             return
         self._open = None
+        if not self._sync:
+            # Without fsync the write is a memcpy into the WAL and memtable: doing it here costs
+            # less latency than a hop to the writer thread and back (measured: tx-8p).
+            try:
+                self._write(b)
+            except Exception as e:  # noqa: BLE001 - any write failure is fatal, handled in _written
+                self._written(b, e)
+                return
+            self._written(b, None)
+            return
         self._flying = b
         fut = self._loop.run_in_executor(self._executor, self._write, b)
         fut.add_done_callback(lambda f, b=b: self._written(b, f.exception()))
