@@ -62,6 +62,8 @@ def specs(quick: bool, duration: float, warmup: float) -> dict[str, list[Spec]]:
         "batch": [
             S(name="batch100-8p", mode="tx", batch=100, producers=8, procs=1),
             S(name="batch100-8p-SYNC", mode="tx", flush="SYNC", batch=100, producers=8, procs=1),
+            S(name="batch100-8px4", mode="tx", batch=100, producers=8, inflight=4, procs=2,
+              note="8 producers, 4 pipelined coroutines each: where the broker, not latency, is the limit"),
             S(name="plainbatch100-8p", mode="plain", batch=100, producers=8, procs=1,
               note="non-transactional 100-message batches, for comparison"),
         ],
