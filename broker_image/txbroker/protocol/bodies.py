@@ -249,10 +249,6 @@ class ReplicaAck(Struct, array_like=True):
     epoch: int
 
 
-class Empty(Struct, array_like=True):
-    pass
-
-
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 

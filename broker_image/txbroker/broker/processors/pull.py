@@ -2,7 +2,7 @@
 
 import asyncio
 
-from txbroker.broker.replies import Reply, error, ok
+from txbroker.broker.replies import Reply, RequestError, error, ok
 from txbroker.protocol.bodies import PullRequest, PullResponse, decoder
 from txbroker.protocol.codes import ResponseCode
 from txbroker.protocol.tags import TagExpressionError, parse_tags
@@ -55,7 +55,6 @@ class PullProcessor:
         try:
             parsed = parse_tags(expression)
         except TagExpressionError as e:
-            from txbroker.broker.replies import RequestError
             raise RequestError(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e)) from None
         if len(self._expressions) < 10_000:
             self._expressions[expression] = parsed
