@@ -3,7 +3,9 @@
 GROUP = "txbroker.dev"
 VERSION = "v1alpha1"
 TXBROKER_PLURAL = "txbrokers"
+TXBROKER_KIND = "TxBroker"
 TXPRODUCERGROUP_PLURAL = "txproducergroups"
+TXPRODUCERGROUP_KIND = "TxProducerGroup"
 
 MANAGED_BY = "txbroker-operator"
 
@@ -15,11 +17,19 @@ LABEL_BROKER = "txbroker.dev/broker"      # the owning TxBroker's name
 LABEL_ROLE = "txbroker.dev/role"          # master | slave; the <name>-master Service selects on it
 LABEL_INDEX = "txbroker.dev/index"        # pod ordinal
 
+# On broker pods. The broker reads its start-up role from the role label and its master's address
+# from this annotation (downward API env), so a restarted container starts in the role the operator
+# last gave its pod, not the one it was created with.
+ANNOTATION_MASTER = "txbroker.dev/master-address"
+ANNOTATION_POD_SPEC = "txbroker.dev/pod-spec-hash"   # which TxBroker spec a pod was built from (rolling updates)
+
 ROLE_MASTER = "master"
 ROLE_SLAVE = "slave"
 
 CLIENT_PORT = 10911      # wire protocol
-ADMIN_PORT = 10912       # admin plane HTTP: /healthz, /readyz
+ADMIN_PORT = 10912       # admin plane HTTP: /healthz, /readyz, /api/v1
 
 DATA_DIR = "/data"
+CONFIG_DIR = "/etc/txbroker"
+CONFIG_FILE = "broker.toml"
 CONTAINER_NAME = "broker"

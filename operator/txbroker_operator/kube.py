@@ -76,18 +76,29 @@ def rest() -> Rest:
         return _rest
 
 
-_PATHS = {"Pod": "pods", "Service": "services", "PersistentVolumeClaim": "persistentvolumeclaims"}
+# kind -> (API group/version prefix, plural)
+_KINDS = {
+    "Pod": ("/api/v1", "pods"),
+    "Service": ("/api/v1", "services"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Event": ("/api/v1", "events"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    c.TXBROKER_KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.TXBROKER_PLURAL),
+    c.TXPRODUCERGROUP_KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.TXPRODUCERGROUP_PLURAL),
+}
 
 
-def _ns_path(namespace: str, plural: str, name: str | None = None, group: str = "") -> str:
-    base = f"/apis/{group}/{c.VERSION}" if group else "/api/v1"
+def _path(kind: str, namespace: str, name: str | None = None) -> str:
+    base, plural = _KINDS[kind]
     return f"{base}/namespaces/{quote(namespace)}/{plural}" + (f"/{quote(name)}" if name else "")
 
 
 def create_if_absent(obj: dict) -> bool:
     """Create `obj`; True if created, False if an object of that name already exists."""
     try:
-        rest().request("POST", _ns_path(obj["metadata"]["namespace"], _PATHS[obj["kind"]]), obj)
+        rest().request("POST", _path(obj["kind"], obj["metadata"]["namespace"]), obj)
         return True
     except ApiError as e:
         if e.status == 409:
@@ -95,33 +106,51 @@ def create_if_absent(obj: dict) -> bool:
         raise
 
 
-def list_pods(namespace: str, labels: dict[str, str]) -> list[dict]:
-    selector = ",".join(f"{k}={v}" for k, v in labels.items())
-    return rest().request("GET", _ns_path(namespace, "pods"), query={"labelSelector": selector})["items"]
-
-
-def delete_pod(namespace: str, name: str) -> None:
+def get(kind: str, namespace: str, name: str) -> dict | None:
     try:
-        rest().request("DELETE", _ns_path(namespace, "pods", name))
-    except ApiError as e:
-        if e.status != 404:
-            raise
-
-
-def get_txbroker(namespace: str, name: str) -> dict | None:
-    try:
-        return rest().request("GET", _ns_path(namespace, c.TXBROKER_PLURAL, name, group=c.GROUP))
+        return rest().request("GET", _path(kind, namespace, name))
     except ApiError as e:
         if e.status == 404:
             return None
         raise
 
 
-def patch_txbroker_status(namespace: str, name: str, status: dict) -> None:
-    """Merge-patch .status through the status subresource (lists in it are replaced whole)."""
+def merge_patch(kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> dict | None:
+    """JSON merge patch (lists in it are replaced whole); None if the object is gone."""
     try:
-        rest().request("PATCH", _ns_path(namespace, c.TXBROKER_PLURAL, name, group=c.GROUP) + "/status",
-                       {"status": status}, content_type="application/merge-patch+json")
+        return rest().request("PATCH", _path(kind, namespace, name) + (f"/{subresource}" if subresource else ""),
+                              patch, content_type="application/merge-patch+json")
     except ApiError as e:
-        if e.status != 404:   # deleted meanwhile
+        if e.status == 404:
+            return None
+        raise
+
+
+def list_objects(kind: str, namespace: str, labels: dict[str, str] | None = None) -> list[dict]:
+    query = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
+    return rest().request("GET", _path(kind, namespace), query=query)["items"]
+
+
+def list_pods(namespace: str, labels: dict[str, str]) -> list[dict]:
+    return list_objects("Pod", namespace, labels)
+
+
+def delete_pod(namespace: str, name: str) -> None:
+    try:
+        rest().request("DELETE", _path("Pod", namespace, name))
+    except ApiError as e:
+        if e.status != 404:
             raise
+
+
+def get_txbroker(namespace: str, name: str) -> dict | None:
+    return get(c.TXBROKER_KIND, namespace, name)
+
+
+def patch_status(kind: str, namespace: str, name: str, status: dict) -> None:
+    """Merge-patch .status through the status subresource; a deleted object is no error."""
+    merge_patch(kind, namespace, name, {"status": status}, subresource="status")
+
+
+def patch_txbroker_status(namespace: str, name: str, status: dict) -> None:
+    patch_status(c.TXBROKER_KIND, namespace, name, status)

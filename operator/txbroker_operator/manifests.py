@@ -1,11 +1,12 @@
 """Pure builders: a TxBroker's name, namespace and spec in, plain manifest dicts out.
 
-No API calls here, so these are unit-testable and reusable by later features (rolling updates,
-failover relabelling).
+No API calls here, so these are unit-testable; reconcile.py decides what to create or change.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Mapping
 
 from . import constants as c
@@ -21,6 +22,14 @@ def headless_service_name(broker: str) -> str:
 
 def master_service_name(broker: str) -> str:
     return f"{broker}-master"
+
+
+def config_map_name(broker: str) -> str:
+    return f"{broker}-config"
+
+
+def service_account_name(broker: str) -> str:
+    return f"{broker}-broker"
 
 
 def pvc_name(broker: str, index: int) -> str:
@@ -39,54 +48,88 @@ def broker_address(host: str) -> str:
     return f"{host}:{c.CLIENT_PORT}"
 
 
-def broker_args(role: str, master_address: str | None, spec: Mapping[str, Any] | None = None,
-                name: str | None = None) -> list[str]:
-    """`txbroker broker` flags: the contract (--data-dir --listen --admin-listen --role [--master]),
-    then the TxBroker's replication, flush and transaction settings."""
-    args = ["broker", "--data-dir", c.DATA_DIR,
+def transaction_settings(spec: Mapping[str, Any]) -> dict[str, int]:
+    """spec.transaction as the broker's [transaction] settings (milliseconds)."""
+    tx = spec.get("transaction") or {}
+    return {"check_interval_ms": int(tx.get("checkIntervalSeconds", 60)) * 1000,
+            "timeout_ms": int(tx.get("timeoutSeconds", 6)) * 1000,
+            "check_max": int(tx.get("checkMax", 15))}
+
+
+def broker_toml(spec: Mapping[str, Any]) -> str:
+    """The broker's config file. Transaction defaults are also pushed live through the admin API, so
+    a change to them reaches running brokers at once and restarted ones through this file."""
+    lines = [f'replication_mode = "{spec.get("replication", "ASYNC")}"',
+             f'flush_disk_type = "{spec.get("flush", "ASYNC")}"',
+             "", "[transaction]"]
+    lines += [f"{k} = {v}" for k, v in transaction_settings(spec).items()]
+    return "\n".join(lines) + "\n"
+
+
+def config_map(name: str, namespace: str, spec: Mapping[str, Any]) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": config_map_name(name), "namespace": namespace, "labels": common_labels(name)},
+            "data": {c.CONFIG_FILE: broker_toml(spec)}}
+
+
+def pod_spec_hash(spec: Mapping[str, Any]) -> str:
+    """What a running pod cannot pick up without a restart. Transaction defaults are left out: they
+    are applied live."""
+    relevant = {k: spec.get(k) for k in ("image", "imagePullPolicy", "replication", "flush", "resources",
+                                         "podTemplate", "storage")}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def broker_args() -> list[str]:
+    """`txbroker broker` flags. Role and master come from the pod's own label and annotation (see
+    constants.ANNOTATION_MASTER); everything else from the ConfigMap's broker.toml."""
+    return ["broker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}",
+            "--data-dir", c.DATA_DIR,
             "--listen", f"$(POD_IP):{c.CLIENT_PORT}",
             "--admin-listen", f"$(POD_IP):{c.ADMIN_PORT}",
-            "--role", role]
-    if role == c.ROLE_SLAVE:
-        if not master_address:
-            raise ValueError("a slave needs the master's address")
-        args += ["--master", master_address]
-    if name:
-        args += ["--broker-name", name]
-    if spec is not None:
-        tx = spec.get("transaction") or {}
-        args += ["--replication-mode", spec.get("replication", "ASYNC"),
-                 "--flush-disk-type", spec.get("flush", "ASYNC"),
-                 "--check-interval-ms", str(int(tx.get("checkIntervalSeconds", 60)) * 1000),
-                 "--transaction-timeout-ms", str(int(tx.get("timeoutSeconds", 6)) * 1000),
-                 "--check-max", str(int(tx.get("checkMax", 15)))]
-    return args
+            "--broker-name", "$(POD_NAME)",
+            "--role", "$(TXBROKER_ROLE)",
+            "--master", "$(TXBROKER_MASTER)"]
 
 
-def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int,
-               master_address: str | None = None) -> dict:
-    """Pod `<name>-<index>`: index 0 starts as master, the others as slaves of `master_address`."""
-    role = c.ROLE_MASTER if index == 0 else c.ROLE_SLAVE
+def _field_env(name: str, path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, role: str,
+               master_address: str = "") -> dict:
+    """Pod `<name>-<index>` in `role`; a slave replicates from `master_address`."""
     tmpl = spec.get("podTemplate") or {}
     labels = {**(tmpl.get("labels") or {}), **common_labels(name),
               c.LABEL_COMPONENT: "broker", c.LABEL_ROLE: role, c.LABEL_INDEX: str(index)}
+    annotations = {**(tmpl.get("annotations") or {}),
+                   c.ANNOTATION_MASTER: "" if role == c.ROLE_MASTER else master_address,
+                   c.ANNOTATION_POD_SPEC: pod_spec_hash(spec)}
     env = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("TXBROKER_ROLE", f"metadata.labels['{c.LABEL_ROLE}']"),
+        _field_env("TXBROKER_MASTER", f"metadata.annotations['{c.ANNOTATION_MASTER}']"),
     ]
     container: dict[str, Any] = {
         "name": c.CONTAINER_NAME,
         "image": spec["image"],
         "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
         "command": ["txbroker"],
-        "args": broker_args(role, master_address, spec, pod_name(name, index)),
+        "args": broker_args(),
         "env": env,
         "ports": [{"name": "client", "containerPort": c.CLIENT_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": c.ADMIN_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": c.ADMIN_PORT},
                            "periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 3},
-        "volumeMounts": [{"name": "data", "mountPath": c.DATA_DIR}],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": c.ADMIN_PORT},
+                          "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 2,
+                          "failureThreshold": 6},
+        "volumeMounts": [{"name": "data", "mountPath": c.DATA_DIR},
+                         {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
     }
     if spec.get("resources"):
         container["resources"] = dict(spec["resources"])
@@ -97,17 +140,19 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int,
     pod_spec: dict[str, Any] = {
         "hostname": pod_name(name, index),
         "subdomain": headless_service_name(name),
+        "serviceAccountName": service_account_name(name),
+        "automountServiceAccountToken": False,   # brokers never call the Kubernetes API
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 30,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "fsGroup": 65532,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [data_volume],
+        "volumes": [data_volume, {"name": "config", "configMap": {"name": config_map_name(name)}}],
     }
     for key in ("nodeSelector", "tolerations", "affinity"):
         if tmpl.get(key):
             pod_spec[key] = tmpl[key]
-    meta: dict[str, Any] = {"name": pod_name(name, index), "namespace": namespace, "labels": labels}
-    if tmpl.get("annotations"):
-        meta["annotations"] = dict(tmpl["annotations"])
+    meta = {"name": pod_name(name, index), "namespace": namespace, "labels": labels, "annotations": annotations}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
@@ -144,3 +189,16 @@ def master_service(name: str, namespace: str) -> dict:
                          "labels": common_labels(name)},
             "spec": {"selector": {**selector_labels(name), c.LABEL_ROLE: c.ROLE_MASTER},
                      "ports": _ports()}}
+
+
+def service_account(name: str, namespace: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": service_account_name(name), "namespace": namespace, "labels": common_labels(name)},
+            "automountServiceAccountToken": False}
+
+
+def pod_disruption_budget(name: str, namespace: str) -> dict:
+    """Voluntary evictions (node drains) take one broker at a time."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": namespace, "labels": common_labels(name)},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}

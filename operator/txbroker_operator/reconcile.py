@@ -1,73 +1,317 @@
-"""One level-triggered pass over a TxBroker: create what is missing, then report status.
+"""One level-triggered pass over a TxBroker: make the world match its spec and status, one step at a time.
 
-Idempotent and safe to run concurrently for the same TxBroker (creation is create-if-absent), so it
-is called from the TxBroker's create/update/resume handlers and on every event of one of its pods.
+Called from Kopf's TxBroker handlers, on every event of one of its pods, and by the periodic health
+pass (health.py). Passes for one TxBroker never overlap (a lock per TxBroker), and each starts from a
+fresh read of the resource, so a pass always sees the master and epoch the previous one recorded.
 
-Today: services, one PVC per pod when spec.storage is set, pod `<name>-0` as master, pods
-`<name>-1..` as slaves of the master's pod IP once it has one (replication, flush and transaction
-settings passed as `txbroker broker` flags), scale-down of surplus pods, status.
-Later issues add: failover (promote a slave at epoch+1, relabel), rolling updates (a changed spec
-reaches new pods only; running pods keep their arguments), TxProducerGroup, brokers' offsets/lag.
+A pass:
+1. creates what is missing (ServiceAccount, Services, ConfigMap, PodDisruptionBudget, PVCs, pods);
+2. looks at every pod and asks its broker for role, epoch and log offset (observe.py);
+3. fails over when the master has been lost past the grace period (failover.py): the decision is
+   written to status first, then carried out, so a crash of the operator mid-way is finished by the
+   next pass;
+4. converges roles: the master's pod is labelled master (the `<name>-master` Service follows the
+   label) and its broker is master at the status epoch; every other broker is a slave of it; a
+   returning old master is demoted (fenced) here;
+5. applies live settings (transaction defaults) to brokers that do not have them yet;
+6. takes at most one disruptive step: remove a surplus pod, or replace one pod built from an older
+   spec (slaves first; the master only after a switchover);
+7. writes status.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
 from typing import Any, Mapping
 
 import kopf
 
+from . import brokers, events, failover, kube, manifests, observe, producer_groups, status
 from . import constants as c
-from . import kube, manifests, status
+from .failover import Blocked, Promote
+from .observe import Member
+
+Logger = logging.Logger | logging.LoggerAdapter
+
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+_applied_tx: dict[str, dict] = {}      # pod uid -> transaction defaults last pushed to its broker
 
 
-def reconcile(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> dict:
-    """Bring the children of `body` (a TxBroker) in line with its spec; return its new status."""
-    meta, spec = body["metadata"], body.get("spec") or {}
-    name, ns = meta["name"], meta["namespace"]
-    replicas = int(spec.get("replicas", 1))
-
-    children = [manifests.headless_service(name, ns), manifests.master_service(name, ns)]
-    if spec.get("storage"):
-        children += [manifests.data_pvc(name, ns, spec, i) for i in range(replicas)]
-    for obj in children:
-        if obj["kind"] == "Service":   # PVCs are not owned: like a StatefulSet's, they outlive the broker
-            kopf.adopt(obj, owner=body)
-        if kube.create_if_absent(obj):
-            logger.info("created %s %s", obj["kind"], obj["metadata"]["name"])
-
-    pods = {p["metadata"]["name"]: p for p in kube.list_pods(ns, manifests.selector_labels(name))}
-    master = (body.get("status") or {}).get("master") or manifests.pod_name(name, 0)
-
-    def create_pod(index: int, master_address: str | None) -> None:
-        pod = manifests.broker_pod(name, ns, spec, index, master_address)
-        kopf.adopt(pod, owner=body)
-        if kube.create_if_absent(pod):
-            logger.info("created pod %s (%s)", pod["metadata"]["name"], pod["metadata"]["labels"][c.LABEL_ROLE])
-
-    if master not in pods:
-        create_pod(0, None)
-    else:
-        master_ip = (pods[master].get("status") or {}).get("podIP")
-        if master_ip:   # slaves start once the master has an address to replicate from
-            for i in range(1, replicas):
-                if manifests.pod_name(name, i) not in pods:
-                    create_pod(i, manifests.broker_address(master_ip))
-
-    for pod_name, pod in pods.items():   # scale down: highest ordinals go
-        index = int(pod["metadata"]["labels"].get(c.LABEL_INDEX, 0))
-        if index >= replicas and pod_name != master and not pod["metadata"].get("deletionTimestamp"):
-            logger.info("deleting surplus pod %s", pod_name)
-            kube.delete_pod(ns, pod_name)
-
-    pods = kube.list_pods(ns, manifests.selector_labels(name))
-    return status.compute(body, pods, master)
+def sync(body: Mapping[str, Any], logger: Logger) -> dict:
+    """Run one pass for the TxBroker `body` names (re-read fresh under its lock); return its status."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    with _locks_guard:
+        lock = _locks[(ns, name)]
+    with lock:
+        fresh = kube.get_txbroker(ns, name)
+        if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+            return {}
+        return Pass(fresh, logger).run()
 
 
-def sync(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> dict:
-    """reconcile() and write the status (only when it changed)."""
-    new = reconcile(body, logger)
-    old = dict(body.get("status") or {})
-    if any(old.get(k) != v for k, v in new.items()):
-        kube.patch_txbroker_status(body["metadata"]["namespace"], body["metadata"]["name"], new)
-    return new
+def _parse_time(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+class Pass:
+    def __init__(self, body: dict, logger: Logger):
+        self.body = body
+        self.log = logger
+        self.meta, self.spec = body["metadata"], body.get("spec") or {}
+        self.name, self.ns = self.meta["name"], self.meta["namespace"]
+        self.replicas = int(self.spec.get("replicas", 1))
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        self.master = failover.master_of(self.status, self.name)
+        self.previous_master = self.master   # before any promotion this pass decides
+        self.epoch = int(self.status.get("epoch") or 1)
+        self.members: dict[str, Member] = {}
+
+    # -- the pass --------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self.ensure_children()
+        self.look()
+        self.handle_lost_master()
+        self.create_missing_pods()
+        self.converge_roles()
+        self.apply_live_settings()
+        producer_groups.remove_orphans(self.ns, self.name, self.members, self.log)
+        self.one_disruptive_step()
+        self.look(ask_brokers=False)
+        return self.write_status()
+
+    def look(self, ask_brokers: bool = True) -> None:
+        pods = kube.list_pods(self.ns, manifests.selector_labels(self.name))
+        old = self.members
+        self.members = observe.observe(pods, ask_brokers)
+        if not ask_brokers:   # keep what the brokers said earlier in this pass
+            for n, m in self.members.items():
+                if n in old and old[n].pod["metadata"].get("uid") == m.pod["metadata"].get("uid"):
+                    m.info = old[n].info
+
+    # -- 1. children -----------------------------------------------------------------------------
+
+    def ensure_children(self) -> None:
+        owned = [manifests.service_account(self.name, self.ns), manifests.headless_service(self.name, self.ns),
+                 manifests.master_service(self.name, self.ns), manifests.config_map(self.name, self.ns, self.spec)]
+        if self.replicas > 1:
+            owned.append(manifests.pod_disruption_budget(self.name, self.ns))
+        for obj in owned:
+            kopf.adopt(obj, owner=self.body)
+            if kube.create_if_absent(obj):
+                self.log.info("created %s %s", obj["kind"], obj["metadata"]["name"])
+            elif obj["kind"] == "ConfigMap":
+                current = kube.get("ConfigMap", self.ns, obj["metadata"]["name"]) or {}
+                if current.get("data") != obj["data"]:
+                    kube.merge_patch("ConfigMap", self.ns, obj["metadata"]["name"], {"data": obj["data"]})
+                    self.log.info("updated ConfigMap %s", obj["metadata"]["name"])
+        if self.spec.get("storage"):   # not owned: like a StatefulSet's, claims outlive the broker
+            for i in range(self.replicas):
+                pvc = manifests.data_pvc(self.name, self.ns, self.spec, i)
+                if kube.create_if_absent(pvc):
+                    self.log.info("created PersistentVolumeClaim %s", pvc["metadata"]["name"])
+
+    # -- 3. failover -----------------------------------------------------------------------------
+
+    def handle_lost_master(self) -> None:
+        current = self.members.get(self.master)
+        if current is not None and current.alive_master:
+            self.status.pop("masterUnavailableSince", None)
+            return
+        others = [m for m in self.members.values() if m.name != self.master]
+        if not others:
+            return   # nothing to fail over to: the master's pod is (re)created as master
+        served = any(b.get("name") == self.master and "offset" in b for b in self.status.get("brokers") or [])
+        if not served:
+            return   # a new TxBroker whose master is still starting
+        if not self.status.get("masterUnavailableSince"):
+            self.status["masterUnavailableSince"] = status.now()
+            self.save_status(masterUnavailableSince=self.status["masterUnavailableSince"])
+            self.log.warning("master %s is not acting as master (%s)", self.master, self._why_down(current))
+        down_for = time.time() - _parse_time(self.status["masterUnavailableSince"])
+        decision = failover.decide_failover(self.spec, self.status, self.members, self.master, down_for)
+        if isinstance(decision, Promote):
+            self.promote(decision)
+        elif isinstance(decision, Blocked):
+            events.post_once(self.body, events.WARNING, decision.reason, decision.message)
+
+    @staticmethod
+    def _why_down(m: Member | None) -> str:
+        if m is None:
+            return "its pod is gone"
+        if m.deleting:
+            return "its pod is being deleted"
+        if m.info is None:
+            return "its admin API does not answer"
+        return f"its broker is {m.info.role}" + (f", fenced by epoch {m.info.fenced_by}" if m.info.fenced_by else "")
+
+    def promote(self, p: Promote) -> None:
+        """Record the decision; converge_roles() carries it out in this pass (and the next pass
+        finishes what a crash of the operator interrupts)."""
+        old = self.master
+        self.master, self.epoch = p.successor, p.epoch
+        self.status.update(master=p.successor, epoch=p.epoch)
+        self.status.pop("masterUnavailableSince", None)
+        if p.reason == "FailedOver":
+            self.status["lastFailover"] = {"time": status.now(), "from": old, "to": p.successor,
+                                           "epoch": p.epoch, "message": p.message}
+        self.save_status(master=p.successor, epoch=p.epoch, masterUnavailableSince=None,
+                         lastFailover=self.status.get("lastFailover"))
+        events.post(self.body, events.WARNING if p.reason == "FailedOver" else events.NORMAL, p.reason, p.message)
+        self.converge_roles()
+
+    # -- 4. pods and roles -----------------------------------------------------------------------
+
+    def create_missing_pods(self) -> None:
+        master = self.members.get(self.master)
+        for i in range(self.replicas):
+            pod_name = manifests.pod_name(self.name, i)
+            if pod_name in self.members:
+                continue
+            if pod_name == self.master:
+                if any(n != pod_name for n in self.members):
+                    continue   # the master's pod is gone: failover first, then it returns as a slave
+                pod = manifests.broker_pod(self.name, self.ns, self.spec, i, c.ROLE_MASTER)
+            elif master is not None and master.address:
+                pod = manifests.broker_pod(self.name, self.ns, self.spec, i, c.ROLE_SLAVE, master.address)
+            else:
+                continue   # slaves start once the master has an address to replicate from
+            kopf.adopt(pod, owner=self.body)
+            if kube.create_if_absent(pod):
+                self.log.info("created pod %s (%s)", pod_name, pod["metadata"]["labels"][c.LABEL_ROLE])
+
+    def converge_roles(self) -> None:
+        """Labels and annotations follow status.master; then the brokers' roles do."""
+        head = self.members.get(self.master)
+        for m in self.members.values():
+            if m.deleting:
+                continue
+            role = failover.role_for(m.name, self.master)
+            address = "" if role == c.ROLE_MASTER else (head.address if head and head.address
+                                                        else m.master_annotation)
+            if m.label_role != role or m.master_annotation != address:
+                kube.merge_patch("Pod", self.ns, m.name, {"metadata": {
+                    "labels": {c.LABEL_ROLE: role}, "annotations": {c.ANNOTATION_MASTER: address}}})
+                self.log.info("pod %s labelled %s%s", m.name, role, f" of {address}" if address else "")
+        try:
+            if head is not None and head.info is not None and not head.info.is_master and not head.deleting:
+                head = self.take_over(head)
+            if head is not None and head.alive_master and head.address:
+                for m in self.members.values():
+                    if m is not head and m.info is not None and not m.deleting and \
+                            (m.info.is_master or m.info.master != head.address):
+                        if m.info.is_master:
+                            events.post(self.body, events.WARNING, "Fenced",
+                                        f"{m.name} acted as master at epoch {m.info.epoch}; demoted to a "
+                                        f"slave of {head.name} (epoch {head.info.epoch})")
+                        brokers.demote(m.ip, head.address, max(self.epoch, head.info.epoch))
+                        m.info = brokers.try_info(m.ip)
+                        self.log.info("broker %s now follows %s", m.name, head.address)
+        except (brokers.Unreachable, brokers.BrokerError) as e:
+            self.log.warning("could not set broker roles (the next pass retries): %s", e)
+
+    def take_over(self, head: Member) -> Member:
+        """Make `head` master. Any other broker still acting as master is fenced first, so nothing is
+        acknowledged after this point that the new master lacks; then, since every acknowledged
+        write is on the most caught-up slave, that one is promoted if `head` is behind it."""
+        deposed = {self.previous_master}
+        for m in self.members.values():
+            if m is not head and m.alive_master:
+                brokers.demote(m.ip, head.address, self.epoch)
+                deposed.add(m.name)
+                self.log.info("fenced %s before promoting %s", m.name, head.name)
+        for m in self.members.values():
+            if not m.deleting:
+                m.info = brokers.try_info(m.ip)
+        # a deposed master's extra records were never acknowledged (SYNC) or are knowingly lost (ASYNC)
+        slaves = [m for m in self.members.values() if m.info is not None and not m.deleting
+                  and (m is head or m.name not in deposed)]
+        best = max(slaves, key=lambda m: (m.info.log_end_offset, m is head, -m.index))
+        if best is not head:
+            self.log.warning("%s is ahead of %s (offset %d > %d): promoting it instead", best.name, head.name,
+                             best.info.log_end_offset, head.info.log_end_offset)
+            self.master = best.name
+            self.status["master"] = best.name
+            self.save_status(master=best.name)
+            head = best
+        epoch = self.epoch
+        if head.info.epoch >= epoch:   # it has seen our epoch already (e.g. fenced): take a fresh one
+            epoch = observe.highest_epoch(self.members, self.status) + 1
+            self.epoch = self.status["epoch"] = epoch
+            self.save_status(epoch=epoch)
+        head.info = brokers.promote(head.ip, epoch)
+        self.log.info("broker %s promoted to master at epoch %d", head.name, epoch)
+        return head
+
+    # -- 5. live settings ------------------------------------------------------------------------
+
+    def apply_live_settings(self) -> None:
+        want = manifests.transaction_settings(self.spec)
+        for m in self.members.values():
+            uid = m.pod["metadata"].get("uid", "")
+            if m.info is None or _applied_tx.get(uid) == want:
+                continue
+            try:
+                brokers.put_transaction_defaults(m.ip, want)
+                _applied_tx[uid] = want
+            except (brokers.Unreachable, brokers.BrokerError) as e:
+                self.log.warning("could not apply transaction defaults to %s: %s", m.name, e)
+
+    # -- 6. one disruptive step ------------------------------------------------------------------
+
+    def one_disruptive_step(self) -> None:
+        members = [m for m in self.members.values()]
+        if any(m.deleting for m in members):
+            return
+        master = self.members.get(self.master)
+        if master is None or not master.alive_master:
+            return
+        surplus = sorted((m for m in members if m.index >= self.replicas), key=lambda m: -m.index)
+        if surplus:
+            self.remove(surplus[0], "ScaledDown", f"replicas is {self.replicas}: removing {surplus[0].name}",
+                        keep={m.name for m in members if m.index < self.replicas})
+            return
+        if len(members) < self.replicas or not all(m.ready for m in members):
+            return
+        want = manifests.pod_spec_hash(self.spec)
+        outdated = sorted((m for m in members if m.spec_hash != want), key=lambda m: (m.name == self.master, -m.index))
+        if not outdated:
+            return
+        target = outdated[0]
+        if self.spec.get("replication") == "SYNC":
+            others = [m for m in members if m.name not in (self.master, target.name)]
+            if not all(observe.in_sync(master, m) for m in others):
+                return   # do not take a replica away while another one is still catching up
+        done = len(members) - len(outdated)
+        self.remove(target, "RollingUpdate", f"replacing {target.name} with the new spec "
+                                             f"({done + 1} of {len(members)})",
+                    keep={m.name for m in members if m.spec_hash == want})
+
+    def remove(self, target: Member, reason: str, message: str, keep: set[str]) -> None:
+        if target.name == self.master and len(self.members) > 1:
+            p = failover.decide_switchover(self.members, self.status, self.master, keep,
+                                           f"{target.name} is to be replaced")
+            if p is not None:
+                self.promote(p)   # the old master's pod goes in a later pass, as a slave
+            return
+        events.post(self.body, events.NORMAL, reason, message)
+        kube.delete_pod(self.ns, target.name)
+
+    # -- 7. status -------------------------------------------------------------------------------
+
+    def save_status(self, **fields: Any) -> None:
+        kube.patch_txbroker_status(self.ns, self.name, fields)
+
+    def write_status(self) -> dict:
+        extra = {k: self.status.get(k) for k in ("masterUnavailableSince", "lastFailover")}
+        new = status.compute(self.body, self.members, self.master, self.epoch, extra)
+        old = self.body.get("status") or {}
+        changed = {k: v for k, v in new.items() if old.get(k) != v}
+        if changed:
+            kube.patch_txbroker_status(self.ns, self.name, changed)
+        return new

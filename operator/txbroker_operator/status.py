@@ -1,65 +1,106 @@
-"""Pure: what the pods look like -> the TxBroker's status."""
+"""Pure: what the pods and brokers look like -> the TxBroker's status."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from . import constants as c
+from . import manifests
+from .observe import Member, in_sync
 
 
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conds)
-
-
 def condition(type_: str, ok: bool, reason: str, message: str, old: list[dict]) -> dict:
+    """A condition; lastTransitionTime moves only when the status flips."""
     status = "True" if ok else "False"
     prev = next((x for x in old if x.get("type") == type_), None)
     since = prev["lastTransitionTime"] if prev and prev.get("status") == status and prev.get("lastTransitionTime") else now()
     return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
 
 
-def compute(body: Mapping[str, Any], pods: list[dict], master: str | None) -> dict:
-    """Status for a TxBroker given its pods (the brokers' offsets and lag come with a later issue)."""
+def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) -> list[dict]:
+    """Per broker: role, readiness, log position and (slaves) sync state. What cannot be seen now -
+    a broker that does not answer, slaves' sync state while the master is down - keeps the value
+    last seen: failover decides on it."""
+    last_seen = {b.get("name"): b for b in old}
+    head = members.get(master)
+    head_offset = head.info.log_end_offset if head and head.info and head.info.is_master else None
+    out = []
+    for m in sorted(members.values(), key=lambda m: m.index):
+        if m.deleting:
+            continue
+        entry: dict[str, Any] = {"name": m.name, "role": m.info.role if m.info else m.label_role, "ready": m.ready}
+        if m.ip:
+            entry["podIP"] = m.ip
+        before = last_seen.get(m.name) or {}
+        if m.info:
+            entry["epoch"] = m.info.epoch
+            entry["offset"] = m.info.log_end_offset
+        else:
+            entry.update({k: before[k] for k in ("epoch", "offset") if k in before})
+        if m.name != master:
+            if head_offset is not None and m.info:
+                entry["lag"] = max(head_offset - m.info.log_end_offset, 0)
+                entry["inSync"] = in_sync(head, m)
+            else:   # the master does not answer: keep what it last said about this slave
+                entry.update({k: before[k] for k in ("lag", "inSync") if k in before})
+        out.append(entry)
+    return out
+
+
+def compute(body: Mapping[str, Any], members: Mapping[str, Member], master: str, epoch: int,
+            extra: Mapping[str, Any]) -> dict:
+    """Status for a TxBroker. `extra` carries what the pass decided (masterUnavailableSince,
+    lastFailover); a None there removes the field (merge patch)."""
     spec = body.get("spec") or {}
     old = body.get("status") or {}
     replicas = int(spec.get("replicas", 1))
-    by_name = {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
-    brokers = []
-    for name in sorted(by_name, key=lambda n: int(by_name[n]["metadata"]["labels"].get(c.LABEL_INDEX, 0))):
-        p = by_name[name]
-        entry: dict[str, Any] = {"name": name, "role": p["metadata"]["labels"].get(c.LABEL_ROLE, c.ROLE_SLAVE),
-                                 "ready": pod_ready(p)}
-        if (p.get("status") or {}).get("podIP"):
-            entry["podIP"] = p["status"]["podIP"]
-        brokers.append(entry)
+    brokers = broker_entries(members, master, old.get("brokers") or [])
     ready = sum(1 for b in brokers if b["ready"])
-    master_ready = any(b["name"] == master and b["ready"] for b in brokers)
-    if ready == replicas and len(brokers) == replicas:
+    head = members.get(master)
+    master_ok = head is not None and head.alive_master and head.ready
+    want_hash = manifests.pod_spec_hash(spec)
+    outdated = [m.name for m in members.values() if not m.deleting and m.spec_hash != want_hash]
+    surplus = [m.name for m in members.values() if m.index >= replicas]
+    if master_ok and ready == replicas == len(brokers) and not outdated:
         phase = "Running"
-    elif master_ready:
-        phase = "Degraded"
+    elif master_ok:
+        phase = "Degraded" if ready < len(brokers) else "Updating"
+    elif brokers and old.get("master"):
+        phase = "Recovering"
     else:
         phase = "Pending"
     old_conds = old.get("conditions") or []
+    progressing = bool(outdated or surplus or len(brokers) != replicas)
+    if outdated:
+        progress_msg = f"{len(outdated)} pod(s) to replace with the new spec: {', '.join(sorted(outdated))}"
+    elif surplus or len(brokers) != replicas:
+        progress_msg = f"{len(brokers)}/{replicas} broker pods"
+    else:
+        progress_msg = f"{replicas} broker pods on the current spec"
+    last = extra.get("lastFailover") or old.get("lastFailover")
     conditions = [
         condition("Ready", phase == "Running", "AllBrokersReady" if phase == "Running" else "BrokersNotReady",
-                  f"{ready}/{replicas} brokers ready", old_conds),
-        condition("Progressing", phase != "Running", "Reconciling" if phase != "Running" else "Stable",
-                  f"{len(brokers)}/{replicas} broker pods exist", old_conds),
-        condition("Degraded", phase == "Degraded", "SlavesNotReady" if phase == "Degraded" else "AsExpected",
-                  "the master is ready but some slave is not" if phase == "Degraded" else "", old_conds),
+                  f"{ready}/{replicas} brokers ready; master {master}" + ("" if master_ok else " not serving"),
+                  old_conds),
+        condition("Progressing", progressing, "RollingUpdate" if outdated else ("Scaling" if progressing else "Stable"),
+                  progress_msg, old_conds),
+        condition("Degraded", not master_ok or ready < len(brokers),
+                  "MasterUnavailable" if not master_ok else ("BrokersNotReady" if ready < len(brokers) else "AsExpected"),
+                  "" if master_ok and ready == len(brokers) else f"{len(brokers) - ready} broker(s) not ready", old_conds),
     ]
-    return {
+    if last:
+        conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds))
+    new = {
         "phase": phase,
         "master": master,
-        "epoch": int(old.get("epoch") or 1),
+        "epoch": epoch,
         "brokers": brokers,
         "conditions": conditions,
         "observedGeneration": (body.get("metadata") or {}).get("generation"),
     }
+    new.update(extra)
+    return new

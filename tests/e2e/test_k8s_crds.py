@@ -62,6 +62,8 @@ def test_defaults_are_applied(crds, namespace):
     ({"transaction": {"checkIntervalSeconds": 0}}, "spec.transaction.checkIntervalSeconds", "greater than or equal to 1"),
     ({"storage": {"size": "ten gigs"}}, "spec.storage.size", "should match"),
     ({"authSecretRef": {}}, "spec.authSecretRef.name", "Required value"),
+    ({"replication": "SYNC"}, "spec.replication", "replication SYNC needs replicas of at least 2"),
+    ({"failover": {"gracePeriodSeconds": 0}}, "spec.failover.gracePeriodSeconds", "greater than or equal to 1"),
 ])
 def test_invalid_txbroker_is_refused_naming_the_field(crds, namespace, spec, field, words):
     msg = refused(crds, txb("bad", **spec), namespace)
@@ -80,6 +82,7 @@ def test_txbroker_without_image_is_refused(crds, namespace):
     ({"brokerRef": {"name": "b"}, "checkMode": "carrier-pigeon"}, "spec.checkMode", "Unsupported value"),
     ({"brokerRef": {"name": "b"}, "checkMax": 0}, "spec.checkMax", "greater than or equal to 1"),
     ({"brokerRef": {"name": "b"}, "checkMode": "http"}, "spec.webhookUrl", "webhookUrl is required when checkMode is http"),
+    ({"brokerRef": {"name": "b"}, "groupName": "no spaces"}, "spec.groupName", "should match"),
 ])
 def test_invalid_txproducergroup_is_refused_naming_the_field(crds, namespace, spec, field, words):
     msg = refused(crds, txpg("bad", **spec), namespace)
@@ -97,10 +100,11 @@ def test_printer_columns_and_status_subresource(crds, namespace):
 
     crds.apply(txpg("pg", brokerRef={"name": "shown"}, checkIntervalSeconds=5), namespace)
     crds.kubectl("-n", namespace, "patch", "txpg", "pg", "--subresource=status", "--type=merge",
-                 "-p", json.dumps({"status": {"pending": 4, "applied": [{"name": "shown-0", "generation": 1}]}}))
+                 "-p", json.dumps({"status": {"pending": 4, "applied": [{"name": "shown-0", "generation": 1}],
+                                              "conditions": [{"type": "Applied", "status": "True"}]}}))
     table = crds.kubectl("-n", namespace, "get", "txpg", "pg").stdout.splitlines()
     assert table[0].split()[:5] == ["NAME", "BROKER", "CHECK-INTERVAL", "PENDING", "APPLIED"]
-    assert table[1].split()[:5] == ["pg", "shown", "5", "4", "shown-0"]
+    assert table[1].split()[:5] == ["pg", "shown", "5", "4", "True"]
 
 
 def test_status_is_validated_too(crds, namespace):

@@ -1,4 +1,5 @@
-"""Smoke test of the operator: TxBroker in, broker processes answering /healthz out.
+"""The operator end to end: TxBrokers become broker processes that replicate, fail over, scale, roll
+and go away with their TxBroker; TxProducerGroups change running brokers' check-back live.
 
 The operator runs as `python -m txbroker_operator` (Kopf) with the ServiceAccount token that the
 Helm chart's RBAC grants, so the chart's least-privilege rules are exercised too: it watches one
@@ -15,11 +16,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 
 import pytest
 import yaml
 from k8s_testbed import ROOT, wait_for
+from support import txload
+
+from txbroker.client import BrokerError, LocalTransactionState as S, Message, TransactionListener, TransactionProducer
+from txbroker.client.admin import AdminClient
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +68,7 @@ def operator(crds, tmp_path_factory):
         "contexts": [{"name": "op", "context": {"cluster": admin["clusters"][0]["name"], "user": sa}}],
     }))
     log_path = work / "operator.log"
-    env = tb.env(KUBECONFIG=str(kubeconfig),
+    env = tb.env(KUBECONFIG=str(kubeconfig), TXBROKER_OPERATOR_RESYNC_SECONDS="1",
                  PYTHONPATH=os.pathsep.join([str(ROOT / "operator"), os.environ.get("PYTHONPATH", "")]))
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen([sys.executable, "-m", "txbroker_operator", f"--namespace={watched}", "--verbose"],
@@ -96,10 +102,37 @@ def wait_broker(op, namespace: str, name: str, timeout: float = 90) -> dict:
                              f"operator log:\n{op.log.read_text()[-3000:]}")
 
 
+def txbroker(name: str, **spec) -> dict:
+    return {"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxBroker", "metadata": {"name": name},
+            "spec": {"image": IMAGE, **spec}}
+
+
+def admin(pod: dict) -> AdminClient:
+    return AdminClient(f"http://{pod['status']['podIP']}:10912")
+
+
+def broker_info(tb, namespace: str, pod_name: str) -> dict:
+    return admin(tb.get("pod", pod_name, namespace)).get("/api/v1/broker")
+
+
+def addresses(tb, namespace: str, name: str, replicas: int) -> list[str]:
+    return [f"{tb.get('pod', f'{name}-{i}', namespace)['status']['podIP']}:10911" for i in range(replicas)]
+
+
+def events_for(tb, namespace: str, name: str) -> list[dict]:
+    out = tb.kubectl("-n", namespace, "get", "events", "-o", "json",
+                     "--field-selector", f"involvedObject.name={name}").stdout
+    import json
+    return json.loads(out)["items"]
+
+
+def condition(obj: dict, type_: str) -> dict | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+
+
 def test_single_broker_comes_up(operator):
     tb, namespace = operator.testbed, operator.namespace
-    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxBroker", "metadata": {"name": "solo"},
-              "spec": {"image": IMAGE, "replicas": 1}}, namespace)
+    tb.apply(txbroker("solo", replicas=1), namespace)
     txb = wait_broker(operator, namespace, "solo")
     assert txb["status"]["master"] == "solo-0"
     assert not txb["metadata"].get("finalizers")     # deleting a TxBroker never needs the operator
@@ -113,45 +146,216 @@ def test_single_broker_comes_up(operator):
     master_svc = tb.get("service", "solo-master", namespace)
     assert master_svc["spec"]["selector"]["txbroker.dev/role"] == "master"
     assert tb.get("service", "solo", namespace)["spec"]["clusterIP"] == "None"
+    config = tb.get("configmap", "solo-config", namespace)
+    assert 'flush_disk_type = "ASYNC"' in config["data"]["broker.toml"]
+    assert tb.get("serviceaccount", "solo-broker", namespace)["automountServiceAccountToken"] is False
+    assert tb.get("pdb", "solo", namespace) is None        # one broker: nothing to budget
     row = tb.kubectl("-n", namespace, "get", "txb", "solo", "--no-headers").stdout.split()
     assert row[:5] == ["solo", "1", "solo-0", "1", "Running"]
 
 
-def test_master_and_slave_come_up(operator):
+def test_master_and_two_slaves_replicate_and_commit(operator):
     tb, namespace = operator.testbed, operator.namespace
-    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxBroker", "metadata": {"name": "duo"},
-              "spec": {"image": IMAGE, "replicas": 2, "replication": "SYNC"}}, namespace)
-    txb = wait_broker(operator, namespace, "duo")
-    master, slave = tb.get("pod", "duo-0", namespace), tb.get("pod", "duo-1", namespace)
-    args = slave["spec"]["containers"][0]["args"]
-    assert args[args.index("--role") + 1] == "slave"
-    assert args[args.index("--master") + 1] == f"{master['status']['podIP']}:10911"
-    assert args[args.index("--replication-mode") + 1] == "SYNC"      # spec.replication reaches the broker
-    for pod in (master, slave):
-        assert healthz(pod["status"]["podIP"]) == 200
-    assert [(b["name"], b["role"], b["ready"]) for b in txb["status"]["brokers"]] == \
-        [("duo-0", "master", True), ("duo-1", "slave", True)]
+    tb.apply(txbroker("trio", replicas=3, replication="SYNC", flush="SYNC"), namespace)
+    wait_broker(operator, namespace, "trio")
+    assert tb.get("pdb", "trio", namespace)["spec"]["maxUnavailable"] == 1
+    assert broker_info(tb, namespace, "trio-0")["role"] == "master"
+    for slave in ("trio-1", "trio-2"):
+        info = broker_info(tb, namespace, slave)
+        assert info["role"] == "slave" and info["master"] == addresses(tb, namespace, "trio", 1)[0]
 
-    # scale down: the slave's pod is deleted (the kubelet stops its process), the master stays
-    slave_pids = tb.pod_pids("duo-1", namespace)
-    tb.kubectl("-n", namespace, "patch", "txb", "duo", "--type=merge", "-p", '{"spec": {"replicas": 1}}')
-    wait_for(lambda: tb.get("pod", "duo-1", namespace) is None, 30, "pod duo-1 deleted")
-    assert slave_pids and not tb.pod_pids("duo-1", namespace)
-    txb = wait_for(lambda: (t := tb.get("txb", "duo", namespace))["status"]["observedGeneration"] == 2
-                   and len(t["status"]["brokers"]) == 1 and t, 30, "duo status after scale-down")
-    assert txb["status"]["phase"] == "Running" and txb["status"]["master"] == "duo-0"
+    class Commit(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            return S.COMMIT
+
+        def check_local_transaction(self, msg):
+            return S.COMMIT
+
+    with TransactionProducer("trio-pg", addresses(tb, namespace, "trio", 3), Commit()) as p:
+        for i in range(30):
+            r = p.send_message_in_transaction(Message("Orders", f"order-{i}".encode()), None)
+            assert r.local_state is S.COMMIT and not r.end_error
+
+    end = broker_info(tb, namespace, "trio-0")["log_end_offset"]
+
+    def replicated():
+        brokers = tb.get("txb", "trio", namespace)["status"]["brokers"]
+        slaves = [b for b in brokers if b["role"] == "slave"]
+        return (len(slaves) == 2 and all(b.get("inSync") and b.get("lag") == 0 for b in slaves)
+                and all(b.get("offset") == end for b in brokers) and brokers)
+    wait_for(replicated, 30, f"status: both slaves in sync at the master's offset {end}")
+    for slave in ("trio-1", "trio-2"):
+        assert broker_info(tb, namespace, slave)["log_end_offset"] == end
 
 
-def test_killed_broker_is_restarted_and_reported(operator):
+def test_producer_group_settings_reach_running_brokers(operator):
     tb, namespace = operator.testbed, operator.namespace
-    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxBroker", "metadata": {"name": "phoenix"},
-              "spec": {"image": IMAGE, "replicas": 1}}, namespace)
-    wait_broker(operator, namespace, "phoenix")
-    tb.kill_pod("phoenix-0", namespace, signal.SIGKILL)
-    wait_for(lambda: tb.get("pod", "phoenix-0", namespace)["status"]["containerStatuses"][0]["restartCount"] == 1,
-             30, "phoenix-0 restarted")
-    pod = wait_for(lambda: (p := tb.get("pod", "phoenix-0", namespace)) and ready(p) and p, 30, "phoenix-0 Ready again")
-    assert healthz(pod["status"]["podIP"]) == 200
-    txb = wait_for(lambda: (t := wait_broker(operator, namespace, "phoenix"))["status"]["brokers"][0]["ready"] and t,
-                   30, "phoenix reported ready")
-    assert txb["status"]["phase"] == "Running"
+    tb.apply(txbroker("pgb", replicas=2), namespace)
+    wait_broker(operator, namespace, "pgb")
+    pids = {p: tb.pod_pids(p, namespace) for p in ("pgb-0", "pgb-1")}
+    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxProducerGroup", "metadata": {"name": "payments"},
+              "spec": {"brokerRef": {"name": "pgb"}, "checkIntervalSeconds": 2, "timeoutSeconds": 1}}, namespace)
+
+    def applied(generation):
+        def check():
+            g = tb.get("txpg", "payments", namespace)
+            st = g.get("status") or {}
+            return (st.get("observedGeneration") == generation and sorted(a["name"] for a in st.get("applied", []))
+                    == ["pgb-0", "pgb-1"] and all(a["generation"] == generation for a in st["applied"])
+                    and (condition(g, "Applied") or {}).get("status") == "True" and g)
+        return check
+    wait_for(applied(1), 30, "generation 1 applied to both brokers")
+    for pod in ("pgb-0", "pgb-1"):
+        groups = admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")
+        assert groups["payments"]["check_interval_ms"] == 2000 and groups["payments"]["generation"] == 1
+
+    checked = threading.Event()
+
+    class LeftUnknown(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            return S.UNKNOWN
+
+        def check_local_transaction(self, msg):
+            checked.set()
+            return S.COMMIT
+
+    with TransactionProducer("payments", addresses(tb, namespace, "pgb", 2), LeftUnknown()) as p:
+        r = p.send_message_in_transaction(Message("Payments", b"pay-1"), None)
+        assert r.local_state is S.UNKNOWN
+        # the broker-wide default is a 60 s check interval: a check within 20 s is the group's 2 s
+        wait_for(checked.is_set, 20, "a check-back under the group's 2 s interval")
+        wait_for(lambda: txload.visible(addresses(tb, namespace, "pgb", 1)[0], "Payments") == {"pay-1": 1},
+                 20, "the checked transaction committed and visible")
+
+    tb.kubectl("-n", namespace, "patch", "txpg", "payments", "--type=merge", "-p", '{"spec": {"checkIntervalSeconds": 30}}')
+    wait_for(applied(2), 30, "generation 2 applied to both brokers")
+    for pod in ("pgb-0", "pgb-1"):
+        assert admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")["payments"]["check_interval_ms"] == 30000
+    assert {p: tb.pod_pids(p, namespace) for p in ("pgb-0", "pgb-1")} == pids, "a broker was restarted"
+    row = tb.kubectl("-n", namespace, "get", "txpg", "payments", "--no-headers").stdout.split()
+    assert row[:5] == ["payments", "pgb", "30", "0", "True"]
+
+    # a group naming a missing TxBroker says so
+    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxProducerGroup", "metadata": {"name": "stray"},
+              "spec": {"brokerRef": {"name": "nope"}}}, namespace)
+    g = wait_for(lambda: (g := tb.get("txpg", "stray", namespace)) and condition(g, "Ready") and g, 30, "stray status")
+    assert condition(g, "Ready")["reason"] == "BrokerNotFound"
+
+    # deleting the group removes its settings from the brokers (no finalizer needed)
+    tb.kubectl("-n", namespace, "delete", "txpg", "payments")
+    wait_for(lambda: all("payments" not in admin(tb.get("pod", p, namespace)).get("/api/v1/groups")
+                         for p in ("pgb-0", "pgb-1")), 30, "group settings removed from the brokers")
+
+
+@pytest.mark.slow
+def test_failover_under_load_keeps_every_acknowledged_commit(operator):
+    tb, namespace = operator.testbed, operator.namespace
+    tb.apply(txbroker("fo", replicas=3, replication="SYNC", flush="SYNC",
+                      transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1},
+                      failover={"gracePeriodSeconds": 3}), namespace)
+    wait_broker(operator, namespace, "fo")
+    wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "fo", namespace)["status"]["brokers"]
+                         if b["role"] == "slave"), 30, "slaves in sync")
+    everyone = addresses(tb, namespace, "fo", 3)
+    ledger, acked, stop = txload.Ledger(), {}, threading.Event()
+    loader = threading.Thread(target=txload.run_load, args=(everyone, ledger, acked, stop, 4))
+    loader.start()
+    try:
+        wait_for(lambda: len(acked) >= 100, 60, "load before the failure")
+
+        def crash_until_replaced():
+            # SIGKILL the master's process whenever the kubelet restarts it: a crash-looping master
+            try:
+                tb.kill_pod("fo-0", namespace)
+            except LookupError:   # not restarted yet
+                pass
+            return tb.get("txb", "fo", namespace)["status"]["master"] != "fo-0"
+        try:
+            wait_for(crash_until_replaced, 60, "the operator to promote a slave", interval=0.1)
+        except TimeoutError:
+            raise AssertionError("no failover; operator log:\n" + operator.log.read_text()[-5000:])
+        txb = tb.get("txb", "fo", namespace)
+        new_master = txb["status"]["master"]
+        assert new_master in ("fo-1", "fo-2") and txb["status"]["epoch"] >= 2
+        assert condition(txb, "FailedOver")["status"] == "True"
+        assert txb["status"]["lastFailover"]["from"] == "fo-0"
+        assert any(e["reason"] == "FailedOver" and e["type"] == "Warning" for e in events_for(tb, namespace, "fo"))
+        assert tb.get("pod", new_master, namespace)["metadata"]["labels"]["txbroker.dev/role"] == "master"
+        assert broker_info(tb, namespace, new_master)["role"] == "master"
+        before = len(acked)
+        wait_for(lambda: len(acked) >= before + 50, 60, "producers to continue on the new master")
+    finally:
+        stop.set()
+        loader.join(60)
+
+    # the old master comes back as a slave of the new one, and refuses END_TRANSACTION
+    old = wait_for(lambda: (p := tb.get("pod", "fo-0", namespace)) and ready(p) and p, 60, "fo-0 back and ready")
+    assert old["metadata"]["labels"]["txbroker.dev/role"] == "slave"
+    wait_for(lambda: broker_info(tb, namespace, "fo-0")["role"] == "slave", 30, "fo-0 running as a slave")
+    with TransactionProducer("orders-pg", everyone, ledger):   # answers the new master's check-backs
+        new_ip = tb.get("pod", new_master, namespace)["status"]["podIP"]
+        wait_for(lambda: txload.settled(f"http://{new_ip}:10912"), 60, "every transaction decided on the new master")
+        from txbroker.client.connection import BrokerClient
+        from txbroker.protocol.bodies import EndTransactionRequest
+        from txbroker.protocol.codes import RequestCode, TransactionState
+        import asyncio
+
+        async def end_on_old_master():
+            c = BrokerClient(everyone[0], require_master=False)
+            try:
+                await c.request(RequestCode.END_TRANSACTION,
+                                EndTransactionRequest("orders-pg", "t", TransactionState.COMMIT))
+            finally:
+                await c.close()
+        with pytest.raises(BrokerError) as e:
+            asyncio.run(end_on_old_master())
+        assert e.value.code_name == "SLAVE_NOT_AVAILABLE"
+    seen = txload.visible(f"{new_ip}:10911")
+    problems = txload.invariant_violations(seen, acked, must_keep_acked=True)
+    assert not problems, problems[:5]
+    wait_for(lambda: tb.get("txb", "fo", namespace)["status"]["phase"] == "Running", 60, "fo Running again")
+
+
+@pytest.mark.slow
+def test_scale_roll_and_delete(operator):
+    tb, namespace = operator.testbed, operator.namespace
+    tb.apply(txbroker("elastic", replicas=2), namespace)
+    wait_broker(operator, namespace, "elastic")
+
+    tb.kubectl("-n", namespace, "patch", "txb", "elastic", "--type=merge", "-p", '{"spec": {"replicas": 3}}')
+    txb = wait_for(lambda: (t := tb.get("txb", "elastic", namespace))["status"].get("observedGeneration") == 2
+                   and t["status"]["phase"] == "Running" and len(t["status"]["brokers"]) == 3 and t, 60, "3 brokers")
+    assert broker_info(tb, namespace, "elastic-2")["role"] == "slave"
+
+    # a new image: pods are replaced one at a time, slaves first, the master after a switchover
+    uids = {i: tb.get("pod", f"elastic-{i}", namespace)["metadata"]["uid"] for i in range(3)}
+    tb.kubectl("-n", namespace, "patch", "txb", "elastic", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v2"}}')
+    max_down = 0
+
+    def rolled():
+        nonlocal max_down
+        pods = [tb.get("pod", f"elastic-{i}", namespace) for i in range(3)]
+        max_down = max(max_down, sum(1 for p in pods if p is None or p["metadata"].get("deletionTimestamp")
+                                     or not ready(p)))
+        t = tb.get("txb", "elastic", namespace)
+        return (all(p and p["spec"]["containers"][0]["image"] == "txbroker/broker:v2" and ready(p) for p in pods)
+                and t["status"]["phase"] == "Running" and t)
+    txb = wait_for(rolled, 180, "every pod on the new image", interval=0.1)
+    assert max_down <= 1, "more than one broker was down at once"
+    assert all(tb.get("pod", f"elastic-{i}", namespace)["metadata"]["uid"] != uids[i] for i in range(3))
+    reasons = [e["reason"] for e in sorted(events_for(tb, namespace, "elastic"), key=lambda e: e["lastTimestamp"])]
+    assert reasons.count("RollingUpdate") == 3 and "Switchover" in reasons
+    assert "Fenced" not in reasons and "FailedOver" not in reasons     # planned: no surprise on the way
+    assert txb["status"]["master"] != "elastic-0"      # the master moved before its pod was replaced
+
+    tb.kubectl("-n", namespace, "patch", "txb", "elastic", "--type=merge", "-p", '{"spec": {"replicas": 2}}')
+    txb = wait_for(lambda: (t := tb.get("txb", "elastic", namespace))["status"]["phase"] == "Running"
+                   and len(t["status"]["brokers"]) == 2 and t, 90, "back to 2 brokers")
+    wait_for(lambda: tb.get("pod", "elastic-2", namespace) is None, 60, "elastic-2 gone")
+    assert txb["status"]["master"] in ("elastic-0", "elastic-1")
+
+    # deleting the TxBroker takes everything it owns (garbage collection through owner references)
+    tb.kubectl("-n", namespace, "delete", "txb", "elastic", "--wait=false")
+    owned = [("pod", "elastic-0"), ("pod", "elastic-1"), ("service", "elastic"), ("service", "elastic-master"),
+             ("configmap", "elastic-config"), ("serviceaccount", "elastic-broker"), ("pdb", "elastic")]
+    wait_for(lambda: all(tb.get(k, n, namespace) is None for k, n in owned), 90, "everything elastic owned gone")

@@ -8,8 +8,10 @@ from collections import Counter
 import pytest
 
 from conftest import wait_until
+from support import txload
+from support.txload import Ledger, run_load
 from txbroker.client import (
-    AsyncTransactionProducer, BrokerError, ClientError, LocalTransactionState as S, Message, Producer,
+    AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer,
     PullConsumer, TransactionListener, TransactionProducer,
 )
 from txbroker.client.admin import AdminClient, AdminError
@@ -34,34 +36,11 @@ def caught_up(slave, master):
 
 
 def settled(b):
-    """No transaction left undecided, and every decision durable (and replicated) so visible."""
-    if AdminClient(b.admin_url).get("/api/v1/transactions")["total"]:
-        return False
-    i = info(b)
-    return i["durable_offset"] == i["log_end_offset"]
+    return txload.settled(b.admin_url)
 
 
 def visible(b, topic):
-    with PullConsumer(b.address) as c:
-        return Counter(m.body.decode() for m in c.read_all(topic))
-
-
-class Ledger(TransactionListener):
-    """Decision per order: ROLLBACK if i % 4 == 0, else COMMIT; every fifth leaves it to check-back."""
-
-    def __init__(self):
-        self.decisions = {}
-        self.lock = threading.Lock()
-
-    def execute_local_transaction(self, msg, i):
-        d = S.ROLLBACK if i % 4 == 0 else S.COMMIT
-        with self.lock:
-            self.decisions[msg.transaction_id] = d
-        return S.UNKNOWN if i % 5 == 0 else d
-
-    def check_local_transaction(self, msg):
-        with self.lock:
-            return self.decisions.get(msg.transaction_id, S.ROLLBACK)
+    return txload.visible(b.address, topic)
 
 
 def test_slave_catches_up_then_follows_live_and_refuses_writes(broker_factory):
@@ -114,30 +93,6 @@ def test_stopped_slave_makes_sync_writes_time_out_then_catches_up(broker_factory
             s.proc.send_signal(signal.SIGCONT)
         wait_until(caught_up(s, m), what="the resumed slave to catch up")
         assert p.send(Message("Slow", b"ok-2")).msg_ids
-
-
-def run_load(addresses, ledger, acked, stop, producers=6):
-    async def one(w):
-        p = AsyncTransactionProducer("orders-pg", addresses, ledger, request_timeout=8)
-        await p.start()
-        i = w
-        try:
-            while not stop.is_set():
-                try:
-                    r = await p.send_message_in_transaction(Message("Orders", f"order-{i}".encode()), i)
-                except ClientError:
-                    i += producers
-                    continue
-                if r.local_state is not S.UNKNOWN and not r.end_error:
-                    acked[f"order-{i}"] = r.local_state
-                i += producers
-        finally:
-            await p.close()
-
-    async def main():
-        await asyncio.gather(*(one(w) for w in range(producers)))
-
-    asyncio.run(main())
 
 
 @pytest.mark.slow

@@ -3,11 +3,13 @@
 Each scan walks only the pending transactions (kept in memory, recovered from the pending column
 family), never the finished history. A transaction is due when it is older than its immunity time
 (CHECK_IMMUNITY_TIME_IN_SECONDS) or the group's timeout, and its last check is at least one check
-interval ago. Waiting out immunity burns no check (RocketMQ issue 8311). A due transaction that has
+interval ago (immunity: the message's own, else the group's default, else the timeout). Waiting out
+immunity burns no check (RocketMQ issue 8311). A due transaction that has
 had `check_max` checks is parked in TRANS_CHECK_MAX_TIME_TOPIC; otherwise one live producer of its
 group is asked, round robin, with a one-way frame that is never awaited, so a slow producer cannot
 hold the scan. A check counts even when no producer is connected: that is what guarantees every
-transaction is eventually decided or parked (invariant I4).
+transaction is eventually decided or parked (invariant I4). A group with a webhook URL is asked
+over HTTP instead (webhook_check.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.settings import SettingsBook
 from txbroker.broker.transactions import TransactionService, now_ms
+from txbroker.broker.webhook_check import WebhookChecker
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import CheckTransactionStateRequest
 from txbroker.protocol.codes import RequestCode
@@ -49,6 +52,7 @@ class CheckService:
         self._settings = settings
         self._producers = producers
         self._metrics = metrics
+        self._webhook = WebhookChecker(transactions)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._running = False
@@ -66,6 +70,7 @@ class CheckService:
         self._wake.set()
         await stop_task(self._task)
         self._task = None
+        await self._webhook.close()
 
     async def _run(self) -> None:
         while self._running:
@@ -92,7 +97,7 @@ class CheckService:
             if p.state != PREPARED:
                 continue
             s = settings_for(p.producer_group)
-            if now - p.born_ms < (p.immunity_ms or s.timeout_ms):
+            if now - p.born_ms < (p.immunity_ms or s.default_immunity_ms or s.timeout_ms):
                 continue  # still immune: no check, and no check counted
             if p.last_check_ms and now - p.last_check_ms < s.check_interval_ms:
                 continue
@@ -109,6 +114,11 @@ class CheckService:
             self._state.append(CheckRecord([p.transaction_id for p in due], now))
             live_by_group: dict[str, list] = {}
             for p in due:
+                webhook = settings_for(p.producer_group).webhook_url
+                if webhook:
+                    self._webhook.check(p, webhook, self._reader.half_message(p.half_lsn))
+                    result.checked += 1
+                    continue
                 live = live_by_group.get(p.producer_group)
                 if live is None:
                     live = live_by_group[p.producer_group] = self._producers.live(p.producer_group)

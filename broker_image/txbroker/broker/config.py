@@ -21,8 +21,16 @@ class TransactionSettings(Struct, forbid_unknown_fields=True):
     check_interval_ms: int = 60_000  # RocketMQ's transactionCheckInterval (the seeds' 60 s)
     timeout_ms: int = 6_000  # transactionTimeOut: a half message younger than this is not checked
     check_max: int = 15  # transactionCheckMax: checks before parking in TRANS_CHECK_MAX_TIME_TOPIC
+    # CHECK_IMMUNITY_TIME for messages that carry none (0: timeout_ms); waiting it out burns no check
+    default_immunity_ms: int = 0
+    # check-back through an HTTP webhook instead of a producer connection (TxProducerGroup checkMode http)
+    webhook_url: str = ""
 
     def validate(self, where: str = "transaction") -> "TransactionSettings":
+        if self.default_immunity_ms < 0:
+            raise ConfigError(f"{where}.default_immunity_ms must not be negative, got {self.default_immunity_ms}")
+        if self.webhook_url and not self.webhook_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}.webhook_url must be an http:// or https:// URL, got {self.webhook_url!r}")
         if self.check_interval_ms < 100:
             raise ConfigError(f"{where}.check_interval_ms must be at least 100, got {self.check_interval_ms}")
         if self.timeout_ms < 0:

@@ -1,0 +1,104 @@
+"""Pure decisions about who should be master: failover after a master is lost, and planned
+switchover (before the master's pod is replaced or removed).
+
+Rules (DESIGN.md, "Roles, replication, failover"):
+- a master is lost when its broker has not acted as master for longer than the grace period
+  (pod gone, not ready, unreachable, or fenced);
+- the successor is the most caught-up slave (highest log end offset; lowest ordinal on a tie);
+- under SYNC replication, only a slave the master last reported in sync may be promoted, unless
+  spec.failover.allowOutOfSyncPromotion says otherwise: an out-of-sync slave may lack acknowledged
+  commits (I1);
+- the new epoch is above every epoch any broker or the status has seen, so no two masters ever
+  share one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import constants as c
+from .observe import Member, caught_up, highest_epoch
+
+
+@dataclass(frozen=True)
+class Promote:
+    successor: str
+    epoch: int
+    reason: str          # FailedOver | Switchover
+    message: str
+
+
+@dataclass(frozen=True)
+class Blocked:
+    reason: str
+    message: str
+
+
+def settings(spec: Mapping[str, Any]) -> dict:
+    f = spec.get("failover") or {}
+    return {"enabled": f.get("enabled", True), "grace": float(f.get("gracePeriodSeconds", 10)),
+            "allow_out_of_sync": bool(f.get("allowOutOfSyncPromotion", False))}
+
+
+def candidates(members: Mapping[str, Member], master: str) -> list[Member]:
+    """Slaves that answer, most caught-up first."""
+    live = [m for m in members.values()
+            if m.name != master and not m.deleting and m.info is not None and not m.info.is_master]
+    return sorted(live, key=lambda m: (-m.info.log_end_offset, m.index))
+
+
+def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members: Mapping[str, Member],
+                    master: str, down_for: float) -> Promote | Blocked | None:
+    """The master has not acted as master for `down_for` seconds: promote, wait, or say why not."""
+    cfg = settings(spec)
+    if not cfg["enabled"]:
+        return Blocked("FailoverDisabled", f"master {master} is down and spec.failover.enabled is false")
+    if down_for < cfg["grace"]:
+        return None
+    last_seen = {b["name"]: b for b in status.get("brokers") or []}
+    if (last_seen.get(master) or {}).get("role") != c.ROLE_MASTER or "offset" not in last_seen[master]:
+        return Blocked("MasterNeverServed", f"master {master} has not served yet; waiting for it (a new "
+                                            "TxBroker, or one whose status was lost)")
+    options = candidates(members, master)
+    if not options:
+        return Blocked("NoSuccessor", f"master {master} is down and no slave answers")
+    last_master_offset = (last_seen.get(master) or {}).get("offset")
+    best = options[0]
+    behind = f"; it may lack up to {last_master_offset - best.info.log_end_offset} records the master had" \
+        if isinstance(last_master_offset, int) and last_master_offset > best.info.log_end_offset else ""
+    if spec.get("replication") == "SYNC":
+        synced = [m for m in options if (last_seen.get(m.name) or {}).get("inSync")]
+        if synced:
+            best = synced[0]
+            behind = ""
+        elif not cfg["allow_out_of_sync"]:
+            return Blocked("NoInSyncSlave",
+                           f"master {master} is down and no slave was in sync (SYNC replication); the most "
+                           f"caught-up is {best.name} at offset {best.info.log_end_offset}{behind}. Set "
+                           "spec.failover.allowOutOfSyncPromotion: true to promote it anyway")
+    epoch = highest_epoch(members, status) + 1
+    return Promote(best.name, epoch, "FailedOver",
+                   f"master {master} down for {down_for:.0f}s; promoted {best.name} (offset "
+                   f"{best.info.log_end_offset}) at epoch {epoch}{behind}")
+
+
+def decide_switchover(members: Mapping[str, Member], status: Mapping[str, Any], master: str,
+                      allowed: set[str], why: str) -> Promote | None:
+    """Hand mastership to a caught-up slave among `allowed` (planned: the master is healthy)."""
+    current = members.get(master)
+    ready = [m for m in candidates(members, master) if m.name in allowed and m.ready and caught_up(current, m)]
+    if current is None or not current.alive_master or not ready:
+        return None
+    best = ready[0]
+    epoch = highest_epoch(members, status) + 1
+    return Promote(best.name, epoch, "Switchover", f"{why}: master moves from {master} to {best.name} "
+                                                   f"at epoch {epoch}")
+
+
+def master_of(status: Mapping[str, Any], name: str) -> str:
+    return status.get("master") or f"{name}-0"
+
+
+def role_for(member_name: str, master: str) -> str:
+    return c.ROLE_MASTER if member_name == master else c.ROLE_SLAVE

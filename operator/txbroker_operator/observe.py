@@ -1,0 +1,89 @@
+"""One look at a TxBroker's pods and brokers: the facts every decision in a pass is made from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import brokers
+from . import constants as c
+from .brokers import BrokerInfo
+
+
+@dataclass
+class Member:
+    """A broker pod and, when its admin API answered, what its broker says."""
+    name: str
+    index: int
+    pod: dict
+    info: BrokerInfo | None
+
+    @property
+    def ip(self) -> str | None:
+        return (self.pod.get("status") or {}).get("podIP")
+
+    @property
+    def address(self) -> str | None:
+        return f"{self.ip}:{c.CLIENT_PORT}" if self.ip else None
+
+    @property
+    def ready(self) -> bool:
+        conds = (self.pod.get("status") or {}).get("conditions") or []
+        return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conds)
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.pod["metadata"].get("deletionTimestamp"))
+
+    @property
+    def label_role(self) -> str:
+        return self.pod["metadata"].get("labels", {}).get(c.LABEL_ROLE, c.ROLE_SLAVE)
+
+    @property
+    def master_annotation(self) -> str:
+        return (self.pod["metadata"].get("annotations") or {}).get(c.ANNOTATION_MASTER, "")
+
+    @property
+    def spec_hash(self) -> str:
+        return (self.pod["metadata"].get("annotations") or {}).get(c.ANNOTATION_POD_SPEC, "")
+
+    @property
+    def alive_master(self) -> bool:
+        """Its broker answers and acts as master (not fenced)."""
+        return self.info is not None and self.info.is_master
+
+
+def observe(pods: list[dict], ask_brokers: bool = True) -> dict[str, Member]:
+    members = {}
+    for p in pods:
+        idx = int(p["metadata"].get("labels", {}).get(c.LABEL_INDEX, 0))
+        ip = (p.get("status") or {}).get("podIP")
+        deleting = bool(p["metadata"].get("deletionTimestamp"))
+        info = brokers.try_info(ip) if ask_brokers and not deleting else None
+        members[p["metadata"]["name"]] = Member(p["metadata"]["name"], idx, p, info)
+    return members
+
+
+def slave_sync(master: Member | None) -> dict[str, dict]:
+    """The master's view of its followers, keyed by broker name (= pod name)."""
+    if master is None or master.info is None or not master.info.is_master:
+        return {}
+    return {s.get("name", ""): s for s in master.info.slaves}
+
+
+def in_sync(master: Member | None, slave: Member) -> bool:
+    """The master pushes every new write to this slave as it happens (its feed is live); under SYNC
+    replication such a slave holds every acknowledged write."""
+    s = slave_sync(master).get(slave.name)
+    return bool(s and s.get("in_sync"))
+
+
+def caught_up(master: Member | None, slave: Member) -> bool:
+    """In sync and, at this moment, with nothing unacknowledged: safe to hand mastership to."""
+    s = slave_sync(master).get(slave.name)
+    return bool(s and s.get("in_sync") and s.get("lag", 1) == 0)
+
+
+def highest_epoch(members: Mapping[str, Member], status: Mapping[str, Any]) -> int:
+    seen = [m.info.epoch for m in members.values() if m.info] + [m.info.fenced_by for m in members.values() if m.info]
+    return max([int(status.get("epoch") or 1)] + seen)

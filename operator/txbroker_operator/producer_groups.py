@@ -1,0 +1,128 @@
+"""TxProducerGroup: push a group's check-back settings to every broker of its TxBroker, live.
+
+Level-based like the TxBroker pass: each pass compares what every broker runs (the generation the
+broker stored with the group's settings, GET /api/v1/groups) with the resource's
+metadata.generation and pushes where they differ, so a new pod, a restarted broker with fresh
+storage or a promoted slave gets the settings on the next pass without anyone asking. Settings
+live in each broker's own store, so a broker restart keeps them.
+
+Deleting a TxProducerGroup needs no finalizer: the TxBroker pass removes, from brokers, group
+settings the operator once applied (generation > 0) that no TxProducerGroup names any more.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from . import brokers, events, kube, manifests, observe, status
+from . import constants as c
+
+Logger = logging.Logger | logging.LoggerAdapter
+
+
+def group_name(body: Mapping[str, Any]) -> str:
+    return (body.get("spec") or {}).get("groupName") or body["metadata"]["name"]
+
+
+def broker_settings(spec: Mapping[str, Any]) -> dict:
+    """spec -> the broker's per-group transaction settings."""
+    out = {"check_interval_ms": int(spec.get("checkIntervalSeconds", 60)) * 1000,
+           "timeout_ms": int(spec.get("timeoutSeconds", 6)) * 1000,
+           "check_max": int(spec.get("checkMax", 15)),
+           "default_immunity_ms": int(spec.get("immunitySeconds", 0)) * 1000,
+           "webhook_url": spec.get("webhookUrl", "") if spec.get("checkMode") == "http" else ""}
+    return out
+
+
+def _matches(current: Mapping[str, Any] | None, want: Mapping[str, Any], generation: int) -> bool:
+    return bool(current) and current.get("generation") == generation and \
+        all(current.get(k) == v for k, v in want.items())
+
+
+def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
+    meta, spec = body["metadata"], body.get("spec") or {}
+    ns, generation = meta["namespace"], int(meta.get("generation") or 1)
+    group = group_name(body)
+    broker_name = spec["brokerRef"]["name"]
+    old = body.get("status") or {}
+    old_conds = old.get("conditions") or []
+    txb = kube.get_txbroker(ns, broker_name)
+    if txb is None:
+        msg = f"TxBroker {broker_name} not found in namespace {ns}"
+        events.post_once(body, events.WARNING, "BrokerNotFound", msg)
+        new = {"observedGeneration": generation, "applied": [],
+               "conditions": [status.condition("Ready", False, "BrokerNotFound", msg, old_conds),
+                              status.condition("Applied", False, "BrokerNotFound", msg, old_conds)]}
+        _save(body, old, new)
+        return new
+
+    want = broker_settings(spec)
+    pods = kube.list_pods(ns, manifests.selector_labels(broker_name))
+    members = observe.observe(pods, ask_brokers=False)
+    applied, missing = [], []
+    for m in sorted(members.values(), key=lambda m: m.index):
+        if m.deleting or not m.ip:
+            continue
+        try:
+            current = brokers.groups(m.ip).get(group)
+            if not _matches(current, want, generation):
+                brokers.put_group(m.ip, group, want, generation)
+                logger.info("group %s: generation %d applied to broker %s", group, generation, m.name)
+                if current:
+                    events.post(body, events.NORMAL, "Applied",
+                                f"generation {generation} applied to {m.name} (check interval "
+                                f"{want['check_interval_ms'] // 1000}s)")
+            applied.append({"name": m.name, "generation": generation})
+        except (brokers.Unreachable, brokers.BrokerError) as e:
+            missing.append(m.name)
+            logger.info("group %s: broker %s not reachable yet: %s", group, m.name, e)
+            prev = next((a for a in old.get("applied") or [] if a.get("name") == m.name), None)
+            if prev:
+                applied.append(prev)
+
+    new: dict[str, Any] = {"observedGeneration": generation, "applied": applied}
+    master = members.get((txb.get("status") or {}).get("master") or "")
+    if master is not None and master.ip:
+        try:
+            new["pending"] = brokers.transaction_count(master.ip, group, "pending")
+            new["parked"] = brokers.transaction_count(master.ip, group, "parked")
+        except (brokers.Unreachable, brokers.BrokerError):
+            pass
+    all_applied = not missing and bool(applied) and all(a["generation"] == generation for a in applied)
+    applied_msg = (f"generation {generation} runs on {len(applied)} broker(s)" if all_applied
+                   else f"waiting for: {', '.join(missing) or 'broker pods'}")
+    new["conditions"] = [
+        status.condition("Ready", all_applied, "Applied" if all_applied else "Pending", applied_msg, old_conds),
+        status.condition("Applied", all_applied, "Applied" if all_applied else "Pending", applied_msg, old_conds),
+    ]
+    if new.get("parked"):
+        new["conditions"].append(status.condition(
+            "Parked", True, "CheckMaxReached",
+            f"{new['parked']} transaction(s) parked after checkMax checks; `txbroker tx list` shows them, "
+            "`txbroker tx resume` brings one back", old_conds))
+    _save(body, old, new)
+    return new
+
+
+def _save(body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    changed = {k: v for k, v in new.items() if old.get(k) != v}
+    if changed:
+        kube.patch_status(c.TXPRODUCERGROUP_KIND, body["metadata"]["namespace"], body["metadata"]["name"], changed)
+
+
+def remove_orphans(namespace: str, broker_name: str, members: Mapping[str, observe.Member], logger: Logger) -> None:
+    """Drop operator-applied group settings that no TxProducerGroup for this TxBroker names any more."""
+    wanted = {group_name(g) for g in kube.list_objects(c.TXPRODUCERGROUP_KIND, namespace)
+              if (g.get("spec") or {}).get("brokerRef", {}).get("name") == broker_name
+              and not g["metadata"].get("deletionTimestamp")}
+    for m in members.values():
+        if m.info is None or not m.ip:
+            continue
+        try:
+            for group, doc in brokers.groups(m.ip).items():
+                if doc.get("generation", 0) > 0 and group not in wanted:
+                    brokers.delete_group(m.ip, group)
+                    logger.info("group %s: settings removed from %s (no TxProducerGroup names it)", group, m.name)
+        except (brokers.Unreachable, brokers.BrokerError) as e:
+            logger.info("could not list groups on %s: %s", m.name, e)

@@ -1,0 +1,404 @@
+"""The chart's Spark job (spark.* values): both forms rendered and checked by a real API server.
+
+- sparkApplication: a SparkApplication (sparkoperator.k8s.io/v1beta2), validated by the Spark
+  operator's real CRD (pinned, fetched through the Go module proxy: tests/k8s/spark_operator_crd.py);
+- sparkSubmit: a Job running spark-submit in cluster mode, pod templates in a ConfigMap;
+- both: the driver's ServiceAccount, Role and RoleBinding, the ledger checker Deployment, the ledger
+  and data PVCs, a TxProducerGroup in ledger mode.
+
+Everything is checked with `kubectl apply --dry-run=server` (strict field validation), the pod
+templates as Pods of their own, the RBAC with `kubectl auth can-i` after a real `helm install`.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from k8s_testbed import ROOT, wait_for
+
+import spark_operator_crd
+
+pytestmark = pytest.mark.e2e
+
+CHART = str(ROOT / "helm" / "txbroker")
+API = spark_operator_crd.API_VERSION          # sparkoperator.k8s.io/v1beta2/SparkApplication
+SPARK = ["--set", "spark.enabled=true"]
+SPARK_NAME = "app.kubernetes.io/name"
+
+
+def docs(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def spark_objects(text: str) -> list[dict]:
+    return [d for d in docs(text) if d["metadata"].get("labels", {}).get(SPARK_NAME) == "txbroker-spark"]
+
+
+def kinds(objs: list[dict]) -> list[tuple[str, str]]:
+    return sorted((d["kind"], d["metadata"]["name"]) for d in objs)
+
+
+def one(objs: list[dict], kind: str) -> dict:
+    found = [d for d in objs if d["kind"] == kind]
+    assert len(found) == 1, kinds(objs)
+    return found[0]
+
+
+def render(testbed, *args: str, namespace: str = "ns1", **kw) -> subprocess.CompletedProcess:
+    return testbed.helm("template", "rel", CHART, "-n", namespace, *args, **kw)
+
+
+def as_pod(spec: dict, metadata: dict, name: str) -> dict:
+    """A pod template (what Spark starts the driver or an executor from) as a Pod of its own."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {**metadata, "name": name}, "spec": spec}
+
+
+def dry_run(testbed, namespace: str, objs: list[dict], check: bool = True) -> subprocess.CompletedProcess:
+    text = "\n---\n".join(json.dumps(o) for o in objs)
+    return testbed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text, check=check)
+
+
+@pytest.fixture(scope="session")
+def spark_crd(testbed):
+    """The Spark operator's SparkApplication CRD (pinned version), applied and Established."""
+    try:
+        path = spark_operator_crd.fetch()
+    except spark_operator_crd.GoMissing as e:
+        pytest.skip(f"no SparkApplication CRD to validate against: {e}")
+    # 800 kB: too big for client-side apply's last-applied annotation, so server-side apply
+    testbed.kubectl("apply", "--server-side", "-f", str(path))
+
+    def established() -> bool:   # (`kubectl wait` fails outright while the CRD has no conditions yet)
+        crd = testbed.get("crd", spark_operator_crd.CRD_NAME) or {}
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in crd.get("status", {}).get("conditions") or [])
+
+    wait_for(established, 60, f"CRD {spark_operator_crd.CRD_NAME} Established")
+    return testbed
+
+
+# -- what renders ---------------------------------------------------------------------------------------
+
+def test_spark_is_off_by_default(testbed):
+    assert spark_objects(render(testbed).stdout) == []
+
+
+def test_lint_strict_with_spark(testbed):
+    testbed.helm("lint", "--strict", CHART, *SPARK)
+    testbed.helm("lint", "--strict", CHART, *SPARK, "--set", "spark.mode=sparkSubmit",
+                 "--set", "spark.ledger.existingClaim=shared", "--set", "spark.data.enabled=false",
+                 "--set", "spark.driver.coreLimit=1200m", "--set", "spark.imagePullSecrets[0].name=regcred",
+                 "--set", "spark.job.extraArgs={--fail-partition,1}", "--set", "spark.checker.enabled=false",
+                 "--set", "spark.txProducerGroup.create=false", "--set", "spark.nodeSelector.pool=spark")
+
+
+def test_auto_picks_the_spark_submit_job_without_the_api(testbed):
+    objs = spark_objects(render(testbed, *SPARK).stdout)
+    assert kinds(objs) == [
+        ("ConfigMap", "rel-spark-1-pod-templates"), ("Deployment", "rel-spark-checker"), ("Job", "rel-spark-1-submit"),
+        ("PersistentVolumeClaim", "rel-spark-data"), ("PersistentVolumeClaim", "rel-spark-ledger"),
+        ("Role", "rel-spark-driver"), ("RoleBinding", "rel-spark-driver"), ("ServiceAccount", "rel-spark"),
+        ("TxProducerGroup", "orders-publisher")]
+
+
+def test_auto_picks_the_spark_application_with_the_api(testbed):
+    objs = spark_objects(render(testbed, *SPARK, "--api-versions", API).stdout)
+    assert kinds(objs) == [
+        ("Deployment", "rel-spark-checker"),
+        ("PersistentVolumeClaim", "rel-spark-data"), ("PersistentVolumeClaim", "rel-spark-ledger"),
+        ("Role", "rel-spark-driver"), ("RoleBinding", "rel-spark-driver"), ("ServiceAccount", "rel-spark"),
+        ("SparkApplication", "rel-spark-1"), ("TxProducerGroup", "orders-publisher")]
+
+
+def test_forced_modes(testbed):
+    objs = spark_objects(render(testbed, *SPARK, "--set", "spark.mode=sparkSubmit", "--api-versions", API).stdout)
+    assert {"Job", "ConfigMap"} <= {d["kind"] for d in objs} and "SparkApplication" not in {d["kind"] for d in objs}
+    r = render(testbed, *SPARK, "--set", "spark.mode=sparkApplication", check=False)
+    assert r.returncode != 0
+    assert "spark.mode=sparkApplication needs the SparkApplication API (sparkoperator.k8s.io/v1beta2)" in r.stderr
+
+
+def test_spark_submit_job(testbed):
+    objs = spark_objects(render(testbed, *SPARK, "--set", "spark.executor.coreLimit=1500m",
+                                "--set", "spark.imagePullSecrets[0].name=regcred",
+                                "--set", "spark.job.sparkConf.spark\\.task\\.maxFailures=8").stdout)
+    job, cm = one(objs, "Job"), one(objs, "ConfigMap")
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"] == "rel-spark"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 185
+    c = pod["containers"][0]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    args = c["args"]
+    assert args[:6] == ["/opt/spark/bin/spark-submit", "--master", "k8s://https://kubernetes.default.svc",
+                        "--deploy-mode", "cluster", "--name"]
+    conf = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "pod-templates")
+    assert next(v for v in pod["volumes"] if v["name"] == "pod-templates")["configMap"]["name"] == \
+        cm["metadata"]["name"]
+    assert conf["spark.kubernetes.driver.podTemplateFile"] == f"{mount['mountPath']}/driver.yaml"
+    assert conf["spark.kubernetes.executor.podTemplateFile"] == f"{mount['mountPath']}/executor.yaml"
+    assert set(cm["data"]) == {"driver.yaml", "executor.yaml"}
+    assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == "rel-spark"
+    assert conf["spark.kubernetes.namespace"] == "ns1"
+    assert conf["spark.kubernetes.container.image"] == "txbroker/spark:0.1.0"
+    assert conf["spark.kubernetes.container.image.pullSecrets"] == "regcred"
+    assert conf["spark.executor.instances"] == "2" and conf["spark.executor.memory"] == "1g"
+    assert conf["spark.kubernetes.executor.limit.cores"] == "1500m"
+    assert conf["spark.task.maxFailures"] == "8"
+    assert conf["spark.pyspark.python"] == "/opt/venv/bin/python"
+    app = args.index("local:///opt/txbroker/jobs/orders_job.py")
+    # the driver's pod template: the ledger and the data; the executors': the data only, no token
+    driver, executor = yaml.safe_load(cm["data"]["driver.yaml"]), yaml.safe_load(cm["data"]["executor.yaml"])
+    assert {v["name"] for v in driver["spec"]["volumes"]} == {"txbroker-ledger", "txbroker-data"}
+    assert {v["name"] for v in executor["spec"]["volumes"]} == {"txbroker-data"}
+    assert executor["spec"]["automountServiceAccountToken"] is False
+    assert driver["spec"]["containers"][0]["name"] == conf["spark.kubernetes.driver.podTemplateContainerName"]
+    assert executor["spec"]["containers"][0]["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"]
+    assert args[app + 1:app + 3] == ["--brokers", "rel-master.ns1.svc:10911"]
+
+
+def _orders_job():
+    path = ROOT / "spark" / "jobs" / "orders_job.py"
+    spec = importlib.util.spec_from_file_location("orders_job_for_chart_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_application_arguments_are_the_orders_jobs(testbed):
+    """The rendered arguments parse with the job's own argument parser, in both forms."""
+    settings = ["--set", "txbroker.name=orders-broker", "--set", "spark.topic=Orders",
+                "--set", "spark.producerGroup=orders-pub", "--set", "spark.deadlineSeconds=800",
+                "--set", "spark.job.orders=1000000", "--set", "spark.job.extraArgs={--fail-partition,1}"]
+    parse = _orders_job().parse_args
+    sub = spark_objects(render(testbed, *SPARK, *settings).stdout)
+    args = one(sub, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    job_args = args[args.index("local:///opt/txbroker/jobs/orders_job.py") + 1:]
+    app = one(spark_objects(render(testbed, *SPARK, *settings, "--api-versions", API).stdout), "SparkApplication")
+    assert app["spec"]["arguments"] == job_args
+    a = parse(job_args)
+    assert (a.brokers, a.topic, a.group, a.ledger) == ("orders-broker-master.ns1.svc:10911", "Orders", "orders-pub",
+                                                       "/ledger")
+    assert (a.input, a.output, a.orders, a.partitions, a.batch_size, a.deadline_seconds, a.fail_partition) == \
+        ("/data/orders", "/data/orders-result", 1000000, 4, 500, 800.0, 1)
+    # the checker: same brokers, group, ledger and deadline; its flags are the checker's
+    checker = one(sub, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert checker[:3] == ["/opt/venv/bin/python", "-m", "txbroker_spark.checker"]
+    flags = dict(zip(checker[3::2], checker[4::2]))
+    assert flags == {"--brokers": a.brokers, "--group": a.group, "--ledger": a.ledger, "--deadline-seconds": "800",
+                     "--log-level": "INFO"}
+    help_text = subprocess.run([sys.executable, "-m", "txbroker_spark.checker", "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    assert all(f in help_text for f in flags)
+    # the TxProducerGroup: the job's group on the job's broker, ledger mode
+    pg = one(sub, "TxProducerGroup")
+    assert pg["metadata"]["name"] == "orders-pub"
+    assert pg["spec"] == {"brokerRef": {"name": "orders-broker"}, "checkMode": "ledger", "checkIntervalSeconds": 60,
+                          "timeoutSeconds": 6, "checkMax": 15}
+
+
+def test_broker_address_override(testbed):
+    objs = spark_objects(render(testbed, *SPARK,
+                                "--set", "spark.broker.address=tx-0.example:10911\\,tx-1.example:10911").stdout)
+    args = one(objs, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--brokers") + 1] == "tx-0.example:10911,tx-1.example:10911"
+
+
+def test_existing_claims_and_no_data_volume(testbed):
+    objs = spark_objects(render(testbed, *SPARK, "--set", "spark.ledger.existingClaim=team-ledger",
+                                "--set", "spark.ledger.subPath=orders", "--set", "spark.data.enabled=false",
+                                "--set", "spark.job.input=s3a://bucket/orders").stdout)
+    assert "PersistentVolumeClaim" not in {d["kind"] for d in objs}
+    cm = one(objs, "ConfigMap")
+    driver, executor = yaml.safe_load(cm["data"]["driver.yaml"]), yaml.safe_load(cm["data"]["executor.yaml"])
+    assert driver["spec"]["volumes"] == [
+        {"name": "txbroker-ledger", "persistentVolumeClaim": {"claimName": "team-ledger"}}]
+    assert driver["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "txbroker-ledger", "mountPath": "/ledger", "subPath": "orders"}]
+    assert "volumes" not in executor["spec"] and "volumeMounts" not in executor["spec"]["containers"][0]
+    checker = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert checker["volumes"][0]["persistentVolumeClaim"]["claimName"] == "team-ledger"
+
+
+def test_dockerfile_matches_the_templates(testbed):
+    """spark/Dockerfile provides what the templates assume: user, paths, Python, Spark version."""
+    dockerfile = (ROOT / "spark" / "Dockerfile").read_text()
+    values = yaml.safe_load((ROOT / "helm" / "txbroker" / "values.yaml").read_text())["spark"]
+    user = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)[-1]
+    assert user == str(values["podSecurityContext"]["runAsUser"]) == "185"    # numeric: runAsNonRoot is checkable
+    assert f"TXBROKER_LEDGER={values['ledger']['mountPath']}" in dockerfile
+    assert "PYSPARK_PYTHON=/opt/venv/bin/python" in dockerfile
+    jobs_dir = re.search(r"cp -r spark/jobs (\S+);", dockerfile).group(1)
+    app = values["job"]["mainApplicationFile"]
+    assert app.startswith(f"local://{jobs_dir}/") and (ROOT / "spark" / "jobs" / app.rsplit("/", 1)[1]).is_file()
+    spark_image = re.search(r"^ARG SPARK_IMAGE=(\S+)", dockerfile, re.M).group(1)
+    assert spark_image.split(":")[1].startswith(values["sparkVersion"] + "-"), (spark_image, values["sparkVersion"])
+    assert "ENTRYPOINT" not in dockerfile and "CMD" not in re.sub(r"#.*", "", dockerfile)   # Spark's entrypoint
+    objs = spark_objects(render(testbed, *SPARK).stdout)
+    assert one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"] == "txbroker/spark:0.1.0"
+
+
+EXTRAS = {"spark": {
+    "imagePullSecrets": [{"name": "regcred"}], "nodeSelector": {"pool": "spark"},
+    "tolerations": [{"key": "spark", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}},
+    "serviceAccount": {"annotations": {"example.com/role": "spark"}},
+    "data": {"subPath": "orders", "storageClassName": "nfs"}, "executor": {"coreLimit": 1},
+    "job": {"extraArgs": ["--fail-partition", 1]}}}
+
+
+# -- the real API server: server-side dry run ----------------------------------------------------------
+
+def test_spark_application_passes_the_spark_operators_crd(crds, spark_crd, namespace, tmp_path):
+    extras = tmp_path / "extras.yaml"
+    extras.write_text(yaml.safe_dump(EXTRAS))
+    objs = spark_objects(render(crds, *SPARK, "--api-versions", API, "--set", "spark.driver.coreLimit=1200m",
+                                "-f", str(extras), namespace=namespace).stdout)
+    r = dry_run(crds, namespace, objs)
+    for kind, name in [("sparkapplication.sparkoperator.k8s.io", "rel-spark-1"),
+                       ("txproducergroup.txbroker.dev", "orders-publisher"), ("deployment.apps", "rel-spark-checker"),
+                       ("serviceaccount", "rel-spark"), ("role.rbac.authorization.k8s.io", "rel-spark-driver"),
+                       ("rolebinding.rbac.authorization.k8s.io", "rel-spark-driver"),
+                       ("persistentvolumeclaim", "rel-spark-ledger"), ("persistentvolumeclaim", "rel-spark-data")]:
+        assert f"{kind}/{name} created (server dry run)" in r.stdout, r.stdout
+    # the pod templates inside it (the CRD keeps them as they are) are valid Pods
+    app = one(objs, "SparkApplication")
+    pods = [as_pod(app["spec"][role]["template"]["spec"], app["spec"][role]["template"]["metadata"], f"tpl-{role}")
+            for role in ("driver", "executor")]
+    r = dry_run(crds, namespace, pods)
+    assert all(f"pod/tpl-{role} created (server dry run)" in r.stdout for role in ("driver", "executor")), r.stdout
+    # and the CRD's schema is really in force: a value it forbids and a field it does not know are refused
+    bad = copy.deepcopy(app)
+    bad["spec"]["executor"]["instances"] = 0
+    r = dry_run(crds, namespace, [bad], check=False)
+    assert r.returncode != 0 and "spec.executor.instances" in r.stderr, r.stderr
+    bad = copy.deepcopy(app)
+    bad["spec"]["driver"]["coreCount"] = 1
+    r = dry_run(crds, namespace, [bad], check=False)
+    assert r.returncode != 0 and "coreCount" in r.stderr, r.stderr
+
+
+def test_spark_submit_form_passes_server_side_validation(crds, namespace, tmp_path):
+    extras = tmp_path / "extras.yaml"
+    extras.write_text(yaml.safe_dump(EXTRAS))
+    objs = spark_objects(render(crds, *SPARK, "--set", "spark.mode=sparkSubmit", "-f", str(extras),
+                                namespace=namespace).stdout)
+    r = dry_run(crds, namespace, objs)
+    for kind, name in [("job.batch", "rel-spark-1-submit"), ("configmap", "rel-spark-1-pod-templates"),
+                       ("deployment.apps", "rel-spark-checker"), ("serviceaccount", "rel-spark"),
+                       ("role.rbac.authorization.k8s.io", "rel-spark-driver"),
+                       ("rolebinding.rbac.authorization.k8s.io", "rel-spark-driver"),
+                       ("txproducergroup.txbroker.dev", "orders-publisher"),
+                       ("persistentvolumeclaim", "rel-spark-ledger"), ("persistentvolumeclaim", "rel-spark-data")]:
+        assert f"{kind}/{name} created (server dry run)" in r.stdout, r.stdout
+    cm = one(objs, "ConfigMap")
+    pods = []
+    for key in ("driver.yaml", "executor.yaml"):
+        pod = yaml.safe_load(cm["data"][key])
+        assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+        pods.append(as_pod(pod["spec"], pod["metadata"], f"tpl-{key.split('.')[0]}"))
+    r = dry_run(crds, namespace, pods)
+    assert all(f"pod/tpl-{role} created (server dry run)" in r.stdout for role in ("driver", "executor")), r.stdout
+
+
+# -- real installs ------------------------------------------------------------------------------------
+
+def _can(testbed, namespace: str, sa: str, *args: str) -> str:
+    return testbed.kubectl("auth", "can-i", *args, "--as", f"system:serviceaccount:{namespace}:{sa}",
+                           check=False).stdout.strip()
+
+
+def test_install_spark_submit_and_the_drivers_rbac(crds, namespace):
+    release = "orders"
+    r = crds.helm("install", release, CHART, "-n", namespace, *SPARK, "--set", "spark.mode=sparkSubmit",
+                  "--set", "operator.replicas=0")
+    assert "STATUS: deployed" in r.stdout
+    job = crds.get("job", "orders-spark-1-submit", namespace)
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "orders-spark"
+    assert crds.get("configmap", "orders-spark-1-pod-templates", namespace) is not None
+    assert crds.get("deployment", "orders-spark-checker", namespace) is not None
+    assert crds.get("txpg", "orders-publisher", namespace)["spec"]["checkMode"] == "ledger"
+    sa = "orders-spark"
+    # what the driver does with its executors (and spark-submit with the driver)
+    for verb, res in [("create", "pods"), ("watch", "pods"), ("deletecollection", "pods"), ("create", "services"),
+                      ("create", "configmaps"), ("deletecollection", "configmaps"),
+                      ("create", "persistentvolumeclaims")]:
+        assert _can(crds, namespace, sa, verb, res, "-n", namespace) == "yes", (verb, res)
+    # and nothing more
+    assert _can(crds, namespace, sa, "get", "secrets", "-n", namespace) == "no"
+    assert _can(crds, namespace, sa, "create", "deployments", "-n", namespace) == "no"
+    assert _can(crds, namespace, sa, "create", "pods", "-n", "default") == "no"
+    # a new run: a new Job (the old one goes), nothing else changes
+    r = crds.helm("upgrade", release, CHART, "-n", namespace, "--reuse-values", "--set", "spark.runId=2")
+    assert "STATUS: deployed" in r.stdout
+    assert crds.get("job", "orders-spark-2-submit", namespace) is not None
+    assert crds.get("job", "orders-spark-1-submit", namespace) is None
+    crds.helm("uninstall", release, "-n", namespace, "--wait")
+    assert crds.get("deployment", "orders-spark-checker", namespace) is None
+    # the ledger outlives the release (it decides transactions still pending)
+    assert crds.get("pvc", "orders-spark-ledger", namespace) is not None
+
+
+def test_install_with_the_spark_operator_api(crds, spark_crd, namespace):
+    """With the CRD served, helm (asking the real API server) picks the SparkApplication, which the CRD accepts."""
+    r = crds.helm("install", "orders", CHART, "-n", namespace, *SPARK, "--set", "operator.replicas=0")
+    assert "STATUS: deployed" in r.stdout
+    app = crds.get("sparkapplication", "orders-spark-1", namespace)
+    assert app["spec"]["driver"]["serviceAccount"] == "orders-spark"
+    assert app["spec"]["mainApplicationFile"] == "local:///opt/txbroker/jobs/orders_job.py"
+    assert crds.get("job", "orders-spark-1-submit", namespace) is None
+    crds.helm("uninstall", "orders", "-n", namespace, "--wait")
+    assert crds.get("sparkapplication", "orders-spark-1", namespace) is None
+
+
+# -- values that are refused --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, words", [
+    ("spark.mode=yarn", "/spark/mode"),
+    ("spark.executor.instances=0", "/spark/executor/instances"),
+    ("spark.driver.memory=lots", "/spark/driver/memory"),
+    ("spark.topic=bad topic", "/spark/topic"),
+    ("spark.producerGroup=orders.publisher", "/spark/producerGroup"),   # RocketMQ's characters only
+    ("spark.ledger.mountPath=ledger", "/spark/ledger/mountPath"),
+    ("spark.ledger.accessModes={ReadWriteSometimes}", "/spark/ledger/accessModes"),
+    ("spark.runId=Run_1", "/spark/runId"),
+    ("spark.broker.address=no-port", "/spark/broker/address"),
+    ("spark.sparkVersion=3.5.1", "/spark/sparkVersion"),
+    ("spark.job.batchSize=0", "/spark/job/batchSize"),
+    ("spark.bogus=1", "bogus"),
+])
+def test_values_schema_refuses_bad_spark_values(testbed, setting, words):
+    r = render(testbed, *SPARK, "--set", setting, check=False)
+    assert r.returncode != 0 and "values don't meet the specifications of the schema" in r.stderr, r.stderr
+    assert words in r.stderr, r.stderr
+
+
+def test_group_names_outside_kubernetes_names(crds, namespace):
+    """The TxProducerGroup is named after the group as Kubernetes allows; spec.groupName keeps the exact name."""
+    objs = spark_objects(render(crds, *SPARK, "--set", "spark.producerGroup=Orders_Publisher|EU",
+                                namespace=namespace).stdout)
+    pg = one(objs, "TxProducerGroup")
+    assert pg["metadata"]["name"] == "orders-publisher-eu" and pg["spec"]["groupName"] == "Orders_Publisher|EU"
+    args = one(objs, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--group") + 1] == "Orders_Publisher|EU"
+    r = dry_run(crds, namespace, [pg])
+    assert "txproducergroup.txbroker.dev/orders-publisher-eu created (server dry run)" in r.stdout
+    objs = spark_objects(render(crds, *SPARK, "--set", "spark.txProducerGroup.create=false").stdout)
+    assert "TxProducerGroup" not in {d["kind"] for d in objs}
+
+
+def test_check_settings_must_outlast_the_deadline(testbed):
+    r = render(testbed, *SPARK, "--set", "spark.deadlineSeconds=3600", check=False)
+    assert r.returncode != 0
+    assert "spark.txProducerGroup.checkMax x spark.txProducerGroup.checkIntervalSeconds (15 x 60 s) must exceed " \
+           "spark.deadlineSeconds (3600 s)" in r.stderr, r.stderr
+    render(testbed, *SPARK, "--set", "spark.deadlineSeconds=3600", "--set", "spark.txProducerGroup.checkMax=90")

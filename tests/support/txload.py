@@ -1,0 +1,86 @@
+"""Transactional load with known decisions, and the checks of invariants I1-I3 on what is visible.
+
+Used by the replication tests (brokers as local processes) and the operator's failover test (brokers
+as pods on the Kubernetes testbed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+from txbroker.client import (
+    AsyncTransactionProducer, ClientError, LocalTransactionState as S, Message, PullConsumer, TransactionListener,
+)
+from txbroker.client.admin import AdminClient
+
+
+class Ledger(TransactionListener):
+    """Decision per order: ROLLBACK if i % 4 == 0, else COMMIT; every fifth leaves it to check-back."""
+
+    def __init__(self):
+        self.decisions = {}
+        self.lock = threading.Lock()
+
+    def execute_local_transaction(self, msg, i):
+        d = S.ROLLBACK if i % 4 == 0 else S.COMMIT
+        with self.lock:
+            self.decisions[msg.transaction_id] = d
+        return S.UNKNOWN if i % 5 == 0 else d
+
+    def check_local_transaction(self, msg):
+        with self.lock:
+            return self.decisions.get(msg.transaction_id, S.ROLLBACK)
+
+
+def run_load(addresses, ledger, acked, stop, producers=6, group="orders-pg", topic="Orders"):
+    """Send `order-<i>` transactions until `stop` is set; `acked[body]` = the decision the broker
+    acknowledged (commits and rollbacks whose END_TRANSACTION was answered)."""
+    async def one(w):
+        p = AsyncTransactionProducer(group, addresses, ledger, request_timeout=8)
+        await p.start()
+        i = w
+        try:
+            while not stop.is_set():
+                try:
+                    r = await p.send_message_in_transaction(Message(topic, f"order-{i}".encode()), i)
+                except ClientError:
+                    i += producers
+                    continue
+                if r.local_state is not S.UNKNOWN and not r.end_error:
+                    acked[f"order-{i}"] = r.local_state
+                i += producers
+        finally:
+            await p.close()
+
+    async def main():
+        await asyncio.gather(*(one(w) for w in range(producers)))
+
+    asyncio.run(main())
+
+
+def visible(address, topic="Orders") -> Counter:
+    """How often each body is visible in `topic` on the broker at `address`."""
+    with PullConsumer(address) as c:
+        return Counter(m.body.decode() for m in c.read_all(topic))
+
+
+def settled(admin_url) -> bool:
+    """No transaction left undecided, and every decision durable (and replicated), so visible."""
+    admin = AdminClient(admin_url)
+    if admin.get("/api/v1/transactions")["total"]:
+        return False
+    i = admin.get("/api/v1/broker")
+    return i["durable_offset"] == i["log_end_offset"]
+
+
+def invariant_violations(seen: Counter, acked: dict, must_keep_acked: bool) -> list[str]:
+    """I2 (no duplicate), I3 (no rolled-back message visible), and, when `must_keep_acked`
+    (SYNC replication), I1 (no acknowledged commit lost)."""
+    problems = [f"{b} visible {n} times" for b, n in seen.items() if n != 1]
+    problems += [f"rolled-back {b} is visible" for b in seen if int(b.split("-")[1]) % 4 == 0]
+    if must_keep_acked:
+        lost = sorted({b for b, st in acked.items() if st is S.COMMIT} - set(seen))
+        problems += [f"acknowledged commit {b} lost" for b in lost]
+    return problems
