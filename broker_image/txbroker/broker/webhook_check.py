@@ -5,7 +5,8 @@ whose outcome a service can look up.
 The broker POSTs
 
     {"producer_group": G, "transaction_id": T, "commit_log_offset": N, "check_times": K,
-     "message_count": M, "message": {...the first message, body base64...}}
+     "message_count": M, "message": {"msg_id", "topic", "body" (base64), "tags", "keys",
+                                     "properties", "born_timestamp"} (the first message)}
 
 and expects 200 with {"state": "COMMIT" | "ROLLBACK" | "UNKNOWN"}. COMMIT and ROLLBACK end the
 transaction exactly as a producer's check answer would (END_TRANSACTION from a check); UNKNOWN, an
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 32
 TIMEOUT_S = 5.0
+_MESSAGE_FIELDS = ("msg_id", "topic", "body", "tags", "keys", "properties", "born_timestamp")
 _STATES = {"COMMIT": TransactionState.COMMIT, "ROLLBACK": TransactionState.ROLLBACK,
            "UNKNOWN": TransactionState.UNKNOWN}
 
@@ -48,7 +50,7 @@ class WebhookChecker:
         message, count = half
         doc = {"producer_group": p.producer_group, "transaction_id": p.transaction_id,
                "commit_log_offset": p.half_lsn, "check_times": p.checks, "message_count": count,
-               "message": msgspec.to_builtins(message)}
+               "message": {f: msgspec.to_builtins(getattr(message, f)) for f in _MESSAGE_FIELDS}}
         task = asyncio.get_running_loop().create_task(self._ask(url, doc, p.producer_group, p.transaction_id,
                                                                 p.half_lsn))
         self._tasks.add(task)

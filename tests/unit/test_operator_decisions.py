@@ -1,0 +1,116 @@
+"""The operator's pure decisions: who becomes master, what status says, what pods look like."""
+
+from __future__ import annotations
+
+from txbroker_operator import failover, manifests, producer_groups, status
+from txbroker_operator.brokers import BrokerInfo
+from txbroker_operator.failover import Blocked, Promote
+from txbroker_operator.observe import Member
+
+
+def info(role="slave", epoch=1, offset=100, slaves=(), master="10.0.0.1:10911"):
+    return BrokerInfo(role=role, epoch=epoch, log_end_offset=offset, master="" if role == "master" else master,
+                      fenced_by=0, pending=0, parked=0, slaves=tuple(slaves), connected=role == "slave")
+
+
+def member(name, index, broker_info=None, ready=True, ip=None, role_label="slave", spec_hash=""):
+    pod = {"metadata": {"name": name, "uid": name, "labels": {"txbroker.dev/index": str(index),
+                                                            "txbroker.dev/role": role_label},
+                        "annotations": {"txbroker.dev/pod-spec-hash": spec_hash}},
+           "status": {"podIP": ip or f"10.0.0.{index + 1}",
+                      "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return Member(name, index, pod, broker_info)
+
+
+LAST_SEEN = {"epoch": 3, "master": "b-0", "brokers": [{"name": "b-0", "role": "master", "offset": 120},
+                                     {"name": "b-1", "role": "slave", "offset": 110, "inSync": False},
+                                     {"name": "b-2", "role": "slave", "offset": 118, "inSync": True}]}
+
+
+def test_no_failover_within_the_grace_period():
+    members = {"b-1": member("b-1", 1, info(offset=110)), "b-2": member("b-2", 2, info(offset=118))}
+    assert failover.decide_failover({"failover": {"gracePeriodSeconds": 10}}, LAST_SEEN, members, "b-0", 9.5) is None
+
+
+def test_async_promotes_the_most_caught_up_slave_at_a_new_epoch():
+    members = {"b-1": member("b-1", 1, info(offset=110, epoch=4)), "b-2": member("b-2", 2, info(offset=118))}
+    p = failover.decide_failover({"replication": "ASYNC"}, LAST_SEEN, members, "b-0", 30)
+    assert isinstance(p, Promote) and p.successor == "b-2"
+    assert p.epoch == 5          # above every epoch seen: status 3, a broker's 4
+    assert "may lack up to 2 records" in p.message
+
+
+def test_sync_promotes_only_a_slave_that_was_in_sync():
+    members = {"b-1": member("b-1", 1, info(offset=119)), "b-2": member("b-2", 2, info(offset=118))}
+    p = failover.decide_failover({"replication": "SYNC"}, LAST_SEEN, members, "b-0", 30)
+    assert isinstance(p, Promote) and p.successor == "b-2"    # b-1 is further but was not in sync
+
+
+def test_sync_without_an_in_sync_slave_waits_for_an_explicit_override():
+    seen = {**LAST_SEEN, "brokers": [dict(b, inSync=False) for b in LAST_SEEN["brokers"]]}
+    members = {"b-1": member("b-1", 1, info(offset=110)), "b-2": member("b-2", 2, info(offset=118))}
+    d = failover.decide_failover({"replication": "SYNC"}, seen, members, "b-0", 30)
+    assert isinstance(d, Blocked) and d.reason == "NoInSyncSlave" and "allowOutOfSyncPromotion" in d.message
+    forced = failover.decide_failover({"replication": "SYNC", "failover": {"allowOutOfSyncPromotion": True}},
+                                      seen, members, "b-0", 30)
+    assert isinstance(forced, Promote) and forced.successor == "b-2"
+
+
+def test_a_master_that_never_served_is_not_failed_over():
+    members = {"b-1": member("b-1", 1, info())}
+    d = failover.decide_failover({}, {"brokers": [{"name": "b-0", "role": "master"}]}, members, "b-0", 60)
+    assert isinstance(d, Blocked) and d.reason == "MasterNeverServed"
+
+
+def test_failover_can_be_disabled_and_needs_a_live_slave():
+    assert failover.decide_failover({"failover": {"enabled": False}}, LAST_SEEN, {}, "b-0", 60).reason == "FailoverDisabled"
+    dead = {"b-1": member("b-1", 1, None)}
+    assert failover.decide_failover({}, LAST_SEEN, dead, "b-0", 60).reason == "NoSuccessor"
+
+
+def test_switchover_needs_a_ready_slave_with_nothing_unacknowledged():
+    slaves = [{"name": "b-1", "in_sync": True, "lag": 3}, {"name": "b-2", "in_sync": True, "lag": 0}]
+    members = {"b-0": member("b-0", 0, info("master", offset=120, slaves=slaves)),
+               "b-1": member("b-1", 1, info(offset=117)), "b-2": member("b-2", 2, info(offset=120))}
+    p = failover.decide_switchover(members, {"epoch": 1}, "b-0", {"b-1", "b-2"}, "rolling")
+    assert p.successor == "b-2" and p.reason == "Switchover" and p.epoch == 2
+    assert failover.decide_switchover(members, {"epoch": 1}, "b-0", {"b-1"}, "rolling") is None
+
+
+def test_status_keeps_what_it_cannot_see_now():
+    """With the master gone, slaves keep the sync state it last reported (failover decides on it)."""
+    members = {"b-0": member("b-0", 0, None, ready=False, role_label="master"),
+               "b-2": member("b-2", 2, info(offset=118))}
+    body = {"metadata": {"generation": 4}, "spec": {"replicas": 2}, "status": LAST_SEEN}
+    st = status.compute(body, members, "b-0", 3, {"masterUnavailableSince": "2026-11-21T10:00:00Z"})
+    by_name = {b["name"]: b for b in st["brokers"]}
+    assert by_name["b-0"]["offset"] == 120 and by_name["b-0"]["ready"] is False
+    assert by_name["b-2"]["inSync"] is True and by_name["b-2"]["offset"] == 118
+    assert st["phase"] == "Recovering" and st["observedGeneration"] == 4
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Degraded"] == "True"
+
+
+def test_pods_take_their_role_from_their_own_label_and_annotation():
+    pod = manifests.broker_pod("b", "ns", {"image": "img"}, 1, "slave", "10.0.0.1:10911")
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["TXBROKER_ROLE"] == "metadata.labels['txbroker.dev/role']"
+    assert env["TXBROKER_MASTER"] == "metadata.annotations['txbroker.dev/master-address']"
+    assert pod["metadata"]["annotations"]["txbroker.dev/master-address"] == "10.0.0.1:10911"
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--role") + 1] == "$(TXBROKER_ROLE)"
+
+
+def test_transaction_defaults_do_not_roll_pods_but_the_image_does():
+    base = {"image": "a", "transaction": {"checkIntervalSeconds": 60}}
+    assert manifests.pod_spec_hash(base) == manifests.pod_spec_hash({**base, "transaction": {"checkIntervalSeconds": 5}})
+    assert manifests.pod_spec_hash(base) != manifests.pod_spec_hash({**base, "image": "b"})
+    assert "check_interval_ms = 5000" in manifests.broker_toml({"transaction": {"checkIntervalSeconds": 5}})
+
+
+def test_producer_group_spec_becomes_broker_settings():
+    s = producer_groups.broker_settings({"checkIntervalSeconds": 2, "timeoutSeconds": 1, "checkMax": 4,
+                                         "immunitySeconds": 30, "checkMode": "http", "webhookUrl": "http://h/c"})
+    assert s == {"check_interval_ms": 2000, "timeout_ms": 1000, "check_max": 4, "default_immunity_ms": 30000,
+                 "webhook_url": "http://h/c"}
+    assert producer_groups.broker_settings({"checkMode": "ledger", "webhookUrl": "http://h/c"})["webhook_url"] == ""
+    assert producer_groups.group_name({"metadata": {"name": "pg"}, "spec": {"groupName": "PG_Orders"}}) == "PG_Orders"
