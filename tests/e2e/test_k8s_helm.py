@@ -55,9 +55,17 @@ def test_template_namespaced_rbac(testbed):
 
 def test_rendered_manifests_pass_server_side_validation(crds, namespace):
     out = crds.helm("template", "rel", CHART, "-n", namespace, "--set", "txbroker.create=true",
-                    "--set", "txbroker.replicas=3", "--set", "txbroker.storage.size=1Gi").stdout
+                    "--set", "txbroker.replicas=3", "--set", "txbroker.storage.size=1Gi",
+                    "--set", "txbroker.failover.gracePeriodSeconds=5",
+                    "--set-json", 'producerGroups=[{"name": "payments", "groupName": "PG_Payments", '
+                                  '"checkIntervalSeconds": 2, "checkMode": "http", "webhookUrl": "http://hook/check"}]'
+                    ).stdout
     r = crds.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=out)
     assert "txbroker.txbroker.dev/rel created (server dry run)" in r.stdout
+    assert "txproducergroup.txbroker.dev/payments created (server dry run)" in r.stdout
+    pg = next(d for d in docs(out) if d["kind"] == "TxProducerGroup")
+    assert pg["spec"] == {"brokerRef": {"name": "rel"}, "groupName": "PG_Payments", "checkIntervalSeconds": 2,
+                          "checkMode": "http", "webhookUrl": "http://hook/check"}
 
 
 @pytest.mark.parametrize("setting, words", [
@@ -65,6 +73,8 @@ def test_rendered_manifests_pass_server_side_validation(crds, namespace):
     ("txbroker.replicas=10", "/txbroker/replicas"),
     ("txbroker.replication=FAST", "/txbroker/replication"),
     ("operator.bogus=1", "bogus"),
+    ("txbroker.failover.gracePeriodSeconds=0", "/txbroker/failover/gracePeriodSeconds"),
+    ("producerGroups[0].name=Not_A_Name", "/producerGroups/0/name"),
 ])
 def test_values_schema_refuses_bad_values(testbed, setting, words):
     r = testbed.helm("template", "rel", CHART, "--set", setting, check=False)
