@@ -144,7 +144,7 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         "automountServiceAccountToken": False,   # brokers never call the Kubernetes API
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 30,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "fsGroup": 65532,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,   # the image's user
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [data_volume, {"name": "config", "configMap": {"name": config_map_name(name)}}],
