@@ -283,6 +283,11 @@ class Pass:
         if not outdated:
             return
         target = outdated[0]
+        if len(members) == 1 and not self.spec.get("storage"):
+            events.post_once(self.body, events.WARNING, "UpdateBlocked",
+                             f"{target.name} is the only broker and keeps its data in an emptyDir: replacing it "
+                             "would lose every message. Add a slave (replicas: 2) or storage, and it rolls.")
+            return
         if self.spec.get("replication") == "SYNC":
             others = [m for m in members if m.name not in (self.master, target.name)]
             if not all(observe.in_sync(master, m) for m in others):
