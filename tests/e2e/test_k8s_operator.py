@@ -67,23 +67,40 @@ def operator(crds, tmp_path_factory):
         "users": [{"name": sa, "user": {"token": token}}],
         "contexts": [{"name": "op", "context": {"cluster": admin["clusters"][0]["name"], "user": sa}}],
     }))
-    log_path = work / "operator.log"
     env = tb.env(KUBECONFIG=str(kubeconfig), TXBROKER_OPERATOR_RESYNC_SECONDS="1",
                  PYTHONPATH=os.pathsep.join([str(ROOT / "operator"), os.environ.get("PYTHONPATH", "")]))
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "txbroker_operator", f"--namespace={watched}", "--verbose"],
-                                env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=work)
-    op = type("Operator", (), {"proc": proc, "log": log_path, "testbed": tb, "namespace": watched})
+    op = OperatorProcess(tb, watched, env, work)
     yield op
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    text = log_path.read_text(errors="replace")
+    op.stop()
+    text = op.log.read_text(errors="replace")
     denied = [line for line in text.splitlines() if re.search(r'Forbidden|HTTP/1\.1" 403', line)]
     assert not denied, "the operator hit RBAC denials:\n" + "\n".join(denied[:5])
+
+
+class OperatorProcess:
+    """`python -m txbroker_operator` watching one namespace; can be killed and started again."""
+
+    def __init__(self, testbed, namespace: str, env: dict, work):
+        self.testbed, self.namespace, self.env, self.work = testbed, namespace, env, work
+        self.log = work / "operator.log"
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "txbroker_operator", f"--namespace={self.namespace}", "--verbose"],
+                env=self.env, stdout=logf, stderr=subprocess.STDOUT, cwd=self.work)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 def wait_broker(op, namespace: str, name: str, timeout: float = 90) -> dict:
@@ -359,3 +376,29 @@ def test_scale_roll_and_delete(operator):
     owned = [("pod", "elastic-0"), ("pod", "elastic-1"), ("service", "elastic"), ("service", "elastic-master"),
              ("configmap", "elastic-config"), ("serviceaccount", "elastic-broker"), ("pdb", "elastic")]
     wait_for(lambda: all(tb.get(k, n, namespace) is None for k, n in owned), 90, "everything elastic owned gone")
+
+
+@pytest.mark.slow
+def test_operator_killed_mid_roll_finishes_it_after_restart(operator):
+    tb, namespace = operator.testbed, operator.namespace
+    tb.apply(txbroker("steady", replicas=2), namespace)
+    wait_broker(operator, namespace, "steady")
+    tb.kubectl("-n", namespace, "patch", "txb", "steady", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v3"}}')
+    wait_for(lambda: any(e["reason"] == "RollingUpdate" for e in events_for(tb, namespace, "steady")), 60,
+             "the roll to start")
+    operator.kill()          # SIGKILL mid-change: nothing in memory survives
+    operator.start()
+    max_down = 0
+
+    def rolled():
+        nonlocal max_down
+        pods = [tb.get("pod", f"steady-{i}", namespace) for i in range(2)]
+        max_down = max(max_down, sum(1 for p in pods if p is None or p["metadata"].get("deletionTimestamp")
+                                     or not ready(p)))
+        return all(p and p["spec"]["containers"][0]["image"] == "txbroker/broker:v3" and ready(p) for p in pods) \
+            and tb.get("txb", "steady", namespace)["status"]["phase"] == "Running"
+    wait_for(rolled, 120, "the roll finished by the restarted operator", interval=0.1)
+    assert max_down <= 1
+    masters = [i for i in range(2) if broker_info(tb, namespace, f"steady-{i}")["role"] == "master"]
+    assert len(masters) == 1
+    assert tb.get("txb", "steady", namespace)["status"]["master"] == f"steady-{masters[0]}"
