@@ -1,4 +1,5 @@
-"""Fixtures for the end-to-end tests: a real kube-apiserver + etcd + local kubelet per worker.
+"""Fixtures for the end-to-end tests: a real kube-apiserver + etcd + kube-controller-manager + local
+kubelet per worker.
 
 The binaries are built (first run only, about 7-25 min on 2 cores; cached under ~/.cache/txbroker/k8s-bin)
 while pytest collects - before any test starts, so the build does not eat a test's timeout. Under
@@ -56,8 +57,10 @@ def crds(testbed):
 
 
 @pytest.fixture
-def namespace(testbed, request) -> str:
-    """A fresh namespace per test (namespaces are not deleted: the testbed has no namespace controller)."""
+def namespace(testbed, request):
+    """A fresh namespace per test, deleted after it without waiting: the controller manager's namespace
+    controller removes its objects, so a finished test's pods (their processes) go away during the run."""
     name = f"t-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:6]}"
     name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
-    return testbed.create_namespace(name)
+    yield testbed.create_namespace(name)
+    testbed.delete_namespace(name)

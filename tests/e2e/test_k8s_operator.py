@@ -291,10 +291,15 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
             wait_for(crash_until_replaced, 60, "the operator to promote a slave", interval=0.1)
         except TimeoutError:
             raise AssertionError("no failover; operator log:\n" + operator.log.read_text()[-5000:])
-        txb = tb.get("txb", "fo", namespace)
+        txb = wait_for(lambda: (t := tb.get("txb", "fo", namespace)) and condition(t, "FailedOver") and t, 30,
+                       "the FailedOver condition")
         new_master = txb["status"]["master"]
         assert new_master in ("fo-1", "fo-2") and txb["status"]["epoch"] >= 2
         assert condition(txb, "FailedOver")["status"] == "True"
+        # the <name>-master Service selects the new master's pod (its endpoints follow: see test_k8s_controllers)
+        selector = tb.get("service", "fo-master", namespace)["spec"]["selector"]
+        labels = tb.get("pod", new_master, namespace)["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in selector.items())
         assert txb["status"]["lastFailover"]["from"] == "fo-0"
         assert any(e["reason"] == "FailedOver" and e["type"] == "Warning" for e in events_for(tb, namespace, "fo"))
         assert tb.get("pod", new_master, namespace)["metadata"]["labels"]["txbroker.dev/role"] == "master"

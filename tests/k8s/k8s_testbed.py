@@ -2,8 +2,9 @@
 
     tb = Testbed(state_dir); tb.start(); ...; tb.stop()
 
-One testbed per pytest(-xdist) worker: each has its own etcd, kube-apiserver (free ports) and local
-kubelet (its own /24 of loopback pod addresses), so workers share nothing and tear down alone.
+One testbed per pytest(-xdist) worker: each has its own etcd, kube-apiserver (free ports),
+kube-controller-manager (garbage collector, namespace and endpoint controllers only) and local kubelet
+(its own /24 of loopback pod addresses), so workers share nothing and tear down alone.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 class Testbed:
     __test__ = False   # not a test class
+
+    # the processes `testbed.sh start` runs: logs in DIR/logs/<name>.log, pids in DIR/pids
+    COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kubelet")
 
     def __init__(self, state_dir: Path, pod_path: str | None = None):
         self.dir = Path(state_dir).resolve()
@@ -154,6 +158,11 @@ class Testbed:
             raise subprocess.CalledProcessError(r.returncode, "kubectl create namespace", r.stdout, r.stderr)
         return name
 
+    def delete_namespace(self, name: str) -> None:
+        """Start deleting a namespace, without waiting: the controller manager's namespace controller
+        deletes what is in it (pods take their grace period), then the namespace itself."""
+        self.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+
     def rest(self, kubeconfig: Path | None = None):
         """A small JSON REST client (request, watch) on the admin kubeconfig (or another)."""
         return kubelet.Rest(str(kubeconfig or self.kubeconfig))
@@ -175,3 +184,10 @@ class Testbed:
     def component_log(self, component: str) -> str:
         f = self.dir / "logs" / f"{component}.log"
         return f.read_text(errors="replace") if f.exists() else ""
+
+    def component_pid(self, component: str) -> int | None:
+        """The pid of one of COMPONENTS as `start` recorded it (None when it was not started)."""
+        f = self.dir / "pids"
+        pids = [int(p) for n, p in (line.split() for line in f.read_text().splitlines() if line.strip())
+                if n == component] if f.exists() else []
+        return pids[-1] if pids else None

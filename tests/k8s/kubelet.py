@@ -1,7 +1,7 @@
 """A local kubelet for tests: runs the testbed's Pods as processes on this machine.
 
-The testbed (tests/k8s/testbed.sh) has a real etcd and kube-apiserver but no scheduler, controller
-manager, container runtime or kubelet. This program plays the node agent (and, for its own node, the
+The testbed (tests/k8s/testbed.sh) has a real etcd, kube-apiserver and kube-controller-manager but no
+scheduler, container runtime or kubelet. This program plays the node agent (and, for its own node, the
 scheduler) against the real API server:
 
 * registers a Node (Ready) and keeps its Ready condition fresh;
@@ -13,10 +13,14 @@ scheduler) against the real API server:
   spec.serviceAccountName, status.podIP, status.hostIP), ``configMapKeyRef`` and ``secretKeyRef``;
   the executable is looked up on the kubelet's own PATH (tests put .venv/bin first, so an image's
   ``txbroker`` command is the project's CLI); init containers run to completion first;
-* gives each Pod its own loopback address as ``status.podIP``: 127.77.K.N, where K is a /24 this
+* gives each Pod its own address as ``status.podIP``: 127.77.K.N (loopback), where K is a /24 this
   kubelet reserved (a lock file under ~/.cache/txbroker/run, so parallel testbeds - one per
   pytest-xdist worker - never share an address) and N is kept per pod name, so a Pod recreated
-  under the same name gets the same address (127.0.0.0/8 is all loopback on Linux);
+  under the same name gets the same address (127.0.0.0/8 is all loopback on Linux). The API server
+  refuses loopback addresses in Endpoints and EndpointSlices, so Services get no endpoints for these
+  pods; ``TXBROKER_POD_NET=A.B`` makes the addresses A.B.K.N instead, a range that must be local on
+  this machine (as root, once: ``ip route add local A.B.0.0/16 dev lo``; 198.18.0.0/15 is reserved
+  for benchmarking), and then Services get endpoints like on a real node;
 * volumes: configMap, secret, downwardAPI (items with fieldRef), emptyDir and
   persistentVolumeClaim (by claim name; the claim object need not exist or be bound) become
   directories. configMap/secret/downwardAPI are written afresh at each start; emptyDir and PVC
@@ -77,7 +81,7 @@ from typing import Any
 log = logging.getLogger("kubelet")
 
 RUN_DIR = Path(os.environ.get("TXBROKER_CACHE", Path.home() / ".cache" / "txbroker")) / "run"
-POD_NET_PREFIX = "127.77"
+POD_NET_PREFIX = os.environ.get("TXBROKER_POD_NET") or "127.77"   # A.B: pods get A.B.K.N (docstring)
 BACKOFF_START, BACKOFF_MAX = 0.5, 8.0
 MAX_GRACE = 10.0
 # Environment passed from the kubelet to every container (a container gets no other host variable).
@@ -172,7 +176,7 @@ def substitute_mounts(value: str, mounts: list[tuple[str, str]]) -> str:
 # --------------------------------------------------------------------------------------------
 
 class PodNet:
-    """A /24 of loopback addresses reserved by a lock file for this kubelet's lifetime."""
+    """A /24 of local addresses (loopback by default) reserved by a lock file for this kubelet's lifetime."""
 
     def __init__(self, state_dir: Path):
         RUN_DIR.mkdir(parents=True, exist_ok=True)
@@ -190,12 +194,25 @@ class PodNet:
             break
         else:
             raise RuntimeError(f"no free pod network under {POD_NET_PREFIX}.0.0/16")
+        self._check_local(f"{self.prefix}.1")
         self._file = state_dir / "ips.json"
         self._ips: dict[str, str] = {}
         if self._file.exists():
             self._ips = {k: v for k, v in json.loads(self._file.read_text()).items()
                          if v.startswith(self.prefix + ".")}
         self._mu = threading.Lock()
+
+    @staticmethod
+    def _check_local(ip: str) -> None:
+        """Fail now, not at the first pod, when the pod network is not an address range of this machine."""
+        s = socket.socket()
+        try:
+            s.bind((ip, 0))
+        except OSError as e:
+            raise RuntimeError(f"pod network {POD_NET_PREFIX}.0.0/16 is not local on this machine ({e}); "
+                               f"as root: ip route add local {POD_NET_PREFIX}.0.0/16 dev lo") from None
+        finally:
+            s.close()
 
     def ip_for(self, namespace: str, name: str) -> str:
         key = f"{namespace}/{name}"

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane for tests: etcd + kube-apiserver (+ the local kubelet,
-# tests/k8s/kubelet.py), built from pinned sources and cached outside the clone.
+# A real Kubernetes control plane for tests: etcd + kube-apiserver + kube-controller-manager (+ the
+# local kubelet, tests/k8s/kubelet.py), built from pinned sources and cached outside the clone.
 #
-#   tests/k8s/testbed.sh build          build whatever binary is missing (kube-apiserver, kubectl,
-#                                       etcd, helm) into $TXBROKER_K8S_BIN or
-#                                       ~/.cache/txbroker/k8s-bin/<k8s-version>/
-#   tests/k8s/testbed.sh start [DIR]    start etcd, kube-apiserver and the local kubelet; state, logs,
-#                                       certificates and DIR/kubeconfig live in DIR
+#   tests/k8s/testbed.sh build          build whatever binary is missing (kube-apiserver,
+#                                       kube-controller-manager, kubectl, etcd, helm) into
+#                                       $TXBROKER_K8S_BIN or ~/.cache/txbroker/k8s-bin/<k8s-version>/
+#   tests/k8s/testbed.sh start [DIR]    start etcd, kube-apiserver, kube-controller-manager and the
+#                                       local kubelet; state, logs, certificates and DIR/kubeconfig
+#                                       live in DIR
 #   tests/k8s/testbed.sh stop  [DIR]    stop everything `start` started in DIR
 #   tests/k8s/testbed.sh env   [DIR]    print `export KUBECONFIG=... PATH=...` for a shell
 #
 # DIR defaults to $TXBROKER_TESTBED_DIR or ~/.cache/txbroker/testbed/default.
 # Environment:
-#   TXBROKER_K8S_BIN   a directory holding prebuilt kube-apiserver, kubectl, etcd and helm: used as it
-#                      is, nothing is built
+#   TXBROKER_K8S_BIN   a directory holding prebuilt kube-apiserver, kube-controller-manager, kubectl,
+#                      etcd and helm: used as it is, nothing is built
 #   TXBROKER_CACHE     cache root (default ~/.cache/txbroker)
 #   TESTBED_KUBELET=0  start without the local kubelet
+#   TESTBED_CONTROLLER_MANAGER=0  start without kube-controller-manager
+#   TXBROKER_POD_NET=A.B  pod addresses A.B.K.N, not 127.77.K.N (a local range; see kubelet.py)
 #   PYTHON             interpreter for the kubelet (default: the repo's .venv/bin/python)
 #   GO                 go command (default: `go` on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
@@ -40,11 +43,11 @@ find_go() {
     if [[ -n "${GO:-}" ]]; then echo "$GO"; return; fi
     if command -v go >/dev/null 2>&1; then command -v go; return; fi
     if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-    die "Go is needed to build the test control plane ($K8S_VERSION kube-apiserver, etcd $ETCD_VERSION, \
+    die "Go is needed to build the test control plane ($K8S_VERSION kube-apiserver and kube-controller-manager, etcd $ETCD_VERSION, \
 helm $HELM_VERSION) and was not found. Install Go (https://go.dev/dl/ or your distribution's golang package; \
 helm $HELM_VERSION and etcd $ETCD_VERSION need Go >= 1.26, which an older Go fetches by itself from the module \
 proxy with the default GOTOOLCHAIN=auto) and put it on PATH (or set GO=/path/to/go), or set TXBROKER_K8S_BIN \
-to a directory holding prebuilt kube-apiserver, kubectl, etcd and helm binaries."
+to a directory holding prebuilt kube-apiserver, kube-controller-manager, kubectl, etcd and helm binaries."
 }
 
 # Each binary is rebuilt when its --version or its build recipe (stamp file) differs from the pins.
@@ -53,11 +56,26 @@ KUBE_RECIPE="kube $K8S_VERSION ldflags-v1"
 ETCD_RECIPE="etcd $ETCD_VERSION"
 HELM_RECIPE="helm $HELM_VERSION k8s-1.$HELM_K8S_MINOR"
 stamp_ok() { [[ -n "${TXBROKER_K8S_BIN:-}" ]] || [[ "$(cat "$BIN/.stamp-$1" 2>/dev/null)" == "$2" ]]; }
-have_kube() {
-    [[ -x "$BIN/kube-apiserver" && -x "$BIN/kubectl" ]] && stamp_ok kube "$KUBE_RECIPE" || return 1
-    [[ "$("$BIN/kube-apiserver" --version 2>/dev/null)" == "Kubernetes $K8S_VERSION" ]] || return 1
-    [[ "$("$BIN/kubectl" version --client 2>/dev/null)" == *"Client Version: $K8S_VERSION"* ]]
+# The kube binaries share one recipe (version and ldflags) and one stamp; when the stamp matches,
+# only the binaries missing or reporting another version are built (a cache from before
+# kube-controller-manager joined the set gets just that one, not three relinks).
+KUBE_BINS=(kube-apiserver kube-controller-manager kubectl)
+kube_bin_ok() {
+    local out
+    [[ -x "$BIN/$1" ]] || return 1
+    if [[ "$1" == kubectl ]]; then
+        out="$("$BIN/kubectl" version --client 2>/dev/null)"; [[ "$out" == *"Client Version: $K8S_VERSION"* ]]
+    else
+        out="$("$BIN/$1" --version 2>/dev/null)"; [[ "$out" == "Kubernetes $K8S_VERSION" ]]
+    fi
 }
+kube_missing() {  # print the kube binaries to build
+    local b
+    for b in "${KUBE_BINS[@]}"; do
+        if ! stamp_ok kube "$KUBE_RECIPE" || ! kube_bin_ok "$b"; then echo "$b"; fi
+    done
+}
+have_kube() { [[ -z "$(kube_missing)" ]]; }
 have_etcd() {
     [[ -x "$BIN/etcd" ]] && stamp_ok etcd "$ETCD_RECIPE" &&
         [[ "$("$BIN/etcd" --version 2>/dev/null)" == *"etcd Version: ${ETCD_VERSION#v}"* ]]
@@ -70,7 +88,7 @@ have_helm() {
 build() {
     if [[ -n "${TXBROKER_K8S_BIN:-}" ]]; then
         local missing=()
-        for b in kube-apiserver kubectl etcd helm; do [[ -x "$BIN/$b" ]] || missing+=("$b"); done
+        for b in "${KUBE_BINS[@]}" etcd helm; do [[ -x "$BIN/$b" ]] || missing+=("$b"); done
         (( ${#missing[@]} == 0 )) || die "TXBROKER_K8S_BIN=$BIN lacks: ${missing[*]}"
         return 0
     fi
@@ -86,14 +104,15 @@ build() {
     # shellcheck disable=SC2064
     trap "rm -rf '$tmp'" EXIT
     export GOFLAGS=-mod=mod   # go.sum is committed; -mod=mod lets a stale one be completed
-    if ! have_kube; then
-        log "building kube-apiserver and kubectl $K8S_VERSION (first time: about 7-25 min on 2 cores) ..."
+    local kube; mapfile -t kube < <(kube_missing)
+    if (( ${#kube[@]} )); then
+        log "building ${kube[*]} $K8S_VERSION (first time: about 7-25 min on 2 cores) ..."
         local vpkg=k8s.io/component-base/version
         local ldflags="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$K8S_MINOR \
 -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
         (cd "$HERE/go/kube" && nice -n 15 "$go" build -trimpath -ldflags "$ldflags" -o "$tmp/" \
-            k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl)
-        mv -f "$tmp/kube-apiserver" "$tmp/kubectl" "$BIN/"
+            "${kube[@]/#/k8s.io/kubernetes/cmd/}")
+        local b; for b in "${kube[@]}"; do mv -f "$tmp/$b" "$BIN/"; done
         echo "$KUBE_RECIPE" > "$BIN/.stamp-kube"
     fi
     if ! have_etcd; then
@@ -161,20 +180,28 @@ gen_pki() {
     printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' > "$p/server.ext"
     openssl x509 -req -in "$p/apiserver.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
         -out "$p/apiserver.crt" "${o[@]}" -extfile "$p/server.ext" 2>/dev/null
-    # the admin: a client certificate in system:masters (cluster-admin through RBAC's bootstrap binding)
-    openssl req -newkey rsa:2048 -nodes -keyout "$p/admin.key" -out "$p/admin.csr" \
-        -subj "/O=system:masters/CN=testbed-admin" 2>/dev/null
     printf 'extendedKeyUsage=clientAuth\n' > "$p/client.ext"
-    openssl x509 -req -in "$p/admin.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
-        -out "$p/admin.crt" "${o[@]}" -extfile "$p/client.ext" 2>/dev/null
+    # the admin: a client certificate in system:masters (cluster-admin through RBAC's bootstrap binding)
+    client_cert admin "/O=system:masters/CN=testbed-admin"
+    # the controller manager: its own name, so the apiserver's log tells its requests apart; in
+    # system:masters too, because with --use-service-account-credentials=false this one identity does
+    # every controller's work, which the bootstrap role system:kube-controller-manager does not grant
+    client_cert kube-controller-manager "/O=system:masters/CN=system:kube-controller-manager"
     # service-account token signing key pair
     openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
     openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
 }
 
-write_kubeconfig() {
+client_cert() {  # client_cert NAME SUBJECT: DIR/pki/NAME.{key,crt}, signed by the testbed's CA
     local p="$DIR/pki"
-    cat > "$DIR/kubeconfig" <<EOF
+    openssl req -newkey rsa:2048 -nodes -keyout "$p/$1.key" -out "$p/$1.csr" -subj "$2" 2>/dev/null
+    openssl x509 -req -in "$p/$1.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial \
+        -out "$p/$1.crt" -days 7 -sha256 -extfile "$p/client.ext" 2>/dev/null
+}
+
+write_kubeconfig() {  # write_kubeconfig FILE CERT-NAME USER: a kubeconfig using DIR/pki/CERT-NAME.{crt,key}
+    local p="$DIR/pki"
+    cat > "$1" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -183,13 +210,13 @@ clusters:
     server: https://127.0.0.1:$APISERVER_PORT
     certificate-authority: $p/ca.crt
 users:
-- name: testbed-admin
+- name: $3
   user:
-    client-certificate: $p/admin.crt
-    client-key: $p/admin.key
+    client-certificate: $p/$2.crt
+    client-key: $p/$2.key
 contexts:
 - name: testbed
-  context: {cluster: testbed, user: testbed-admin, namespace: default}
+  context: {cluster: testbed, user: $3, namespace: default}
 current-context: testbed
 EOF
 }
@@ -249,12 +276,20 @@ start() {
         fi
         kill_proc kube-apiserver; sed -i '/^kube-apiserver /d' "$DIR/pids"
     done
-    write_kubeconfig
+    write_kubeconfig "$DIR/kubeconfig" admin testbed-admin
 
+    # the controller manager and the kubelet come up side by side; each is waited for below
+    local kcm="${TESTBED_CONTROLLER_MANAGER:-1}"
+    if [[ "$kcm" != 0 ]]; then start_controller_manager; fi
     if [[ "${TESTBED_KUBELET:-1}" != 0 ]]; then
+        rm -f "$DIR/kubelet/ready"   # a previous run's: it must not stand in for this kubelet's
         spawn kubelet "$DIR/logs/kubelet.log" "$PYTHON_BIN" "$HERE/kubelet.py" \
             --kubeconfig "$DIR/kubeconfig" --state-dir "$DIR/kubelet" --node-name "${TESTBED_NODE_NAME:-testbed-node}"
         wait_for "the local kubelet's Node to be Ready" kubelet 60 test -e "$DIR/kubelet/ready"
+    fi
+    if [[ "$kcm" != 0 ]]; then
+        wait_for "kube-controller-manager to collect garbage" kube-controller-manager 60 \
+            kc -n kube-system wait --for=delete configmap/testbed-gc-probe --timeout=5s
     fi
     cat > "$DIR/env" <<EOF
 export KUBECONFIG=$DIR/kubeconfig
@@ -262,6 +297,40 @@ export PATH=$BIN:\$PATH
 EOF
     trap - EXIT
     log "up: KUBECONFIG=$DIR/kubeconfig (apiserver https://127.0.0.1:$APISERVER_PORT, etcd :$ETCD_PORT)"
+}
+
+kc() { "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"; }
+
+# Only the controllers the tests need: owner-reference garbage collection, namespace deletion, and
+# Endpoints/EndpointSlices for Services with a selector (plus slices mirrored from hand-made Endpoints).
+# Not the deployment/replicaset/statefulset/job controllers: the Deployments and Jobs tests create
+# must stay inert (the operator creates Pods itself); not serviceaccount(-token): no default
+# ServiceAccounts and no token Secrets, as before (`kubectl create token` needs no controller).
+KCM_CONTROLLERS=garbage-collector-controller,namespace-controller
+KCM_CONTROLLERS+=,endpoints-controller,endpointslice-controller,endpointslice-mirroring-controller
+
+start_controller_manager() {
+    write_kubeconfig "$DIR/kube-controller-manager.kubeconfig" kube-controller-manager system:kube-controller-manager
+    # Up means collecting: this ConfigMap's owner does not exist, so the garbage collector deletes it
+    # once its informers have synced; start waits for that (there is no healthz to poll with
+    # --secure-port 0, and healthz would not say the caches are synced anyway).
+    kc -n kube-system create -f - >/dev/null <<EOF
+{"apiVersion": "v1", "kind": "ConfigMap",
+ "metadata": {"name": "testbed-gc-probe", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+   "name": "testbed-gc-probe-owner", "uid": "00000000-0000-0000-0000-000000000000"}]}}
+EOF
+    # One testbed per pytest-xdist worker on 2 cores: few workers per controller (the defaults are
+    # 5-20), no HTTPS server (no port to pick, no serving certificate to generate), no profiling.
+    # The default API rate limit (20/s) is kept: the namespace controller already gets 20 times it.
+    spawn kube-controller-manager "$DIR/logs/kube-controller-manager.log" "$BIN/kube-controller-manager" \
+        --kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
+        --controllers "$KCM_CONTROLLERS" \
+        --use-service-account-credentials=false --leader-elect=false \
+        --secure-port 0 --profiling=false \
+        --concurrent-gc-syncs 2 --concurrent-namespace-syncs 2 \
+        --concurrent-endpoint-syncs 2 --concurrent-service-endpoint-syncs 2 \
+        --mirroring-concurrent-service-endpoint-syncs 1 \
+        --v 1
 }
 
 wait_for_quiet() {  # like wait_for, but returns 1 instead of dying
@@ -299,11 +368,12 @@ kill_proc() {  # kill_proc NAME: SIGTERM, SIGKILL after 10 s
 stop() {
     DIR="$(state_dir "${1:-}")"
     [[ -f "$DIR/pids" ]] || return 0
-    # the kubelet first (it stops its pods' processes), then the apiserver and etcd together
+    # the kubelet first (it stops its pods' processes), then the control plane together
     if [[ -n "$(pid_of kubelet)" ]]; then kill_proc kubelet; fi
+    signal_proc kube-controller-manager TERM
     signal_proc kube-apiserver TERM
     signal_proc etcd TERM
-    wait_gone 10 kube-apiserver etcd
+    wait_gone 10 kube-controller-manager kube-apiserver etcd
     # pod processes the kubelet could not stop itself (it was SIGKILLed): their pids are on file
     if [[ -d "$DIR/kubelet/pods" ]]; then
         local f
@@ -328,5 +398,5 @@ case "${1:-}" in
     stop)  stop "${2:-}" ;;
     env)   env_cmd "${2:-}" ;;
     bin)   echo "$BIN" ;;
-    *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
 esac
