@@ -1,4 +1,4 @@
-"""The brokers' admin API (HTTP on port 10912 of each pod), as the operator uses it.
+"""The brokers' admin API (port 10912 of each pod), as the operator uses it.
 
 Short timeouts: a broker that does not answer within them is treated as unreachable for this pass,
 and the next pass asks again. Errors the broker answers with come back as BrokerError carrying its
@@ -8,6 +8,7 @@ code and message, so an Event can quote them.
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +16,8 @@ import urllib3
 
 from . import constants as c
 
-_pool = urllib3.PoolManager(num_pools=16, maxsize=4, retries=False)
 TIMEOUT = urllib3.Timeout(connect=1.0, read=3.0)
+_plain_pool = urllib3.PoolManager(num_pools=16, maxsize=4, retries=False)
 
 
 class BrokerError(Exception):
@@ -31,20 +32,80 @@ class Unreachable(Exception):
     pass
 
 
-def _call(ip: str, method: str, path: str, body: Any = None, query: dict | None = None) -> Any:
-    url = f"http://{ip}:{c.ADMIN_PORT}{path}"
-    try:
-        r = _pool.request(method, url, body=json.dumps(body).encode() if body is not None else None,
-                          fields=query, headers={"Content-Type": "application/json"}, timeout=TIMEOUT)
-    except urllib3.exceptions.HTTPError as e:
-        raise Unreachable(f"broker {ip}: {e}") from e
-    try:
-        decoded = json.loads(r.data) if r.data else None
-    except ValueError:
-        decoded = r.data.decode(errors="replace")
-    if not 200 <= r.status < 300:
-        raise BrokerError(ip, r.status, decoded)
-    return decoded
+@dataclass(frozen=True)
+class Access:
+    """How to reach one TxBroker's admin API: plain HTTP by default; HTTPS verified against the
+    TxBroker's CA (the certificate names `server_hostname`, since pods are reached by IP) and
+    HTTP Basic credentials when its spec asks for them (security.py builds these)."""
+    scheme: str = "http"
+    authorization: str = ""
+    pool: urllib3.PoolManager = _plain_pool
+
+    def _call(self, ip: str, method: str, path: str, body: Any = None, query: dict | None = None) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if self.authorization:
+            headers["Authorization"] = self.authorization
+        try:
+            r = self.pool.request(method, f"{self.scheme}://{ip}:{c.ADMIN_PORT}{path}",
+                                  body=json.dumps(body).encode() if body is not None else None,
+                                  fields=query, headers=headers, timeout=TIMEOUT)
+        except urllib3.exceptions.HTTPError as e:
+            raise Unreachable(f"broker {ip}: {e}") from e
+        try:
+            decoded = json.loads(r.data) if r.data else None
+        except ValueError:
+            decoded = r.data.decode(errors="replace")
+        if not 200 <= r.status < 300:
+            raise BrokerError(ip, r.status, decoded)
+        return decoded
+
+    def info(self, ip: str) -> "BrokerInfo":
+        d = self._call(ip, "GET", "/api/v1/broker")
+        rep = d.get("replication") or {}
+        return BrokerInfo(role=d["role"], epoch=int(d["epoch"]), log_end_offset=int(d["log_end_offset"]),
+                          master=d.get("master") or "", fenced_by=int(d.get("fenced_by") or 0),
+                          pending=int(d.get("pending_transactions", 0)), parked=int(d.get("parked_transactions", 0)),
+                          slaves=tuple(rep.get("slaves") or ()), connected=bool(rep.get("connected")))
+
+    def try_info(self, ip: str | None) -> "BrokerInfo | None":
+        if not ip:
+            return None
+        try:
+            return self.info(ip)
+        except (Unreachable, BrokerError, KeyError, ValueError, TypeError):
+            return None
+
+    def promote(self, ip: str, epoch: int) -> "BrokerInfo":
+        self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_MASTER, "epoch": epoch})
+        return self.info(ip)
+
+    def demote(self, ip: str, master_address: str, epoch: int) -> None:
+        self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_SLAVE, "master": master_address, "epoch": epoch})
+
+    def put_transaction_defaults(self, ip: str, settings: dict) -> dict:
+        return self._call(ip, "PUT", "/api/v1/config/transaction", settings)
+
+    def groups(self, ip: str) -> dict[str, dict]:
+        """Per producer group: its settings and the generation the operator applied."""
+        return self._call(ip, "GET", "/api/v1/groups")
+
+    def put_group(self, ip: str, group: str, settings: dict, generation: int) -> dict:
+        return self._call(ip, "PUT", f"/api/v1/groups/{quote(group, safe='')}/transaction",
+                          {**settings, "generation": generation})
+
+    def delete_group(self, ip: str, group: str) -> None:
+        try:
+            self._call(ip, "DELETE", f"/api/v1/groups/{quote(group, safe='')}/transaction")
+        except BrokerError as e:
+            if e.status != 404:
+                raise
+
+    def transaction_count(self, ip: str, group: str, state: str) -> int:
+        return int(self._call(ip, "GET", "/api/v1/transactions",
+                              query={"group": group, "state": state, "limit": "0"})["total"])
+
+
+PLAIN = Access()
 
 
 @dataclass(frozen=True)
@@ -63,59 +124,3 @@ class BrokerInfo:
     @property
     def is_master(self) -> bool:
         return self.role == c.ROLE_MASTER
-
-
-def info(ip: str) -> BrokerInfo:
-    d = _call(ip, "GET", "/api/v1/broker")
-    rep = d.get("replication") or {}
-    return BrokerInfo(role=d["role"], epoch=int(d["epoch"]), log_end_offset=int(d["log_end_offset"]),
-                      master=d.get("master") or "", fenced_by=int(d.get("fenced_by") or 0),
-                      pending=int(d.get("pending_transactions", 0)), parked=int(d.get("parked_transactions", 0)),
-                      slaves=tuple(rep.get("slaves") or ()), connected=bool(rep.get("connected")))
-
-
-def try_info(ip: str | None) -> BrokerInfo | None:
-    if not ip:
-        return None
-    try:
-        return info(ip)
-    except (Unreachable, BrokerError, KeyError, ValueError, TypeError):
-        return None
-
-
-def promote(ip: str, epoch: int) -> BrokerInfo:
-    _call(ip, "POST", "/api/v1/role", {"role": c.ROLE_MASTER, "epoch": epoch})
-    return info(ip)
-
-
-def demote(ip: str, master_address: str, epoch: int) -> None:
-    _call(ip, "POST", "/api/v1/role", {"role": c.ROLE_SLAVE, "master": master_address, "epoch": epoch})
-
-
-def put_transaction_defaults(ip: str, settings: dict) -> dict:
-    return _call(ip, "PUT", "/api/v1/config/transaction", settings)
-
-
-def transaction_defaults(ip: str) -> dict:
-    return _call(ip, "GET", "/api/v1/config")["transaction"]
-
-
-def groups(ip: str) -> dict[str, dict]:
-    """Per producer group: its settings and the generation the operator applied."""
-    return _call(ip, "GET", "/api/v1/groups")
-
-
-def put_group(ip: str, group: str, settings: dict, generation: int) -> dict:
-    return _call(ip, "PUT", f"/api/v1/groups/{group}/transaction", {**settings, "generation": generation})
-
-
-def delete_group(ip: str, group: str) -> None:
-    try:
-        _call(ip, "DELETE", f"/api/v1/groups/{group}/transaction")
-    except BrokerError as e:
-        if e.status != 404:
-            raise
-
-
-def transaction_count(ip: str, group: str, state: str) -> int:
-    return int(_call(ip, "GET", "/api/v1/transactions", query={"group": group, "state": state, "limit": "0"})["total"])

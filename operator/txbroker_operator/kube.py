@@ -84,6 +84,8 @@ _KINDS = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Event": ("/api/v1", "events"),
+    "Secret": ("/api/v1", "secrets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     c.TXBROKER_KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.TXBROKER_PLURAL),
     c.TXPRODUCERGROUP_KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.TXPRODUCERGROUP_PLURAL),
@@ -131,16 +133,36 @@ def list_objects(kind: str, namespace: str, labels: dict[str, str] | None = None
     return rest().request("GET", _path(kind, namespace), query=query)["items"]
 
 
+def delete(kind: str, namespace: str, name: str) -> bool:
+    """Delete; False if it was not there."""
+    try:
+        rest().request("DELETE", _path(kind, namespace, name))
+        return True
+    except ApiError as e:
+        if e.status == 404:
+            return False
+        raise
+
+
 def list_pods(namespace: str, labels: dict[str, str]) -> list[dict]:
     return list_objects("Pod", namespace, labels)
 
 
 def delete_pod(namespace: str, name: str) -> None:
+    delete("Pod", namespace, name)
+
+
+def own_namespace() -> str:
+    """The namespace the operator runs in (its NetworkPolicies let that namespace reach the admin API)."""
+    import os
+    env = os.environ.get("TXBROKER_OPERATOR_NAMESPACE")
+    if env:
+        return env
     try:
-        rest().request("DELETE", _path("Pod", namespace, name))
-    except ApiError as e:
-        if e.status != 404:
-            raise
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip()
+    except OSError:
+        return "default"
 
 
 def get_txbroker(namespace: str, name: str) -> dict | None:

@@ -76,20 +76,37 @@ def pod_spec_hash(spec: Mapping[str, Any]) -> str:
     """What a running pod cannot pick up without a restart. Transaction defaults are left out: they
     are applied live."""
     relevant = {k: spec.get(k) for k in ("image", "imagePullPolicy", "replication", "flush", "resources",
-                                         "podTemplate", "storage")}
+                                         "podTemplate", "storage", "authSecretRef", "tls")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def broker_args() -> list[str]:
+AUTH_DIR = f"{c.CONFIG_DIR}/auth"
+TLS_DIR = f"{c.CONFIG_DIR}/tls"
+
+
+def broker_args(spec: Mapping[str, Any] | None = None, name: str = "", namespace: str = "") -> list[str]:
     """`txbroker broker` flags. Role and master come from the pod's own label and annotation (see
-    constants.ANNOTATION_MASTER); everything else from the ConfigMap's broker.toml."""
-    return ["broker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}",
+    constants.ANNOTATION_MASTER); everything else from the ConfigMap's broker.toml, and the
+    credentials and certificates from the mounted Secrets (security.py lists their keys)."""
+    spec = spec or {}
+    args = ["broker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}",
             "--data-dir", c.DATA_DIR,
             "--listen", f"$(POD_IP):{c.CLIENT_PORT}",
             "--admin-listen", f"$(POD_IP):{c.ADMIN_PORT}",
             "--broker-name", "$(POD_NAME)",
             "--role", "$(TXBROKER_ROLE)",
             "--master", "$(TXBROKER_MASTER)"]
+    if spec.get("authSecretRef"):
+        args += ["--auth-file", f"{AUTH_DIR}/credentials.toml",
+                 "--replication-access-key", "$(TXBROKER_REPLICATION_ACCESS_KEY)",
+                 "--replication-secret-file", f"{AUTH_DIR}/replication-secret"]
+    tls = spec.get("tls") or {}
+    if tls.get("secretRef"):
+        args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key",
+                 "--tls-ca", f"{TLS_DIR}/ca.crt", "--tls-server-name", f"{name}.{namespace}.svc"]
+        if tls.get("requireClientCertificates"):
+            args += ["--tls-client-ca", f"{TLS_DIR}/ca.crt"]
+    return args
 
 
 def _field_env(name: str, path: str) -> dict:
@@ -117,7 +134,7 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         "image": spec["image"],
         "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
         "command": ["txbroker"],
-        "args": broker_args(),
+        "args": broker_args(spec, name, namespace),
         "env": env,
         "ports": [{"name": "client", "containerPort": c.CLIENT_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": c.ADMIN_PORT, "protocol": "TCP"}],
@@ -133,6 +150,20 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
     }
     if spec.get("resources"):
         container["resources"] = dict(spec["resources"])
+    volumes = []
+    if spec.get("authSecretRef"):
+        secret = spec["authSecretRef"]["name"]
+        env.append({"name": "TXBROKER_REPLICATION_ACCESS_KEY", "valueFrom": {"secretKeyRef": {
+            "name": secret, "key": "replication-access-key", "optional": True}}})
+        volumes.append({"name": "auth", "secret": {"secretName": secret, "defaultMode": 0o400, "items": [
+            {"key": "credentials.toml", "path": "credentials.toml"},
+            {"key": "replication-secret", "path": "replication-secret"}]}})
+        container["volumeMounts"].append({"name": "auth", "mountPath": AUTH_DIR, "readOnly": True})
+    if (spec.get("tls") or {}).get("secretRef"):
+        volumes.append({"name": "tls", "secret": {"secretName": spec["tls"]["secretRef"]["name"], "defaultMode": 0o400}})
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        for probe in ("readinessProbe", "livenessProbe"):   # probes do not verify certificates
+            container[probe]["httpGet"]["scheme"] = "HTTPS"
     if spec.get("storage"):
         data_volume = {"name": "data", "persistentVolumeClaim": {"claimName": pvc_name(name, index)}}
     else:
@@ -147,7 +178,7 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,   # the image's user
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [data_volume, {"name": "config", "configMap": {"name": config_map_name(name)}}],
+        "volumes": [data_volume, {"name": "config", "configMap": {"name": config_map_name(name)}}, *volumes],
     }
     for key in ("nodeSelector", "tolerations", "affinity"):
         if tmpl.get(key):
@@ -202,3 +233,21 @@ def pod_disruption_budget(name: str, namespace: str) -> dict:
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": name, "namespace": namespace, "labels": common_labels(name)},
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}
+
+
+def network_policy(name: str, namespace: str, spec: Mapping[str, Any], operator_namespace: str) -> dict:
+    """Only labelled clients reach the data plane; brokers reach each other (replication); the
+    admin plane is open to the operator's namespace (and probes, which come from the node)."""
+    np = spec.get("networkPolicy") or {}
+    clients = np.get("clientLabels") or {"txbroker.dev/client": name}
+    peers = {"podSelector": {"matchLabels": selector_labels(name)}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": namespace, "labels": common_labels(name)},
+            "spec": {"podSelector": {"matchLabels": selector_labels(name)}, "policyTypes": ["Ingress"],
+                     "ingress": [
+                         {"from": [{"podSelector": {"matchLabels": clients}}, peers],
+                          "ports": [{"protocol": "TCP", "port": c.CLIENT_PORT}]},
+                         {"from": [peers, {"namespaceSelector": {"matchLabels": {
+                             "kubernetes.io/metadata.name": operator_namespace}}}],
+                          "ports": [{"protocol": "TCP", "port": c.ADMIN_PORT}]},
+                     ]}}

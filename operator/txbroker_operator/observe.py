@@ -17,6 +17,7 @@ class Member:
     index: int
     pod: dict
     info: BrokerInfo | None
+    refused: str = ""     # the admin API answered but refused the operator (credentials, TLS)
 
     @property
     def ip(self) -> str | None:
@@ -53,14 +54,18 @@ class Member:
         return self.info is not None and self.info.is_master
 
 
-def observe(pods: list[dict], ask_brokers: bool = True) -> dict[str, Member]:
+def observe(pods: list[dict], access: brokers.Access, ask_brokers: bool = True) -> dict[str, Member]:
     members = {}
     for p in pods:
         idx = int(p["metadata"].get("labels", {}).get(c.LABEL_INDEX, 0))
-        ip = (p.get("status") or {}).get("podIP")
-        deleting = bool(p["metadata"].get("deletionTimestamp"))
-        info = brokers.try_info(ip) if ask_brokers and not deleting else None
-        members[p["metadata"]["name"]] = Member(p["metadata"]["name"], idx, p, info)
+        m = members[p["metadata"]["name"]] = Member(p["metadata"]["name"], idx, p, None)
+        if ask_brokers and m.ip and not m.deleting:
+            try:
+                m.info = access.info(m.ip)
+            except brokers.BrokerError as e:
+                m.refused = str(e)
+            except (brokers.Unreachable, KeyError, ValueError, TypeError):
+                pass
     return members
 
 

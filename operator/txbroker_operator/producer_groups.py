@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from . import brokers, events, kube, manifests, observe, status
+from . import brokers, events, kube, manifests, observe, security, status
 from . import constants as c
 
 Logger = logging.Logger | logging.LoggerAdapter
@@ -58,16 +58,20 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
         return new
 
     want = broker_settings(spec)
+    try:
+        access = security.access_for(txb)
+    except security.SecretProblem:
+        return {}   # the TxBroker's pass reports it
     pods = kube.list_pods(ns, manifests.selector_labels(broker_name))
-    members = observe.observe(pods, ask_brokers=False)
+    members = observe.observe(pods, access, ask_brokers=False)
     applied, missing = [], []
     for m in sorted(members.values(), key=lambda m: m.index):
         if m.deleting or not m.ip:
             continue
         try:
-            current = brokers.groups(m.ip).get(group)
+            current = access.groups(m.ip).get(group)
             if not _matches(current, want, generation):
-                brokers.put_group(m.ip, group, want, generation)
+                access.put_group(m.ip, group, want, generation)
                 logger.info("group %s: generation %d applied to broker %s", group, generation, m.name)
                 if current:
                     events.post(body, events.NORMAL, "Applied",
@@ -85,8 +89,8 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
     master = members.get((txb.get("status") or {}).get("master") or "")
     if master is not None and master.ip:
         try:
-            new["pending"] = brokers.transaction_count(master.ip, group, "pending")
-            new["parked"] = brokers.transaction_count(master.ip, group, "parked")
+            new["pending"] = access.transaction_count(master.ip, group, "pending")
+            new["parked"] = access.transaction_count(master.ip, group, "parked")
         except (brokers.Unreachable, brokers.BrokerError):
             pass
     all_applied = not missing and bool(applied) and all(a["generation"] == generation for a in applied)
@@ -111,7 +115,8 @@ def _save(body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any
         kube.patch_status(c.TXPRODUCERGROUP_KIND, body["metadata"]["namespace"], body["metadata"]["name"], changed)
 
 
-def remove_orphans(namespace: str, broker_name: str, members: Mapping[str, observe.Member], logger: Logger) -> None:
+def remove_orphans(namespace: str, broker_name: str, members: Mapping[str, observe.Member], access: brokers.Access,
+                   logger: Logger) -> None:
     """Drop operator-applied group settings that no TxProducerGroup for this TxBroker names any more."""
     wanted = {group_name(g) for g in kube.list_objects(c.TXPRODUCERGROUP_KIND, namespace)
               if (g.get("spec") or {}).get("brokerRef", {}).get("name") == broker_name
@@ -120,9 +125,9 @@ def remove_orphans(namespace: str, broker_name: str, members: Mapping[str, obser
         if m.info is None or not m.ip:
             continue
         try:
-            for group, doc in brokers.groups(m.ip).items():
+            for group, doc in access.groups(m.ip).items():
                 if doc.get("generation", 0) > 0 and group not in wanted:
-                    brokers.delete_group(m.ip, group)
+                    access.delete_group(m.ip, group)
                     logger.info("group %s: settings removed from %s (no TxProducerGroup names it)", group, m.name)
         except (brokers.Unreachable, brokers.BrokerError) as e:
             logger.info("could not list groups on %s: %s", m.name, e)

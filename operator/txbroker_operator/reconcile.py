@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import kopf
 
-from . import brokers, events, failover, kube, manifests, observe, producer_groups, status
+from . import brokers, events, failover, kube, manifests, observe, producer_groups, security, status
 from . import constants as c
 from .failover import Blocked, Promote
 from .observe import Member
@@ -70,17 +70,29 @@ class Pass:
         self.previous_master = self.master   # before any promotion this pass decides
         self.epoch = int(self.status.get("epoch") or 1)
         self.members: dict[str, Member] = {}
+        self.access = brokers.PLAIN
+        self.secret_problem = ""
 
     # -- the pass --------------------------------------------------------------------------------
 
     def run(self) -> dict:
         self.ensure_children()
+        try:
+            self.access = security.access_for(self.body)
+        except security.SecretProblem as e:
+            # Without its credentials the operator cannot tell a dead master from a refusing one:
+            # it creates and reports, and changes no broker's role until the Secret is fixed.
+            self.secret_problem = str(e)
+            events.post_once(self.body, events.WARNING, "SecretInvalid", self.secret_problem)
+            self.create_missing_pods()
+            self.look(ask_brokers=False)
+            return self.write_status()
         self.look()
         self.handle_lost_master()
         self.create_missing_pods()
         self.converge_roles()
         self.apply_live_settings()
-        producer_groups.remove_orphans(self.ns, self.name, self.members, self.log)
+        producer_groups.remove_orphans(self.ns, self.name, self.members, self.access, self.log)
         self.one_disruptive_step()
         self.look(ask_brokers=False)
         return self.write_status()
@@ -88,11 +100,11 @@ class Pass:
     def look(self, ask_brokers: bool = True) -> None:
         pods = kube.list_pods(self.ns, manifests.selector_labels(self.name))
         old = self.members
-        self.members = observe.observe(pods, ask_brokers)
+        self.members = observe.observe(pods, self.access, ask_brokers)
         if not ask_brokers:   # keep what the brokers said earlier in this pass
             for n, m in self.members.items():
                 if n in old and old[n].pod["metadata"].get("uid") == m.pod["metadata"].get("uid"):
-                    m.info = old[n].info
+                    m.info, m.refused = old[n].info, old[n].refused
 
     # -- 1. children -----------------------------------------------------------------------------
 
@@ -110,18 +122,35 @@ class Pass:
                 if current.get("data") != obj["data"]:
                     kube.merge_patch("ConfigMap", self.ns, obj["metadata"]["name"], {"data": obj["data"]})
                     self.log.info("updated ConfigMap %s", obj["metadata"]["name"])
+        self.ensure_network_policy()
         if self.spec.get("storage"):   # not owned: like a StatefulSet's, claims outlive the broker
             for i in range(self.replicas):
                 pvc = manifests.data_pvc(self.name, self.ns, self.spec, i)
                 if kube.create_if_absent(pvc):
                     self.log.info("created PersistentVolumeClaim %s", pvc["metadata"]["name"])
 
+    def ensure_network_policy(self) -> None:
+        enabled = (self.spec.get("networkPolicy") or {}).get("enabled", False)
+        if not enabled:
+            if kube.get("NetworkPolicy", self.ns, self.name) is not None:
+                kube.delete("NetworkPolicy", self.ns, self.name)
+                self.log.info("deleted NetworkPolicy %s (spec.networkPolicy.enabled is false)", self.name)
+            return
+        policy = manifests.network_policy(self.name, self.ns, self.spec, kube.own_namespace())
+        kopf.adopt(policy, owner=self.body)
+        if kube.create_if_absent(policy):
+            self.log.info("created NetworkPolicy %s", self.name)
+        elif (kube.get("NetworkPolicy", self.ns, self.name) or {}).get("spec") != policy["spec"]:
+            kube.merge_patch("NetworkPolicy", self.ns, self.name, {"spec": policy["spec"]})
+
     # -- 3. failover -----------------------------------------------------------------------------
 
     def handle_lost_master(self) -> None:
         current = self.members.get(self.master)
-        if current is not None and current.alive_master:
+        if current is not None and (current.alive_master or current.refused):
             self.status.pop("masterUnavailableSince", None)
+            if current.refused:   # it answers: alive, but the operator's credentials or TLS are wrong
+                events.post_once(self.body, events.WARNING, "AdminRefused", current.refused)
             return
         others = [m for m in self.members.values() if m.name != self.master]
         if not others:
@@ -209,8 +238,8 @@ class Pass:
                             events.post(self.body, events.WARNING, "Fenced",
                                         f"{m.name} acted as master at epoch {m.info.epoch}; demoted to a "
                                         f"slave of {head.name} (epoch {head.info.epoch})")
-                        brokers.demote(m.ip, head.address, max(self.epoch, head.info.epoch))
-                        m.info = brokers.try_info(m.ip)
+                        self.access.demote(m.ip, head.address, max(self.epoch, head.info.epoch))
+                        m.info = self.access.try_info(m.ip)
                         self.log.info("broker %s now follows %s", m.name, head.address)
         except (brokers.Unreachable, brokers.BrokerError) as e:
             self.log.warning("could not set broker roles (the next pass retries): %s", e)
@@ -222,12 +251,12 @@ class Pass:
         deposed = {self.previous_master}
         for m in self.members.values():
             if m is not head and m.alive_master:
-                brokers.demote(m.ip, head.address, self.epoch)
+                self.access.demote(m.ip, head.address, self.epoch)
                 deposed.add(m.name)
                 self.log.info("fenced %s before promoting %s", m.name, head.name)
         for m in self.members.values():
             if not m.deleting:
-                m.info = brokers.try_info(m.ip)
+                m.info = self.access.try_info(m.ip)
         # a deposed master's extra records were never acknowledged (SYNC) or are knowingly lost (ASYNC)
         slaves = [m for m in self.members.values() if m.info is not None and not m.deleting
                   and (m is head or m.name not in deposed)]
@@ -244,7 +273,7 @@ class Pass:
             epoch = observe.highest_epoch(self.members, self.status) + 1
             self.epoch = self.status["epoch"] = epoch
             self.save_status(epoch=epoch)
-        head.info = brokers.promote(head.ip, epoch)
+        head.info = self.access.promote(head.ip, epoch)
         self.log.info("broker %s promoted to master at epoch %d", head.name, epoch)
         return head
 
@@ -257,7 +286,7 @@ class Pass:
             if m.info is None or _applied_tx.get(uid) == want:
                 continue
             try:
-                brokers.put_transaction_defaults(m.ip, want)
+                self.access.put_transaction_defaults(m.ip, want)
                 _applied_tx[uid] = want
             except (brokers.Unreachable, brokers.BrokerError) as e:
                 self.log.warning("could not apply transaction defaults to %s: %s", m.name, e)

@@ -56,6 +56,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [create]
+# a TxBroker's NetworkPolicy when spec.networkPolicy.enabled: kept in line, removed when disabled
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
+# the Secrets a TxBroker names (spec.authSecretRef, spec.tls.secretRef): read for the operator's own
+# admin-API credentials and CA, never written
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 # Events on TxBrokers and TxProducerGroups (failover, rolling update, applied settings; Kopf's errors)
 - apiGroups: ["", events.k8s.io]
   resources: [events]
