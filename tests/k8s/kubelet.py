@@ -23,10 +23,23 @@ scheduler) against the real API server:
   for benchmarking), and then Services get endpoints like on a real node;
 * volumes: configMap, secret, downwardAPI (items with fieldRef), emptyDir and
   persistentVolumeClaim (by claim name; the claim object need not exist or be bound) become
-  directories. configMap/secret/downwardAPI are written afresh at each start; emptyDir and PVC
-  directories are keyed by pod name / claim name and survive a restart or re-creation of the pod.
+  directories. emptyDir and PVC directories are keyed by pod name / claim name and survive a restart
+  or re-creation of the pod. configMap, secret and downwardAPI volumes are written as Kubernetes'
+  AtomicWriter writes them: the files in a timestamped directory ``..2026_11_21_12_00_00.123456789``,
+  a symlink ``..data`` to it, and each top-level name a symlink ``key -> ..data/key``. They follow
+  their source while the pod runs, as the real kubelet's volumes do (it resyncs about every minute;
+  this one every ``TXBROKER_KUBELET_VOLUME_SYNC_SECONDS``, default 1 s): when the object's
+  resourceVersion changed (downwardAPI: when the labels/annotations it shows did), the new content
+  goes into a new timestamped directory, ``..data`` is swapped to it by a rename, the top-level
+  symlinks follow (new keys added, removed keys gone) and the old directory is deleted - so a process
+  reading a file by path sees the old or the new content, never a half-written file, and an mtime
+  watcher (stat follows the symlinks) sees the change. If the object is deleted or loses a key an
+  item needs, the volume keeps its last content. A ``subPath`` mount of such a volume is a copy taken
+  at each container start and is not updated while the container runs (Kubernetes bind-mounts the
+  file then);
 * **mount paths**: processes run on the host, so a mount at /data cannot be honoured literally.
-  Each mount's directory is at ``<state>/pods/<ns>/<pod>/volumes/<volume>`` (``subPath`` below it),
+  Each mount's directory is at ``<state>/pods/<ns>/<pod>/volumes/<volume>`` (``subPath`` below it;
+  for configMap/secret/downwardAPI the copy ``<pod>/volume-subpaths/<volume>/<container>/<i>/<name>``),
   and every occurrence of a ``mountPath`` as a path prefix in the command, args, env values and
   workingDir is replaced by that directory (``--data-dir /data`` runs as ``--data-dir
   <state>/pods/ns/pod/volumes/data``; longest mount path first; ``/data`` does not match
@@ -35,7 +48,8 @@ scheduler) against the real API server:
   containerStatuses (state, lastState, ready, started, restartCount) through the status
   subresource; readiness comes from the container's readinessProbe (httpGet, tcpSocket or exec,
   against podIP; initialDelaySeconds, periodSeconds, timeoutSeconds, successThreshold and
-  failureThreshold honoured) or is true as soon as the process runs when there is no probe;
+  failureThreshold honoured; ``scheme: HTTPS`` does not verify the certificate, as the kubelet's
+  does not) or is true as soon as the process runs when there is no probe;
   livenessProbe failures restart the container;
 * restarts exited containers per restartPolicy (Always, OnFailure, Never) with a short
   exponential back-off (0.5 s doubling to 8 s: shorter than the real 10 s-5 min, for tests);
@@ -59,6 +73,7 @@ from __future__ import annotations
 import argparse
 import base64
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -67,6 +82,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -84,6 +100,8 @@ RUN_DIR = Path(os.environ.get("TXBROKER_CACHE", Path.home() / ".cache" / "txbrok
 POD_NET_PREFIX = os.environ.get("TXBROKER_POD_NET") or "127.77"   # A.B: pods get A.B.K.N (docstring)
 BACKOFF_START, BACKOFF_MAX = 0.5, 8.0
 MAX_GRACE = 10.0
+# configMap/secret/downwardAPI volumes are brought up to date this often (the real kubelet: ~1 min)
+VOLUME_SYNC_SECONDS = float(os.environ.get("TXBROKER_KUBELET_VOLUME_SYNC_SECONDS") or 1.0)
 # Environment passed from the kubelet to every container (a container gets no other host variable).
 HOST_ENV_PASS = re.compile(r"^(PATH|HOME|LANG|LC_\w+|TZ|TMPDIR|VIRTUAL_ENV|PYTHON\w*|COVERAGE\w*)$")
 
@@ -171,6 +189,78 @@ def substitute_mounts(value: str, mounts: list[tuple[str, str]]) -> str:
     return value
 
 
+def insecure_tls() -> ssl.SSLContext:
+    """TLS without certificate checks: the kubelet's HTTPS probes trust whatever the pod serves."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+# --------------------------------------------------------------------------------------------
+# configMap/secret/downwardAPI volume contents: Kubernetes' AtomicWriter
+# --------------------------------------------------------------------------------------------
+
+DATA_LINK = "..data"
+
+
+def read_payload(target: Path) -> dict[str, bytes] | None:
+    """The files `atomic_write` put in `target` (relative path -> content); None when it wrote nothing."""
+    data = target / DATA_LINK
+    if not data.is_symlink():
+        return None
+    root = data.resolve()
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def new_timestamped_dir(target: Path) -> Path:
+    """A new empty ``..2026_11_21_12_00_00.123456789`` (UTC, nanoseconds) in `target`, the kubelet's naming."""
+    while True:
+        ns = time.time_ns()
+        stamp = datetime.fromtimestamp(ns // 10**9, timezone.utc).strftime("..%Y_%m_%d_%H_%M_%S")
+        d = target / f"{stamp}.{ns % 10**9:09d}"
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:   # two writes within a nanosecond's resolution of the clock
+            continue
+
+
+def atomic_write(target: Path, files: dict[str, bytes]) -> bool:
+    """Make `target` hold `files` (relative path -> content) the way Kubernetes' AtomicWriter does.
+
+    The files go into a new timestamped directory; the symlink ``..data`` is swapped to it in one
+    rename(2), so a process that opens ``target/key`` sees the old or the new content and never a
+    half-written file; each top-level name is a symlink ``key -> ..data/key`` (added for new keys,
+    removed for keys gone); the previous directory is deleted. Returns False, writing nothing, when
+    `target` already holds exactly `files`: an mtime watcher then sees no change.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    if read_payload(target) == files:
+        return False
+    data = target / DATA_LINK
+    old = data.resolve() if data.is_symlink() else None
+    ts = new_timestamped_dir(target)
+    for rel, content in files.items():
+        p = ts / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content)
+    tmp = target / (DATA_LINK + "_tmp")
+    tmp.unlink(missing_ok=True)                 # left over if a previous swap was interrupted
+    tmp.symlink_to(ts.name)                     # relative, like the kubelet's: the tree can move
+    os.replace(tmp, data)                       # the swap: rename(2) replaces the link itself
+    top = {rel.split("/", 1)[0] for rel in files}
+    for name in top:
+        if not (target / name).is_symlink():
+            (target / name).symlink_to(Path(DATA_LINK) / name)
+    for link in target.iterdir():
+        if link.name not in top and not link.name.startswith("..") and link.is_symlink():
+            link.unlink()                       # a key the object no longer has
+    if old is not None and old != ts:
+        shutil.rmtree(old, ignore_errors=True)
+    return True
+
+
 # --------------------------------------------------------------------------------------------
 # the kubelet
 # --------------------------------------------------------------------------------------------
@@ -253,6 +343,7 @@ class Container:
     backoff: float = BACKOFF_START
     readiness: Probe | None = None
     liveness: Probe | None = None
+    mounts: list[tuple[str, str]] = field(default_factory=list)   # as of the last start (exec probes)
 
     @property
     def name(self) -> str:
@@ -332,6 +423,10 @@ class PodWorker(threading.Thread):
             f.unlink()
         self.volumes: dict[str, Path] = {}
         self.volume_error: str | None = None
+        # configMap/secret/downwardAPI volumes kept up to date: name -> version written (volume_payload)
+        self.volume_versions: dict[str, str] = {}
+        self.volume_sync_at = 0.0
+        self.volume_sync_errors: dict[str, str] = {}
 
     def mount_volumes(self) -> bool:
         """Materialise the pod's volumes; on failure (say, a ConfigMap not created yet) retry later."""
@@ -347,6 +442,7 @@ class PodWorker(threading.Thread):
                 self.volume_error = msg
                 return False
         self.volume_error = None
+        self.volume_sync_at = time.monotonic() + VOLUME_SYNC_SECONDS   # just read: no need to again
         return True
 
     def materialise(self, vol: dict) -> Path:
@@ -360,43 +456,76 @@ class PodWorker(threading.Thread):
         if "emptyDir" in vol or "hostPath" in vol:
             d.mkdir(parents=True, exist_ok=True)
             return d
-        files: dict[str, bytes] = {}
-        if "configMap" in vol or "secret" in vol:
-            is_cm = "configMap" in vol
-            src = vol["configMap"] if is_cm else vol["secret"]
-            obj_name = src.get("name") or src.get("secretName")
-            obj = self.k.read_config(self.ns, obj_name, secret=not is_cm, optional=src.get("optional", False))
-            data: dict[str, bytes] = {}
-            if obj:
-                for k, v in (obj.get("data") or {}).items():
-                    data[k] = base64.b64decode(v) if not is_cm else v.encode()
-                for k, v in (obj.get("binaryData") or {}).items() if is_cm else ():
-                    data[k] = base64.b64decode(v)
-                for k, v in (obj.get("stringData") or {}).items():
-                    data[k] = v.encode()
-            items = src.get("items")
-            if items:
-                for it in items:
-                    if it["key"] in data:
-                        files[it["path"]] = data[it["key"]]
-                    elif not it.get("optional", src.get("optional", False)):
-                        raise LookupError(f"key {it['key']} not in {obj_name}")
-            else:
-                files = data
-        elif "downwardAPI" in vol:
-            for it in vol["downwardAPI"].get("items") or []:
-                if "fieldRef" in it:
-                    files[it["path"]] = self.field_ref(it["fieldRef"]["fieldPath"]).encode()
-        else:
-            raise ValueError(f"unsupported volume type: {sorted(set(vol) - {'name'})}")
+        version, files = self.volume_payload(vol)
         if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
-        for rel, content in files.items():
-            p = d / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(content)
+            shutil.rmtree(d)   # a previous run's (nothing reads it now), maybe not even in this layout
+        atomic_write(d, files)
+        self.volume_versions[name] = version
         return d
+
+    def volume_payload(self, vol: dict) -> tuple[str, dict[str, bytes]]:
+        """(version, files) of a configMap, secret or downwardAPI volume; the version changes whenever
+        the files may have: the object's resourceVersion, or for downwardAPI a digest of the files."""
+        if "configMap" in vol or "secret" in vol:
+            return self.config_payload(vol)
+        if "downwardAPI" in vol:
+            files = {it["path"]: self.field_ref(it["fieldRef"]["fieldPath"]).encode()
+                     for it in vol["downwardAPI"].get("items") or [] if "fieldRef" in it}
+            return hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest(), files
+        raise ValueError(f"unsupported volume type: {sorted(set(vol) - {'name'})}")
+
+    def config_payload(self, vol: dict) -> tuple[str, dict[str, bytes]]:
+        is_cm = "configMap" in vol
+        src = vol["configMap"] if is_cm else vol["secret"]
+        obj_name = src.get("name") or src.get("secretName")
+        obj = self.k.read_config(self.ns, obj_name, secret=not is_cm, optional=src.get("optional", False))
+        data: dict[str, bytes] = {}
+        if obj:
+            for k, v in (obj.get("data") or {}).items():
+                data[k] = base64.b64decode(v) if not is_cm else v.encode()
+            for k, v in (obj.get("binaryData") or {}).items() if is_cm else ():
+                data[k] = base64.b64decode(v)
+            for k, v in (obj.get("stringData") or {}).items():
+                data[k] = v.encode()
+        version = obj["metadata"]["resourceVersion"] if obj else "absent"
+        items = src.get("items")
+        if not items:
+            return version, data
+        files = {}
+        for it in items:
+            if it["key"] in data:
+                files[it["path"]] = data[it["key"]]
+            elif not it.get("optional", src.get("optional", False)):
+                raise LookupError(f"key {it['key']} not in {obj_name}")
+        return version, files
+
+    def sync_volumes(self) -> None:
+        """Bring configMap/secret/downwardAPI volumes up to date, every VOLUME_SYNC_SECONDS: one GET per
+        ConfigMap/Secret volume, and a write only when its resourceVersion moved."""
+        t = time.monotonic()
+        if t < self.volume_sync_at:
+            return
+        self.volume_sync_at = t + VOLUME_SYNC_SECONDS
+        for vol in self.pod["spec"].get("volumes") or []:
+            if vol["name"] in self.volume_versions:
+                self.sync_volume(vol)
+
+    def sync_volume(self, vol: dict) -> None:
+        name = vol["name"]
+        try:
+            version, files = self.volume_payload(vol)
+        except Exception as e:  # noqa: BLE001 - object deleted, key gone: keep the content, as the kubelet does
+            msg = str(e)
+            if self.volume_sync_errors.get(name) != msg:
+                log.warning("%s/%s: volume %s not updated: %s", self.ns, self.pod_name, name, msg)
+            self.volume_sync_errors[name] = msg
+            return
+        self.volume_sync_errors.pop(name, None)
+        if version == self.volume_versions[name]:
+            return
+        if atomic_write(self.volumes[name], files):
+            log.info("%s/%s: volume %s updated (version %s)", self.ns, self.pod_name, name, version[:16])
+        self.volume_versions[name] = version
 
     # -- env, command ----------------------------------------------------------------------------
 
@@ -461,23 +590,45 @@ class PodWorker(threading.Thread):
         return env
 
     def mounts(self, c: Container) -> list[tuple[str, str]]:
+        """[(mountPath, host path)] of a container about to start, longest mountPath first."""
         out = []
-        for m in c.spec.get("volumeMounts") or []:
+        for i, m in enumerate(c.spec.get("volumeMounts") or []):
             base = self.volumes.get(m["name"])
             if base is None:
                 raise LookupError(f"volumeMount {m['name']}: no such volume (or it failed)")
-            host = base / m["subPath"] if m.get("subPath") else base
-            if m.get("subPath"):
-                host.mkdir(parents=True, exist_ok=True) if not host.exists() else None
+            sub = m.get("subPath")
+            if not sub:
+                host = base
+            elif m["name"] in self.volume_versions:
+                host = self.pin_subpath(m["name"], c, i, base / sub)
+            else:
+                host = base / sub
+                if not host.exists():
+                    host.mkdir(parents=True)
             out.append((m["mountPath"], str(host)))
         out.sort(key=lambda t: len(t[0]), reverse=True)
         return out
+
+    def pin_subpath(self, volume: str, c: Container, index: int, src: Path) -> Path:
+        """A copy of `src` (in a configMap/secret/downwardAPI volume) for a subPath mount: Kubernetes
+        bind-mounts the file as it is at container start, so volume updates do not reach it."""
+        dest = self.dir / "volume-subpaths" / volume / c.name / str(index) / src.name
+        if dest.parent.exists():
+            shutil.rmtree(dest.parent)
+        dest.parent.mkdir(parents=True)
+        if src.is_dir():
+            shutil.copytree(src, dest)
+        elif src.exists():
+            shutil.copyfile(src, dest)
+        else:
+            dest.mkdir()   # a subPath not in the volume: an empty directory, as the kubelet makes
+        return dest
 
     def start_container(self, c: Container) -> None:
         spec = c.spec
         try:
             env = self.container_env(c)
-            mounts = self.mounts(c)
+            mounts = c.mounts = self.mounts(c)
             argv = [expand(a, env) for a in (spec.get("command") or [])]
             argv += [expand(a, env) for a in (spec.get("args") or [])]
             if not argv:
@@ -529,6 +680,7 @@ class PodWorker(threading.Thread):
                 for c in self.init_containers + self.containers:
                     c.state = {"waiting": {"reason": "ContainerCreating", "message": self.volume_error}}
                 return
+        self.sync_volumes()
         # init containers, one after another, each to a successful exit
         for c in self.init_containers:
             if c.done:
@@ -607,7 +759,8 @@ class PodWorker(threading.Thread):
                 scheme = h.get("scheme", "HTTP").lower()
                 url = f"{scheme}://{host}:{port}{h.get('path', '/')}"
                 req = urllib.request.Request(url, headers={x["name"]: x["value"] for x in h.get("httpHeaders") or []})
-                with urllib.request.urlopen(req, timeout=timeout) as r:
+                ctx = insecure_tls() if scheme == "https" else None   # the kubelet does not verify either
+                with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
                     return 200 <= r.status < 400
             if "tcpSocket" in spec:
                 s = spec["tcpSocket"]
@@ -615,7 +768,7 @@ class PodWorker(threading.Thread):
                     return True
             if "exec" in spec:
                 env = self.container_env(c)
-                mounts = self.mounts(c)
+                mounts = c.mounts   # not self.mounts(c): that would take new subPath copies
                 argv = [substitute_mounts(expand(a, env), mounts) for a in spec["exec"]["command"]]
                 return subprocess.run(argv, env=env, timeout=timeout, capture_output=True).returncode == 0
         except (OSError, urllib.error.URLError, subprocess.TimeoutExpired, ValueError):
