@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # operator_env
 import k8s_testbed  # noqa: E402
 
 ROOT = k8s_testbed.ROOT
