@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -38,10 +39,12 @@ def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05, what: s
 class BrokerProcess:
     """A `txbroker broker` subprocess with its own data dir; can be killed and restarted on it."""
 
-    def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str]):
+    def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str],
+                 admin_tls: ssl.SSLContext | None = None):
         self.data_dir = data_dir
         self.log_path = log_path
         self.extra_args = extra_args
+        self.admin_tls = admin_tls  # given: the admin API is HTTPS, checked with this context
         self.port = free_port()
         self.admin_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -52,7 +55,7 @@ class BrokerProcess:
 
     @property
     def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
+        return f"{'https' if self.admin_tls else 'http'}://127.0.0.1:{self.admin_port}"
 
     def start(self) -> "BrokerProcess":
         log = open(self.log_path, "ab")
@@ -68,7 +71,7 @@ class BrokerProcess:
         if self.proc.poll() is not None:
             raise AssertionError(f"broker exited with {self.proc.returncode}: {self.log()[-2000:]}")
         try:
-            with urllib.request.urlopen(self.admin_url + "/readyz", timeout=1) as r:
+            with urllib.request.urlopen(self.admin_url + "/readyz", timeout=1, context=self.admin_tls) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -94,8 +97,8 @@ class BrokerProcess:
 def broker_factory(tmp_path):
     started: list[BrokerProcess] = []
 
-    def make(*args: str, name: str = "broker") -> BrokerProcess:
-        b = BrokerProcess(tmp_path / f"{name}-data", tmp_path / f"{name}.log", list(args))
+    def make(*args: str, name: str = "broker", admin_tls: ssl.SSLContext | None = None) -> BrokerProcess:
+        b = BrokerProcess(tmp_path / f"{name}-data", tmp_path / f"{name}.log", list(args), admin_tls)
         started.append(b)
         return b.start()
 
@@ -118,3 +121,40 @@ def run_cli(*args: str, check: bool = True, input: str | None = None) -> subproc
     if check and r.returncode != 0:
         raise AssertionError(f"txbroker {' '.join(args)} exited {r.returncode}: {r.stderr}")
     return r
+
+
+_HASHES: dict[tuple[str, str], str] = {}
+
+
+def write_credentials(path: Path, users: dict[str, dict]) -> Path:
+    """Write a credentials file (broker --auth-file): access key -> fields, with "secret" hashed.
+    The secret of each user is `<access key>-secret` unless a "secret" is given; its hash is made
+    once per test process, so rewriting a file changes only what the test changes (a new salt
+    would count as new credentials). Written atomically, as `txbroker auth` and Kubernetes do."""
+    from txbroker.cli.auth_cmd import _user_block
+    from txbroker.broker.auth import hash_secret
+
+    blocks = []
+    for key, fields in users.items():
+        fields = dict(fields)
+        secret = fields.pop("secret", f"{key}-secret")
+        scram = _HASHES.get((key, secret))
+        if scram is None:
+            scram = _HASHES[(key, secret)] = hash_secret(secret).encode()
+        blocks.append(_user_block({"access_key": key, "scram": scram, **fields}))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(blocks))
+    os.replace(tmp, path)
+    return path
+
+
+def metric(broker: "BrokerProcess", name: str, **labels) -> float:
+    """One sample of the broker's /metrics (0 if absent)."""
+    import re
+
+    with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=5, context=broker.admin_tls) as r:
+        text = r.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" ([0-9.e+-]+)$"
+    m = re.search(pattern, text, re.M)
+    return float(m.group(1)) if m else 0.0

@@ -50,3 +50,15 @@ def test_partial_frame_waits_for_the_rest():
     assert dec.feed(frame[:-1]) == []
     (f,) = dec.feed(frame[-1:])
     assert f.body == b"hello"
+
+
+def test_nothing_is_decoded_after_a_fatal_error():
+    """Regression (hypothesis, tests/unit/test_fuzz_protocol.py): a first frame whose length was
+    corrupted to an implausible size was reported fatal, but the next feed decoded the rest of the
+    garbage as frames."""
+    stream = bytearray(encode_frame(0, 0, 0, b"") * 2)
+    stream[0] ^= 1
+    dec = FrameDecoder(4096)
+    (err,) = dec.feed(bytes(stream[:12]))
+    assert isinstance(err, FrameError) and err.fatal
+    assert dec.feed(bytes(stream[12:])) == [] and dec.feed(encode_frame(0, 34, 1, b"ok")) == []

@@ -1,8 +1,18 @@
 """The admin plane (aiohttp): health, readiness, Prometheus metrics, and a JSON API for role,
-configuration, topics, transactions and messages. The operator and the CLI use it."""
+configuration, topics, transactions and messages. The operator and the CLI use it.
+
+Security: /healthz, /readyz and /metrics stay open (kubelet probes and Prometheus scrapers carry no
+credentials; they reveal no message data). Everything under /api/ needs, when the broker has
+--auth-file, HTTP Basic credentials (access key:secret, checked against the same hashed store as
+the data plane) of a user with the admin permission: 401 without or with wrong credentials, 403
+without the permission; and, when the broker has --tls-client-ca, a verified client certificate.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import json
 import logging
 
@@ -10,6 +20,7 @@ import msgspec
 from aiohttp import web
 
 from txbroker import __version__
+from txbroker.broker.auth.handshake import AuthFailure
 from txbroker.broker.config import ConfigError
 from txbroker.broker.replies import Reply, RequestError
 from txbroker.protocol.bodies import EndTransactionRequest
@@ -27,11 +38,18 @@ _HTTP_STATUS = {
     ResponseCode.ILLEGAL_OPERATION: 409,
     ResponseCode.SLAVE_NOT_AVAILABLE: 503,
     ResponseCode.NO_PERMISSION: 403,
+    ResponseCode.UNAUTHORIZED: 401,
 }
 
 
 def _error(status: int, message: str, code: str = "") -> web.Response:
     return web.json_response({"error": message, "code": code}, status=status)
+
+
+def _unauthorized(message: str) -> web.Response:
+    r = _error(401, message, ResponseCode.UNAUTHORIZED.name)
+    r.headers["WWW-Authenticate"] = 'Basic realm="txbroker", charset="UTF-8"'
+    return r
 
 
 def _from_reply(reply: Reply, body: dict | None = None) -> web.Response:
@@ -50,7 +68,7 @@ def _pending_doc(p) -> dict:
 class AdminApp:
     def __init__(self, broker):
         self.b = broker
-        app = self.app = web.Application(middlewares=[self._errors])
+        app = self.app = web.Application(middlewares=[self._errors, self._guard])
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
@@ -70,6 +88,39 @@ class AdminApp:
         r.add_post("/api/v1/transactions/{txid}/{action:commit|rollback|resume}", self.act_on_transaction)
         r.add_post("/api/v1/check-scan", self.check_scan)
         r.add_get("/api/v1/messages/{msg_id}", self.get_message)
+        r.add_get("/api/v1/connections", self.list_connections)
+
+    @web.middleware
+    async def _guard(self, request, handler):
+        if not request.path.startswith("/api/"):
+            return await handler(request)  # health, readiness, metrics: open
+        if self.b.config.tls_client_ca and not request.transport.get_extra_info("peercert"):
+            return _error(403, "a client certificate signed by the broker's client CA is required under /api/",
+                          "CLIENT_CERTIFICATE_REQUIRED")
+        auth = self.b.auth
+        if auth is None:
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "basic" or not token:
+            auth.failed("no_credentials")
+            return _unauthorized("authentication required: HTTP Basic with an access key and secret")
+        try:
+            access_key, sep, secret = base64.b64decode(token, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            sep = ""
+        if not sep:
+            auth.failed("malformed")
+            return _unauthorized("malformed HTTP Basic credentials: expected base64 of ACCESS_KEY:SECRET")
+        got = auth.verify_basic(access_key, secret)
+        if isinstance(got, AuthFailure):
+            auth.failed(got.reason)
+            return _unauthorized(got.remark)
+        try:
+            got.require_admin()
+        except RequestError as e:
+            return _error(403, e.remark, ResponseCode(e.code).name)
+        return await handler(request)
 
     @web.middleware
     async def _errors(self, request, handler):
@@ -108,7 +159,17 @@ class AdminApp:
             "consumer_groups": b.consumers.groups(),
             "recovery_seconds": round(b.state.recovery_seconds, 4), "fenced_by": b.role.fenced_by,
             "local_durable_offset": b.state.local_durable_lsn, "replication": b.replication_status(),
+            "security": {"auth": b.auth.status() if b.auth is not None else None, "tls": b.tls.data is not None,
+                         "client_certificates": bool(b.config.tls_client_ca)},
+            "limits": {"max_connections": b.config.max_connections, "max_unacked_bytes": b.config.max_unacked_bytes,
+                       "unacked_bytes": b.unacked.used, "idle_timeout_ms": b.config.idle_timeout_ms,
+                       "max_inflight_per_connection": b.config.max_inflight_per_connection},
         })
+
+    async def list_connections(self, request):
+        """Every data-plane connection: who, how much in flight, whether the broker stopped reading it."""
+        now = asyncio.get_running_loop().time()
+        return web.json_response({"connections": [c.describe(now) for c in list(self.b.connections)]})
 
     async def change_role(self, request):
         """{"role": "master", "epoch": E} promotes; {"role": "slave", "master": ADDR, "epoch": E} demotes."""

@@ -59,6 +59,23 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     max_message_size: int = 4 * 1024 * 1024
     reject_transaction_message: bool = False
     max_inflight_per_connection: int = 1024
+    # Limits (broker/limits.py).
+    max_connections: int = 4096
+    max_unacked_bytes: int = 256 * 1024 * 1024  # request bytes held unanswered, all connections together
+    idle_timeout_ms: int = 600_000  # close connections idle this long; 0: never
+    auth_timeout_ms: int = 10_000  # with auth on: time a new connection has to authenticate
+    # Security (broker/auth/, broker/tls.py). Off unless given.
+    auth_file: str = ""  # credentials and ACL (TOML); reloaded on change and on SIGHUP
+    auth_reload_interval_ms: int = 1_000  # how often the credentials and TLS files are checked for changes
+    tls_cert: str = ""  # PEM certificate chain, both planes
+    tls_key: str = ""
+    tls_client_ca: str = ""  # given: client certificates required (data plane; admin plane under /api/)
+    tls_ca: str = ""  # a slave verifies its master with this CA; given, replication uses TLS
+    # the name a slave checks its master's certificate against (default: the host in `master`); on
+    # Kubernetes masters are addressed by pod IP, so the operator passes the headless Service's name
+    tls_server_name: str = ""
+    replication_access_key: str = ""  # a slave's credentials towards a master that requires authentication
+    replication_secret_file: str = ""  # file holding that access key's secret
     producer_expiry_ms: int = 120_000  # a producer silent this long gets no more check-backs
     consumer_expiry_ms: int = 120_000  # a consumer silent this long leaves its group
     # Delays of the retry levels; a failed message's first retry waits level 3 (RocketMQ's levels).
@@ -85,6 +102,7 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"sync_replicas must be between 1 and 8, got {self.sync_replicas}")
         if self.replication_timeout_ms < 10:
             raise ConfigError(f"replication_timeout_ms must be at least 10, got {self.replication_timeout_ms}")
+        self._validate_security()
         from txbroker.broker.schedule_service import parse_delay_levels
         try:
             parse_delay_levels(self.message_delay_level)
@@ -92,6 +110,41 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"message_delay_level: {e}") from None
         self.transaction.validate()
         return self
+
+
+    def _validate_security(self) -> None:
+        if not 1 <= self.max_connections <= 1_000_000:
+            raise ConfigError(f"max_connections must be between 1 and 1000000, got {self.max_connections}")
+        if self.max_unacked_bytes < self.max_frame_size:
+            raise ConfigError(f"max_unacked_bytes ({self.max_unacked_bytes}) must hold at least one frame "
+                              f"(max_message_size + 64 KiB = {self.max_frame_size})")
+        if not 1 <= self.max_inflight_per_connection <= 1_000_000:
+            raise ConfigError(f"max_inflight_per_connection must be between 1 and 1000000, "
+                              f"got {self.max_inflight_per_connection}")
+        if self.idle_timeout_ms < 0 or 0 < self.idle_timeout_ms < 100:
+            raise ConfigError(f"idle_timeout_ms must be 0 (never) or at least 100, got {self.idle_timeout_ms}")
+        if self.auth_timeout_ms < 100:
+            raise ConfigError(f"auth_timeout_ms must be at least 100, got {self.auth_timeout_ms}")
+        if self.auth_reload_interval_ms < 50:
+            raise ConfigError(f"auth_reload_interval_ms must be at least 50, got {self.auth_reload_interval_ms}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: give both (--tls-cert, --tls-key) or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca needs tls_cert and tls_key: client certificates are checked over TLS")
+        if bool(self.replication_access_key) != bool(self.replication_secret_file):
+            raise ConfigError("replication_access_key and replication_secret_file go together")
+
+    def replication_secret(self) -> str:
+        """The slave's secret, read from replication_secret_file (trailing newline dropped)."""
+        try:
+            with open(self.replication_secret_file) as f:
+                secret = f.read().rstrip("\r\n")
+        except OSError as e:
+            raise ConfigError(f"cannot read replication_secret_file {self.replication_secret_file}: "
+                              f"{e.strerror or e}") from None
+        if not secret:
+            raise ConfigError(f"replication_secret_file {self.replication_secret_file} is empty")
+        return secret
 
 
 def parse_address(text: str, name: str = "address") -> tuple[str, int]:

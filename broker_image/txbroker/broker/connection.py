@@ -5,17 +5,27 @@ decoded becomes an error answer, never an exception in the callback. Flow contro
 stops reading from a connection that has too many requests in flight, or whose client is not
 reading its answers (transport paused), so one slow client cannot make the broker buffer
 without bound or stall others.
+
+With authentication on, every request but SASL_AUTHENTICATE is admitted first (the connection
+must have authenticated, and its credentials must still be valid: one dict lookup), and the
+handlers check rights through `connection.access`. Limits (broker/limits.py) refuse what would
+go beyond them with SYSTEM_BUSY naming the limit. A refusal that ends the connection is answered
+first and the connection closed a moment later ("lingering"), so the client reads the answer
+instead of a reset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import time
 
 import msgspec
 
+from txbroker.broker.auth.acl import NO_ACCESS, OPEN_ACCESS
+from txbroker.broker.limits import busy
 from txbroker.broker.replies import Reply, RequestError
 from txbroker.protocol.bodies import ErrorBody, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
@@ -24,6 +34,9 @@ from txbroker.protocol.framing import FLAG_ONEWAY, FLAG_RESPONSE, Frame, FrameDe
 log = logging.getLogger(__name__)
 
 _REQUEST_NAMES = {c.value: c.name for c in RequestCode}
+_SASL = RequestCode.SASL_AUTHENTICATE
+LINGER_SECONDS = 1.0  # how long a refused connection stays open for its answer to be read
+OUTPUT_HIGH_WATER = 4 * 1024 * 1024  # answers queued (not yet handed to the transport) before dispatch waits
 
 
 class BrokerConnection(asyncio.Protocol):
@@ -39,10 +52,29 @@ class BrokerConnection(asyncio.Protocol):
         self._closing = False
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes] | None = None  # frames to write at the end of this loop iteration
+        self._out_bytes = 0
+        # Frames decoded but not dispatched yet because the connection must wait (too much in
+        # flight, answers not being read): at most one read's worth, as reading pauses at once.
+        self._backlog: collections.deque = collections.deque()
+        self._running = False  # inside _run: do not start another
         self._writable = asyncio.Event()
         self._writable.set()
         self.peer = "?"
         self.client_id = ""
+        # security and limits
+        self._auth = broker.auth  # AuthService, or None when authentication is off
+        self.access = OPEN_ACCESS if self._auth is None else NO_ACCESS  # what handlers check rights on
+        self.principal = None  # whom the connection authenticated as
+        self.sasl = None  # a SCRAM exchange in progress
+        self._budget = broker.unacked
+        self._held = 0  # bytes of this connection's requests in flight
+        self._counted = False  # in broker.connections (a connection refused at once is not)
+        self._lingering = False  # answered a refusal: ignore input until closed
+        self.active = True  # received something since the last idle sweep
+        self.opened_at = 0.0
+        self.idle_since = 0.0
+        self.replica = False  # a slave's replication connection: exempt from idle expiry
+        self.tls = False
 
     # ---- asyncio callbacks ------------------------------------------------------------------
 
@@ -51,17 +83,29 @@ class BrokerConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        self.tls = transport.get_extra_info("sslcontext") is not None
+        self.opened_at = self.idle_since = asyncio.get_running_loop().time()
+        limit = self._broker.config.max_connections
+        if len(self._broker.connections) >= limit:
+            self._metrics.limit_refusals.labels("max_connections").inc()
+            log.warning("refusing a connection from %s: max_connections (%d) reached", self.peer, limit)
+            self.refuse(busy("max_connections", f"this broker has {limit} connections open, its maximum"))
+            return
+        self._counted = True
         self._broker.connections.add(self)
         self._metrics.connections.inc()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._writable.set()
+        if not self._counted:
+            return
         self._broker.connections.discard(self)
         self._broker.producers.remove(self)
         self._broker.leader.remove(self)
         self._broker.consumers.remove_connection(self)
         self._metrics.connections.dec()
-        self._closing = True
-        self._writable.set()
+        # requests still in flight give their bytes back as they finish (_track)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -72,27 +116,77 @@ class BrokerConnection(asyncio.Protocol):
         self._writing_paused = False
         self._writable.set()
         self._update_reading()
+        self._resume_backlog()
 
     async def drained(self) -> None:
         """Wait until the peer has taken what was written (or the connection is gone)."""
         await self._writable.wait()
 
     def data_received(self, data: bytes) -> None:
-        for item in self._decoder.feed(data):
-            if type(item) is Frame:
-                self._dispatch(item)
-            else:
-                self._frame_error(item)
+        if self._lingering:
+            return
+        self.active = True
+        items = self._decoder.feed(data)
+        if self._backlog:
+            self._backlog.extend(items)
+            self._update_reading()
+            return
+        self._run(items)
+
+    def _must_wait(self) -> bool:
+        return (self._writing_paused or self._inflight >= self._max_inflight
+                or self._out_bytes >= OUTPUT_HIGH_WATER)
+
+    def _run(self, items) -> None:
+        """Dispatch frames until the connection must wait; keep the rest for later."""
+        self._running = True
+        try:
+            for i, item in enumerate(items):
+                if self._closing:
+                    return
+                if self._must_wait():
+                    self._backlog.extend(items[i:])
+                    self._update_reading()
+                    return
+                if type(item) is Frame:
+                    self._dispatch(item)
+                else:
+                    self._frame_error(item)
+        finally:
+            self._running = False
+
+    def _resume_backlog(self) -> None:
+        if self._backlog and not self._running and not self._must_wait() and not self._closing:
+            items = list(self._backlog)
+            self._backlog.clear()
+            self._run(items)
+            self._update_reading()
 
     # ---- requests ---------------------------------------------------------------------------
 
     def _dispatch(self, frame: Frame) -> None:
         if frame.flags & FLAG_RESPONSE:
             return  # check-backs are one-way: nothing to match an answer to
+        if self._lingering:
+            return
+        auth = self._auth
+        if auth is not None and frame.code != _SASL:
+            refusal = auth.admit(self)
+            if refusal is not None:
+                refusal.close = True
+                self._respond(frame, refusal, 0.0)
+                return
         handler = self._handlers.get(frame.code)
         if handler is None:
             self._respond(frame, Reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, None,
                                        f"request code {frame.code} is not supported"), 0.0)
+            return
+        size = len(frame.body)
+        budget = self._budget
+        if budget.used and budget.used + size > budget.limit:
+            self._metrics.limit_refusals.labels("max_unacked_bytes").inc()
+            self._respond(frame, busy("max_unacked_bytes", f"the broker holds {budget.used} bytes of requests "
+                                                           f"not yet answered (limit {budget.limit})"), 0.0)
             return
         started = time.perf_counter()
         try:
@@ -102,19 +196,19 @@ class BrokerConnection(asyncio.Protocol):
         if reply is None:  # a one-way request handled in full
             return
         if inspect.isawaitable(reply):
-            self._track(+1)
+            self._track(+1, size)
             task = asyncio.ensure_future(reply)
-            task.add_done_callback(lambda t, f=frame, s=started: self._async_done(f, t, s))
+            task.add_done_callback(lambda t, f=frame, s=started, n=size: self._async_done(f, t, s, n))
             return
         durable = reply.durable
         if durable is not None and not durable.done():
-            self._track(+1)
-            durable.add_done_callback(lambda d, f=frame, r=reply, s=started: self._durable_done(f, r, d, s))
+            self._track(+1, size)
+            durable.add_done_callback(lambda d, f=frame, r=reply, s=started, n=size: self._durable_done(f, r, d, s, n))
             return
         self._respond(frame, reply, started)
 
-    def _durable_done(self, frame: Frame, reply: Reply, durable: asyncio.Future, started: float) -> None:
-        self._track(-1)
+    def _durable_done(self, frame: Frame, reply: Reply, durable: asyncio.Future, started: float, size: int) -> None:
+        self._track(-1, size)
         err = None if durable.cancelled() else durable.exception()
         if isinstance(err, RequestError):  # e.g. FLUSH_SLAVE_TIMEOUT: stored, but not as promised
             reply = Reply(err.code, None, err.remark)
@@ -122,8 +216,8 @@ class BrokerConnection(asyncio.Protocol):
             reply = Reply(ResponseCode.SYSTEM_ERROR, None, "the broker could not store the request; it is restarting")
         self._respond(frame, reply, started)
 
-    def _async_done(self, frame: Frame, task: asyncio.Task, started: float) -> None:
-        self._track(-1)
+    def _async_done(self, frame: Frame, task: asyncio.Task, started: float, size: int) -> None:
+        self._track(-1, size)
         if task.cancelled():
             return
         exc = task.exception()
@@ -134,7 +228,10 @@ class BrokerConnection(asyncio.Protocol):
         name = _REQUEST_NAMES.get(frame.code, str(frame.code))
         if isinstance(e, RequestError):
             return Reply(e.code, None, e.remark)
-        if isinstance(e, (msgspec.DecodeError, msgspec.ValidationError)):
+        if isinstance(e, UnicodeDecodeError):
+            return Reply(ResponseCode.MESSAGE_ILLEGAL, None, f"malformed {name} request body: a string is not "
+                                                             f"valid UTF-8 ({e.reason} at byte {e.start})")
+        if isinstance(e, msgspec.DecodeError):  # ValidationError included: it names the field
             return Reply(ResponseCode.MESSAGE_ILLEGAL, None, f"malformed {name} request body: {e}")
         log.exception("%s from %s failed", name, self.peer)
         return Reply(ResponseCode.SYSTEM_ERROR, None, f"{name} failed on the broker: {type(e).__name__}: {e}")
@@ -145,17 +242,22 @@ class BrokerConnection(asyncio.Protocol):
         if reply.code:
             self._metrics.requests_rejected.labels(code_name(reply.code)).inc()
         if frame.flags & FLAG_ONEWAY or self._closing:
+            if reply.close:
+                self.close()
             return
         if reply.code == ResponseCode.SUCCESS:
             body = encode(reply.body) if reply.body is not None else b""
         else:
             body = encode(ErrorBody(reply.remark))
         self._write(encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, body))
+        if reply.close:
+            self._linger()
 
     def _write(self, data: bytes) -> None:
         """Queue a frame; all frames of one loop iteration go out in one system call (a group
         commit completes many requests at once, and a send syscall costs more than the rest)."""
         out = self._out
+        self._out_bytes += len(data)
         if out is None:
             self._out = [data]
             asyncio.get_running_loop().call_soon(self._flush_out)
@@ -164,14 +266,21 @@ class BrokerConnection(asyncio.Protocol):
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
+        waited = self._out_bytes >= OUTPUT_HIGH_WATER
+        self._out_bytes = 0
         if out and not self.transport.is_closing():
             if len(out) == 1:
                 self.transport.write(out[0])
             else:
                 self.transport.writelines(out)
+        if waited:  # dispatch may go on unless the transport is now above its own high-water mark
+            self._resume_backlog()
+            self._update_reading()
 
     def _frame_error(self, err: FrameError) -> None:
         log.warning("bad frame from %s: %s%s", self.peer, err.reason, " (closing)" if err.fatal else "")
+        if not err.fatal:  # the only recoverable frame error: larger than max_frame_size
+            self._metrics.limit_refusals.labels("max_frame_size").inc()
         self._metrics.requests_rejected.labels("MESSAGE_ILLEGAL").inc()
         if self._closing:
             return
@@ -184,12 +293,17 @@ class BrokerConnection(asyncio.Protocol):
 
     # ---- flow control ------------------------------------------------------------------------
 
-    def _track(self, delta: int) -> None:
+    def _track(self, delta: int, size: int) -> None:
         self._inflight += delta
+        held = delta * size
+        self._held += held
+        self._budget.used += held
         self._update_reading()
+        if delta < 0:
+            self._resume_backlog()
 
     def _update_reading(self) -> None:
-        should_pause = self._writing_paused or self._inflight >= self._max_inflight
+        should_pause = self._must_wait() or bool(self._backlog)
         if should_pause != self._reading_paused and not self._closing:
             self._reading_paused = should_pause
             if should_pause:
@@ -200,7 +314,10 @@ class BrokerConnection(asyncio.Protocol):
     # ---- broker-initiated requests (check-back) ------------------------------------------------
 
     def writable(self) -> bool:
-        return not self._writing_paused and not self._closing
+        """Whether broker-initiated frames (check-backs, notifications, replication) may go here:
+        the client reads its answers, and its credentials (if any are required) are still valid."""
+        return (not self._writing_paused and not self._closing
+                and (self._auth is None or self._auth.valid(self.principal)))
 
     def send_oneway(self, code: int, body) -> None:
         if not self._closing:
@@ -210,3 +327,69 @@ class BrokerConnection(asyncio.Protocol):
         if self.transport is not None and not self._closing:
             self._closing = True
             self.transport.close()
+
+    # ---- security and limits -------------------------------------------------------------------
+
+    def authenticated(self, principal) -> None:
+        """The connection acts as `principal` from now on (also: its permissions were reloaded)."""
+        if self.principal is None:
+            self._metrics.authentications.inc()
+            log.info("connection from %s authenticated as %s", self.peer, principal.access_key)
+        self.principal = principal
+        self.access = principal
+        self.sasl = None
+
+    def refuse(self, reply: Reply) -> None:
+        """Tell the client why the connection ends (a response with opaque 0: a connection-level
+        answer, not tied to a request) and close it after the linger time. Nothing the client
+        sends after this is processed."""
+        if self.transport is None or self._closing:
+            return
+        self.transport.write(encode_frame(FLAG_RESPONSE, reply.code, 0, encode(ErrorBody(reply.remark))))
+        self._linger()
+
+    def _linger(self) -> None:
+        self._lingering = True
+        self._closing = True  # no further answers, check-backs or notifications
+        self._flush_out()
+        transport = self.transport
+        if transport.can_write_eof():
+            try:
+                transport.write_eof()
+            except OSError:
+                pass
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
+
+    def sweep(self, now: float, idle_timeout: float, auth_timeout: float) -> None:
+        """Called about once a second: close a connection that has not authenticated in time, or
+        that has been idle (nothing received, nothing in flight) for `idle_timeout` seconds."""
+        if self._closing:
+            return
+        if self.active:
+            self.active = False
+            self.idle_since = now
+        if self._auth is not None and self.principal is None and now - self.opened_at >= auth_timeout:
+            self._metrics.connections_closed.labels("auth_timeout").inc()
+            self._auth.failed("auth_timeout")
+            log.info("closing connection from %s: not authenticated within %.1fs", self.peer, auth_timeout)
+            self.refuse(Reply(ResponseCode.UNAUTHORIZED, None,
+                              f"no authentication within auth_timeout_ms ({int(auth_timeout * 1000)}): closing"))
+        elif (idle_timeout and not self.replica and not self._inflight
+              and now - self.idle_since >= idle_timeout):
+            self._metrics.connections_closed.labels("idle").inc()
+            log.info("closing connection from %s: idle for %.1fs", self.peer, now - self.idle_since)
+            # Said, and lingered on, so that a request crossing the close is known to the client
+            # as not processed (it may send it again on a new connection).
+            self.refuse(Reply(ResponseCode.SERVICE_NOT_AVAILABLE, None,
+                              f"closing the connection: idle for more than idle_timeout_ms "
+                              f"({int(idle_timeout * 1000)}); requests sent after this were not processed"))
+
+    def describe(self, now: float) -> dict:
+        t = self.transport
+        return {"peer": self.peer, "client_id": self.client_id, "tls": self.tls,
+                "access_key": self.principal.access_key if self.principal is not None else None,
+                "requests_in_flight": self._inflight, "bytes_in_flight": self._held,
+                "write_buffer_bytes": t.get_write_buffer_size() if t is not None and not t.is_closing() else 0,
+                "reading_paused": self._reading_paused, "peer_not_reading": self._writing_paused,
+                "idle_seconds": 0.0 if self.active else round(now - self.idle_since, 3),
+                "replica": self.replica}

@@ -7,8 +7,10 @@ import logging
 import signal
 import sys
 
-from txbroker.broker.config import BrokerConfig
+from txbroker.broker.auth import CredentialsError
+from txbroker.broker.config import BrokerConfig, ConfigError
 from txbroker.broker.server import Broker
+from txbroker.broker.tls import TlsError
 from txbroker.store.db import StoreError
 
 log = logging.getLogger("txbroker.broker")
@@ -33,6 +35,8 @@ async def serve(config: BrokerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda s=sig: (log.info("received %s", signal.Signals(s).name),
                                                     loop.create_task(broker.stop())))
+    loop.add_signal_handler(signal.SIGHUP, lambda: (log.info("received SIGHUP: reloading credentials and TLS files"),
+                                                    broker.reload_security()))
     try:
         await broker.start()
     except OSError as e:
@@ -48,6 +52,6 @@ def run(config: BrokerConfig) -> int:
     _event_loop_policy()
     try:
         return asyncio.run(serve(config))
-    except StoreError as e:
+    except (StoreError, CredentialsError, TlsError, ConfigError) as e:
         log.error("%s", e)
         return 2

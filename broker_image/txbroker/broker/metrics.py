@@ -39,6 +39,27 @@ class BrokerMetrics:
         self.loop_lag = Histogram("txbroker_event_loop_lag_seconds", "How late the broker's event loop ran a 1 s timer",
                                   buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.connections = Gauge("txbroker_connections", "Open data-plane connections", registry=r)
+        # Security and limits (tracker issue 9).
+        self.auth_failures = Counter("txbroker_auth_failures", "Requests or connections refused as unauthenticated, "
+                                     "by reason", ["reason"], registry=r)
+        self.authentications = Counter("txbroker_authentications", "Connections authenticated", registry=r)
+        self._access_denied = Counter("txbroker_access_denied", "Requests refused NO_PERMISSION, by the right missing",
+                                      ["right"], registry=r)
+        self.credentials_reloads = Counter("txbroker_credentials_reloads", "Credentials file reloads, by result",
+                                           ["result"], registry=r)
+        self.limit_refusals = Counter("txbroker_limit_refusals", "Requests or connections refused by a limit",
+                                      ["limit"], registry=r)
+        self.connections_closed = Counter("txbroker_connections_closed_by_broker",
+                                          "Connections the broker closed, by reason", ["reason"], registry=r)
+        self.plaintext_refused = Counter("txbroker_plaintext_refused", "Plaintext connections to a TLS-only port, "
+                                         "by plane", ["plane"], registry=r)
+        self.tls_handshake_failures = Counter("txbroker_tls_handshake_failures", "TLS handshakes that failed, by plane",
+                                              ["plane"], registry=r)
+        self.unacked_bytes = Gauge("txbroker_unacked_request_bytes",
+                                   "Bytes of requests received and not yet answered, all connections", registry=r)
+
+    def access_denied_hook(self, right: str) -> None:
+        self._access_denied.labels(right).inc()
 
     def latency(self, request_name: str):
         child = self._latency_children.get(request_name)

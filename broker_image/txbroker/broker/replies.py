@@ -17,6 +17,7 @@ class Reply:
     body: Struct | None = None
     remark: str = ""
     durable: asyncio.Future | None = None  # answer only once this resolves
+    close: bool = False  # close the connection once answered (authentication refused)
 
 
 def ok(body: Struct | None = None, durable: asyncio.Future | None = None) -> Reply:

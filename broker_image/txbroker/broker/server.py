@@ -10,10 +10,14 @@ from aiohttp import web
 
 from txbroker.broker import processors
 from txbroker.broker.admin import AdminApp
+from txbroker.broker.auth import AuthService
 from txbroker.broker.check_service import CheckService
 from txbroker.broker.config import BrokerConfig, parse_address
 from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.consumers import ConsumerRegistry
+from txbroker.broker.file_watch import FileWatcher
+from txbroker.broker.limits import UnackedBudget
+from txbroker.broker.listener import TlsOnlyListener, admin_tls_listener, data_tls_listener
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.replication.follower import ReplicationFollower
@@ -22,6 +26,7 @@ from txbroker.broker.replies import RequestError
 from txbroker.broker.role import MASTER, SLAVE, RoleState
 from txbroker.broker.schedule_service import ScheduleService, parse_delay_levels
 from txbroker.broker.settings import SettingsBook
+from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transactions import TransactionService, now_ms
 from txbroker.protocol.codes import ResponseCode
@@ -38,13 +43,22 @@ class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.metrics = BrokerMetrics()
+        # Security first: a broken credentials or certificate file stops the start, before the store opens.
+        self.auth = AuthService(config.auth_file, self.metrics) if config.auth_file else None
+        self.tls = BrokerTls(config)
+        self.replication_credentials = ((config.replication_access_key, config.replication_secret())
+                                        if config.replication_access_key else None)
+        self.unacked = UnackedBudget(config.max_unacked_bytes, self.metrics.unacked_bytes)
+        self._watcher = FileWatcher(([config.auth_file] if config.auth_file else []) + self.tls.files,
+                                    self.reload_security, config.auth_reload_interval_ms / 1000)
         self.state = StateMachine(config.data_dir, config.flush_disk_type == "SYNC", self._fatal,
                                   self.metrics.observe_flush)
         self.reader = MessageReader(self.state)
         self.role = RoleState(config.role, lambda: self.state.epoch, config.master)
         levels = parse_delay_levels(config.message_delay_level)
         self.topics = TopicRegistry(self.state, config.auto_create_topic, config.default_queue_count,
-                                    config.max_message_size, len(levels))
+                                    config.max_message_size, len(levels),
+                                    self.metrics.limit_refusals.labels("max_message_size").inc)
         self.settings = SettingsBook(config.transaction, self.state.db.meta)
         self.producers = ProducerRegistry(config.producer_expiry_ms)
         self.consumers = ConsumerRegistry(config.consumer_expiry_ms)
@@ -62,17 +76,27 @@ class Broker:
         self.exit_code = 0
         self.stopped = asyncio.Event()
         self._server: asyncio.Server | None = None
+        self._listener: TlsOnlyListener | None = None
+        self._admin_listener: TlsOnlyListener | None = None
         self._admin_runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         host, port = parse_address(self.config.listen, "listen")
-        self._server = await loop.create_server(lambda: BrokerConnection(self), host, port, reuse_address=True)
+        if self.tls.data is None:
+            self._server = await loop.create_server(lambda: BrokerConnection(self), host, port, reuse_address=True)
+        else:
+            self._listener = data_tls_listener(host, port, lambda: BrokerConnection(self), self.tls.data, self.metrics)
         ahost, aport = parse_address(self.config.admin_listen, "admin_listen")
         self._admin_runner = web.AppRunner(AdminApp(self).app, access_log=None)
         await self._admin_runner.setup()
-        await web.TCPSite(self._admin_runner, ahost, aport, reuse_address=True).start()
+        if self.tls.admin is None:
+            await web.TCPSite(self._admin_runner, ahost, aport, reuse_address=True).start()
+        else:
+            self._admin_listener = admin_tls_listener(ahost, aport, self._admin_runner.server, self.tls.admin,
+                                                      self.metrics)
+        self._watcher.start()
         if self.role.is_master:
             if self.state.epoch == 0:  # a new master opens epoch 1
                 await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
@@ -86,23 +110,69 @@ class Broker:
         self.ready = True
         pending, parked = self.transactions.counts()
         log.info("broker %s started as %s at epoch %d in %.3fs (store recovered in %.3fs): data %s, admin %s, "
-                 "flush %s, %d pending and %d parked transactions",
+                 "flush %s, %d pending and %d parked transactions; %s",
                  self.config.broker_name, self.role.role, self.role.epoch,
                  time.perf_counter() - t0 + self.state.recovery_seconds,
                  self.state.recovery_seconds, self.data_address, self.admin_address, self.config.flush_disk_type,
-                 pending, parked)
+                 pending, parked, self.security_summary())
+        if self.auth is not None and self.tls.admin is None:
+            log.warning("authentication is on but the admin API is plain HTTP: HTTP Basic credentials cross the "
+                        "network in clear text; give --tls-cert/--tls-key outside a trusted network")
 
     @property
     def data_address(self) -> str:
-        sock = self._server.sockets[0].getsockname() if self._server else ("?", 0)
+        if self._listener is not None:
+            sock = self._listener.address
+        else:
+            sock = self._server.sockets[0].getsockname() if self._server else ("?", 0)
         return f"{sock[0]}:{sock[1]}"
 
     @property
     def admin_address(self) -> str:
-        if self._admin_runner is None or not self._admin_runner.addresses:
+        if self._admin_listener is not None:
+            a = self._admin_listener.address
+        elif self._admin_runner is None or not self._admin_runner.addresses:
             return "?"
-        a = self._admin_runner.addresses[0]
+        else:
+            a = self._admin_runner.addresses[0]
         return f"{a[0]}:{a[1]}"
+
+    def security_summary(self) -> str:
+        c = self.config
+        auth = f"auth from {c.auth_file} ({len(self.auth.principals)} users)" if self.auth else "auth off"
+        tls = ("TLS" + (" with client certificates" if c.tls_client_ca else "")) if self.tls.data else "plaintext"
+        return f"{auth}, {tls}"
+
+    # ---- security: reloads ---------------------------------------------------------------------
+
+    def reload_security(self) -> None:
+        """Re-read the credentials and TLS files (on change, and on SIGHUP). A broken file is
+        reported and the previous state kept."""
+        if self.auth is not None and self.auth.reload():
+            self._revalidate_connections()
+        if self.tls.files:
+            try:
+                self.tls.reload()
+            except TlsError as e:
+                log.error("TLS files not reloaded, keeping the certificates in force: %s", e)
+
+    def _revalidate_connections(self) -> None:
+        """After a reload: connections whose credentials went away get no more check-backs or
+        notifications (their next request is refused); those whose permissions changed are
+        unregistered so that their next heartbeat registers only what is still allowed."""
+        for conn in list(self.connections):
+            p = conn.principal
+            if p is None:
+                continue
+            current = self.auth.lookup(p.access_key)
+            if current is p:
+                continue
+            self.producers.remove(conn)
+            self.consumers.remove_connection(conn)
+            if self.auth.valid(p):
+                conn.authenticated(current)
+            else:
+                log.warning("connection from %s: credentials of %s revoked or changed", conn.peer, p.access_key)
 
     async def stop(self) -> None:
         if not self.ready and self._server is None:
@@ -111,6 +181,10 @@ class Broker:
         log.info("broker %s stopping", self.config.broker_name)
         if self._server is not None:
             self._server.close()
+        for listener in (self._listener, self._admin_listener):
+            if listener is not None:
+                listener.close()
+        await self._watcher.stop()
         await self.check_service.stop()
         await self.schedule.stop()
         if self._housekeeping is not None:
@@ -189,14 +263,22 @@ class Broker:
 
     async def _housekeep(self) -> None:
         loop = asyncio.get_running_loop()
+        idle = self.config.idle_timeout_ms / 1000
+        auth_timeout = self.config.auth_timeout_ms / 1000
+        # at most a second; often enough that short timeouts (tests) are kept to within a quarter
+        tick = max(0.05, min(1.0, auth_timeout / 4, idle / 4 if idle else 1.0))
         while True:
             before = loop.time()
-            await asyncio.sleep(1.0)
-            lag = loop.time() - before - 1.0
+            await asyncio.sleep(tick)
+            now = loop.time()
+            lag = now - before - tick
             self.metrics.loop_lag.observe(max(lag, 0.0))
             if lag > 0.5:  # everything on this broker waited that long: say so
                 log.warning("event loop lagged %.2fs behind (the broker was blocked or starved of CPU)", lag)
             self.consumers.expire()
+            for conn in list(self.connections):
+                conn.sweep(now, idle, auth_timeout)
+            self.unacked.publish()
 
     def _fatal(self, exc: BaseException) -> None:
         self.exit_code = EXIT_STORE_FAILED

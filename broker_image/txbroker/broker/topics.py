@@ -26,13 +26,14 @@ def check_topic_name(name: str) -> None:
 
 class TopicRegistry:
     def __init__(self, state: StateMachine, auto_create: bool, default_queue_count: int, max_message_size: int,
-                 delay_levels: int = 18):
+                 delay_levels: int = 18, on_oversize=None):
         self._state = state
         self._delay_levels = delay_levels
         self.auto_create = auto_create
         self.default_queue_count = default_queue_count
         self.max_message_size = max_message_size
         self._round_robin: dict[str, itertools.count] = {}
+        self._on_oversize = on_oversize  # metrics: a send refused by max_message_size
 
     def queue_count(self, topic: str) -> int | None:
         if topic == TRANS_CHECK_MAX_TIME_TOPIC:
@@ -81,6 +82,8 @@ class TopicRegistry:
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"message to {topic} has an empty body")
             total += size
             if total > limit:
+                if self._on_oversize is not None:
+                    self._on_oversize()
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                    f"message body of {size} bytes (request total {total}) exceeds max_message_size {limit}")
             q = m.queue_id

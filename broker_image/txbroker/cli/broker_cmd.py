@@ -13,7 +13,7 @@ def register(sub) -> None:
         "broker", help="run a broker",
         description="Run a broker. Settings come from --config (TOML, keys as in BrokerConfig: data_dir, listen, "
                     "admin_listen, role, flush_disk_type, [transaction] check_interval_ms ...); flags override it. "
-                    "Stops cleanly on SIGTERM.",
+                    "Stops cleanly on SIGTERM; SIGHUP reloads the credentials and TLS files.",
     )
     p.add_argument("--config", help="TOML configuration file")
     p.add_argument("--data-dir", help="RocksDB data directory (created if missing)")
@@ -43,6 +43,25 @@ def register(sub) -> None:
     p.add_argument("--no-auto-create-topic", dest="auto_create_topic", action="store_false", default=None,
                    help="refuse sends to topics not created first")
     p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING")
+    sec = p.add_argument_group("security (off unless given; see README, Security)")
+    sec.add_argument("--auth-file", help="credentials and ACL file (TOML, hashed secrets); requires every client "
+                                         "to authenticate. Reloaded on change and on SIGHUP")
+    sec.add_argument("--tls-cert", help="PEM certificate chain: both planes accept TLS only")
+    sec.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    sec.add_argument("--tls-client-ca", help="CA bundle for client certificates: given, clients must present one")
+    sec.add_argument("--tls-ca", help="CA bundle a slave verifies its master with; given, replication uses TLS")
+    sec.add_argument("--tls-server-name", help="name a slave checks its master's certificate against "
+                                               "(default: the host in --master)")
+    sec.add_argument("--replication-access-key", help="a slave's access key towards a master that requires auth")
+    sec.add_argument("--replication-secret-file", help="file holding the secret of --replication-access-key")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-connections", type=int, help="data-plane connections at once (default 4096)")
+    lim.add_argument("--max-unacked-bytes", type=int,
+                     help="request bytes held unanswered across connections before SYSTEM_BUSY (default 256 MiB)")
+    lim.add_argument("--max-inflight-per-connection", type=int,
+                     help="requests in flight per connection before the broker stops reading it (default 1024)")
+    lim.add_argument("--idle-timeout-ms", type=int, help="close connections idle this long; 0 never (default 600000)")
+    lim.add_argument("--auth-timeout-ms", type=int, help="time a connection has to authenticate (default 10000)")
     p.set_defaults(run=run)
 
 
@@ -55,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
         "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,
         "replication_timeout_ms": args.replication_timeout_ms, "slave_read_enable": args.slave_read_enable,
         "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
+        "auth_file": args.auth_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+        "tls_client_ca": args.tls_client_ca, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name,
+        "replication_access_key": args.replication_access_key,
+        "replication_secret_file": args.replication_secret_file, "max_connections": args.max_connections,
+        "max_unacked_bytes": args.max_unacked_bytes, "max_inflight_per_connection": args.max_inflight_per_connection,
+        "idle_timeout_ms": args.idle_timeout_ms, "auth_timeout_ms": args.auth_timeout_ms,
     }
     tx = {"check_interval_ms": args.check_interval_ms, "timeout_ms": args.transaction_timeout_ms,
           "check_max": args.check_max}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from txbroker.cli.security_opts import add_arguments, client_options
 from txbroker.client.consumer import AsyncPullConsumer
 from txbroker.client.producer import AsyncProducer
 from txbroker.protocol.bodies import Message, MessageExt
@@ -38,6 +39,7 @@ def register(sub, default_broker: str) -> None:
     rs.set_defaults(run=resend_dlq)
     for p in (show, find, ls, rs):
         p.add_argument("--broker", default=default_broker, help="broker data-plane address (default %(default)s)")
+        add_arguments(p)
 
 
 def _doc(m: MessageExt) -> dict:
@@ -47,7 +49,7 @@ def _doc(m: MessageExt) -> dict:
 
 
 async def _with_consumer(args, fn):
-    async with AsyncPullConsumer(args.broker) as c:
+    async with AsyncPullConsumer(args.broker, **client_options(args)) as c:
         return await fn(c)
 
 
@@ -78,7 +80,7 @@ def list_dlq(args) -> int:
 
 def resend_dlq(args) -> int:
     async def go():
-        async with AsyncPullConsumer(args.broker) as c:
+        async with AsyncPullConsumer(args.broker, **client_options(args)) as c:
             m = await c.view(args.msg_id)
         if m.topic != f"%DLQ%{args.group}":
             raise ValueError(f"message {args.msg_id} is in {m.topic}, not in %DLQ%{args.group}")
@@ -87,7 +89,7 @@ def resend_dlq(args) -> int:
             raise ValueError(f"message {args.msg_id} does not say its original topic (RETRY_TOPIC)")
         props = {k: v for k, v in m.properties.items() if k not in _RETRY_PROPS}
         props["RESENT_FROM_DLQ"] = args.msg_id
-        async with AsyncProducer("txbroker-dlq", args.broker) as p:
+        async with AsyncProducer("txbroker-dlq", args.broker, **client_options(args)) as p:
             r = await p.send(Message(topic, m.body, m.tags, m.keys, props))
         return topic, r
 

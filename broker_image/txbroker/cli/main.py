@@ -7,7 +7,7 @@ import os
 import sys
 
 from txbroker import __version__
-from txbroker.cli import broker_cmd, lookup_cmd, messages_cmd, topic_cmd, tx_cmd
+from txbroker.cli import auth_cmd, broker_cmd, lookup_cmd, messages_cmd, topic_cmd, tx_cmd
 
 DEFAULT_BROKER = os.environ.get("TXBROKER_BROKER", "127.0.0.1:10911")
 DEFAULT_ADMIN = os.environ.get("TXBROKER_ADMIN", "http://127.0.0.1:10912")
@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="txbroker",
         description="Transactional messaging in the style of Apache RocketMQ. Data-plane commands talk to "
                     "--broker (env TXBROKER_BROKER); management commands to the admin API at --admin "
-                    "(env TXBROKER_ADMIN).",
+                    "(env TXBROKER_ADMIN). Brokers that require credentials or TLS: --access-key with "
+                    "TXBROKER_SECRET_KEY, --tls-ca (or the TXBROKER_ACCESS_KEY, TXBROKER_TLS_* variables).",
     )
     p.add_argument("--version", action="version", version=f"txbroker {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     messages_cmd.register(sub, DEFAULT_BROKER)
     lookup_cmd.register(sub, DEFAULT_BROKER)
     tx_cmd.register(sub, DEFAULT_ADMIN)
+    auth_cmd.register(sub)
     return p
 
 

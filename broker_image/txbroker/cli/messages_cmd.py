@@ -6,6 +6,7 @@ import asyncio
 import sys
 import time
 
+from txbroker.cli.security_opts import add_arguments, client_options
 from txbroker.client.consumer import AsyncPullConsumer
 from txbroker.client.producer import AsyncProducer
 from txbroker.protocol.bodies import Message
@@ -20,6 +21,7 @@ def register(sub, default_broker: str) -> None:
     s.add_argument("--keys", default="", help="space-separated message keys")
     s.add_argument("--group", default="txbroker-cli", help="producer group (default %(default)s)")
     s.add_argument("bodies", nargs="+", metavar="BODY")
+    add_arguments(s)
     s.set_defaults(run=send)
 
     t = sub.add_parser("tail", help="read committed messages of a topic",
@@ -31,6 +33,7 @@ def register(sub, default_broker: str) -> None:
     t.add_argument("--from-end", action="store_true", help="start at the end of each queue")
     t.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages (Ctrl-C stops)")
     t.add_argument("--limit", type=int, default=0, help="stop after this many messages")
+    add_arguments(t)
     t.set_defaults(run=tail)
 
 
@@ -39,7 +42,7 @@ def send(args) -> int:
     msgs = [Message(args.topic, b.encode(), tags=args.tags, keys=args.keys) for b in bodies]
 
     async def go():
-        async with AsyncProducer(args.group, args.broker) as p:
+        async with AsyncProducer(args.group, args.broker, **client_options(args)) as p:
             return await p.send(msgs)
 
     r = asyncio.run(go())
@@ -50,7 +53,7 @@ def send(args) -> int:
 
 def tail(args) -> int:
     async def go() -> int:
-        async with AsyncPullConsumer(args.broker) as c:
+        async with AsyncPullConsumer(args.broker, **client_options(args)) as c:
             count = await c.queue_count(args.topic)
             queues = [args.queue] if args.queue is not None else list(range(count))
             offsets = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from txbroker.client.admin import AdminClient
+from txbroker.cli.security_opts import add_arguments, admin_client
 
 
 def register(sub, default_admin: str) -> None:
@@ -16,16 +16,17 @@ def register(sub, default_admin: str) -> None:
     ls.set_defaults(run=list_topics)
     for q in (c, ls):
         q.add_argument("--admin", default=default_admin, help="broker admin URL (default %(default)s)")
+        add_arguments(q)
 
 
 def create(args) -> int:
-    r = AdminClient(args.admin).post("/api/v1/topics", {"name": args.name, "queues": args.queues})
+    r = admin_client(args).post("/api/v1/topics", {"name": args.name, "queues": args.queues})
     print(f"topic {r['name']}: {r['queues']} queues" + ("" if r["created"] else " (already existed)"))
     return 0
 
 
 def list_topics(args) -> int:
-    r = AdminClient(args.admin).get("/api/v1/topics")
+    r = admin_client(args).get("/api/v1/topics")
     print(f"{'TOPIC':40} QUEUES")
     for t in r["topics"]:
         print(f"{t['name']:40} {t['queues']}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from txbroker.client.admin import AdminClient
+from txbroker.cli.security_opts import add_arguments, admin_client
 
 
 def register(sub, default_admin: str) -> None:
@@ -30,11 +30,12 @@ def register(sub, default_admin: str) -> None:
         cmds.append(c)
     for c in cmds:
         c.add_argument("--admin", default=default_admin, help="broker admin URL (default %(default)s)")
+        add_arguments(c)
 
 
 def list_tx(args) -> int:
     q = f"?state={args.state}&limit={args.limit}" + (f"&group={args.group}" if args.group else "")
-    r = AdminClient(args.admin).get("/api/v1/transactions" + q)
+    r = admin_client(args).get("/api/v1/transactions" + q)
     now = time.time() * 1000
     print(f"{'TRANSACTION':34} {'GROUP':20} {'STATE':9} {'MSGS':>4} {'CHECKS':>6} {'AGE':>8}")
     for t in r["transactions"]:
@@ -46,11 +47,11 @@ def list_tx(args) -> int:
 
 
 def show(args) -> int:
-    print(json.dumps(AdminClient(args.admin).get(f"/api/v1/transactions/{args.transaction_id}"), indent=2))
+    print(json.dumps(admin_client(args).get(f"/api/v1/transactions/{args.transaction_id}"), indent=2))
     return 0
 
 
 def act(args) -> int:
-    r = AdminClient(args.admin).post(f"/api/v1/transactions/{args.transaction_id}/{args.action}")
+    r = admin_client(args).post(f"/api/v1/transactions/{args.transaction_id}/{args.action}")
     print(f"transaction {r['transaction_id']}: {r['state']}" + (" (already)" if r.get("already") else ""))
     return 0

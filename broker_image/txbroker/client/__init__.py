@@ -3,21 +3,26 @@
     from txbroker.client import Message, Producer, TransactionProducer, TransactionListener, LocalTransactionState
 
 Every class has an asyncio form (Async...) and a blocking form that runs the asyncio one on a
-background event loop.
+background event loop. Each takes `credentials=` and `tls=` for brokers that require them
+(client/security.py).
 """
 
 from txbroker.client.consumer import AsyncPullConsumer, PullConsumer, PullResult
-from txbroker.client.errors import BrokerError, BrokerUnavailable, ClientError, RequestTimeout
+from txbroker.client.errors import (
+    AuthenticationError, BrokerError, BrokerUnavailable, ClientError, RequestTimeout, TlsHandshakeError, TlsRequired,
+)
 from txbroker.client.producer import AsyncProducer, Producer, SendResult, hash_selector
 from txbroker.client.push_consumer import (
     AsyncPushConsumer, ConsumeContext, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, MessageModel, PushConsumer,
 )
+from txbroker.client.security import Credentials, TlsConfig
 from txbroker.client.transaction import (
     AsyncTransactionProducer, LocalTransactionState, TransactionListener, TransactionProducer, TransactionSendResult,
 )
 from txbroker.protocol.bodies import Message, MessageExt
 
 __all__ = [
+    "AuthenticationError", "Credentials", "TlsConfig", "TlsHandshakeError", "TlsRequired",
     "AsyncProducer", "AsyncPullConsumer", "AsyncPushConsumer", "ConsumeContext", "ConsumeFrom",
     "ConsumeOrderlyStatus", "ConsumeStatus", "MessageModel", "PushConsumer", "hash_selector", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
     "ClientError", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",

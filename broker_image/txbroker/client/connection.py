@@ -1,5 +1,11 @@
 """A persistent, pipelined connection to one broker, and a client over a list of brokers that
-reconnects with backoff."""
+reconnects with backoff, authenticates each new connection (when given credentials) and speaks
+TLS (when given a TlsConfig).
+
+A response with opaque 0 is the broker speaking about the connection, not a request: why it is
+being closed (too many connections, idle, not authenticated in time, TLS required). It is kept and
+reported with the loss of the connection; the broker processes nothing it receives after it, so a
+request still unanswered then was not processed and may be sent again."""
 
 from __future__ import annotations
 
@@ -7,13 +13,14 @@ import asyncio
 import itertools
 import logging
 import random
+import ssl
 import time
 from typing import Callable
 
-import msgspec
 
-from txbroker.client.errors import BrokerError, BrokerUnavailable, RequestTimeout
-from txbroker.protocol.bodies import ErrorBody, HeartbeatRequest, HeartbeatResponse, decoder, encode
+from txbroker.client.errors import BrokerError, BrokerUnavailable, RequestTimeout, TlsHandshakeError, broker_error
+from txbroker.client.security import as_credentials, as_tls, authenticate, tls_error
+from txbroker.protocol.bodies import BODY_ERRORS, ErrorBody, HeartbeatRequest, HeartbeatResponse, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import FLAG_ONEWAY, Frame, FrameDecoder, FrameError, encode_frame
 
@@ -24,7 +31,21 @@ _error_decoder = decoder(ErrorBody)
 
 
 class ConnectionLost(Exception):
-    pass
+    """The connection ended. `refusal` is the broker's (code, remark) if it said why; `cause` the
+    transport's error (an ssl.SSLError means TLS failed)."""
+
+    def __init__(self, message: str, refusal: tuple[int, str] | None = None, cause: BaseException | None = None):
+        super().__init__(message)
+        self.refusal = refusal
+        self.cause = cause
+
+    def fatal(self, address: str, request: str = "connect") -> Exception | None:
+        """The error to raise instead of reconnecting, if trying again cannot help."""
+        if self.refusal is not None and self.refusal[0] in (ResponseCode.UNAUTHORIZED, ResponseCode.TLS_REQUIRED):
+            return broker_error(address, request, *self.refusal)
+        if isinstance(self.cause, ssl.SSLError):
+            return tls_error(address, self.cause)
+        return None
 
 
 class _Protocol(asyncio.Protocol):
@@ -50,19 +71,34 @@ class _Protocol(asyncio.Protocol):
 class Connection:
     """One TCP connection. `call` pipelines: many requests may be in flight at once."""
 
-    def __init__(self, address: str, on_request: Callable[[Frame], None] | None = None):
+    def __init__(self, address: str, on_request: Callable[[Frame], None] | None = None, *,
+                 ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None):
         self.address = address
         self._on_request = on_request
+        self._ssl = ssl_context
+        self._server_hostname = server_hostname
         self._transport: asyncio.Transport | None = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._out: list[bytes] | None = None
+        self.refusal: tuple[int, str] | None = None  # what the broker said when it closed the connection
+        self.answered = False  # any response arrived (the connection worked at least once)
         self.closed = asyncio.Event()
 
     async def open(self, timeout: float) -> None:
+        """Connect (and with TLS, handshake). Raises OSError, asyncio.TimeoutError, or
+        TlsHandshakeError when the TLS handshake fails."""
         host, _, port = self.address.rpartition(":")
+        host = host.strip("[]")
         loop = asyncio.get_running_loop()
-        await asyncio.wait_for(loop.create_connection(lambda: _Protocol(self), host.strip("[]"), int(port)), timeout)
+        extra = {}
+        if self._ssl is not None:
+            extra = {"ssl": self._ssl, "server_hostname": self._server_hostname or host,
+                     "ssl_handshake_timeout": max(timeout, 0.1)}
+        try:
+            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(self), host, int(port), **extra), timeout)
+        except ssl.SSLError as e:
+            raise tls_error(self.address, e) from None
 
     @property
     def is_open(self) -> bool:
@@ -70,6 +106,12 @@ class Connection:
 
     def _frame(self, frame: Frame) -> None:
         if frame.is_response:
+            self.answered = True
+            if frame.opaque == 0 and frame.code != ResponseCode.SUCCESS:
+                self.refusal = (frame.code, _remark(frame))
+                log.warning("broker %s is closing the connection: %s", self.address, self.refusal[1])
+                self.close()
+                return
             fut = self._waiting.pop(frame.opaque, None)
             if fut is not None and not fut.done():
                 fut.set_result(frame)
@@ -78,7 +120,8 @@ class Connection:
 
     def _lost(self, exc) -> None:
         self.closed.set()
-        err = ConnectionLost(f"connection to {self.address} lost" + (f": {exc}" if exc else ""))
+        why = f": {self.refusal[1]}" if self.refusal else (f": {exc}" if exc else "")
+        err = ConnectionLost(f"connection to {self.address} lost{why}", self.refusal, exc)
         for fut in self._waiting.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -87,7 +130,7 @@ class Connection:
     async def call(self, code: int, body: bytes, timeout: float) -> Frame:
         if not self.is_open:
             raise ConnectionLost(f"connection to {self.address} is closed")
-        opaque = next(self._ids) & 0xFFFFFFFF
+        opaque = next(self._ids) & 0xFFFFFFFF or 1  # 0 is the broker's connection-level answer
         fut = asyncio.get_running_loop().create_future()
         self._waiting[opaque] = fut
         self._write(encode_frame(0, code, opaque, body))
@@ -144,8 +187,11 @@ class BrokerClient:
 
     def __init__(self, brokers, *, client_id: str = "", producer_groups: list[str] | None = None,
                  consumer_groups: list[str] | None = None, require_master: bool = True, request_timeout: float = 10.0, connect_timeout: float = 3.0,
-                 on_request: Callable[[Connection, Frame], None] | None = None):
+                 on_request: Callable[[Connection, Frame], None] | None = None, credentials=None, tls=None):
         self.addresses = parse_brokers(brokers)
+        self.credentials = as_credentials(credentials)
+        self.tls = as_tls(tls)
+        self._ssl = self.tls.context() if self.tls is not None else None
         self.client_id = client_id
         self.producer_groups = producer_groups or []
         self.consumer_groups = consumer_groups or []
@@ -175,11 +221,14 @@ class BrokerClient:
         errors: dict[str, str] = {}
         while not self._closed:
             address = self.addresses[self._index % len(self.addresses)]
-            conn = Connection(address)
+            conn = Connection(address, ssl_context=self._ssl,
+                              server_hostname=self.tls.server_hostname if self.tls is not None else None)
             if self._on_request is not None:
                 conn._on_request = lambda frame, c=conn: self._on_request(c, frame)
             try:
                 await conn.open(min(self.connect_timeout, max(deadline - time.monotonic(), 0.01)))
+                if self.credentials is not None:
+                    await authenticate(conn, self.credentials, self.connect_timeout)
                 hb = await self._heartbeat(conn)
                 if self.require_master and hb.role != "master":
                     if hb.master and hb.master not in self.addresses:
@@ -187,7 +236,26 @@ class BrokerClient:
                     raise _NotMaster(f"{hb.role} at epoch {hb.epoch}")
                 self._conn = conn
                 return conn
-            except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout, _NotMaster) as e:
+            except (BrokerError, TlsHandshakeError):
+                conn.close()  # refused credentials, a group they may not act for, TLS: the same on every try
+                raise
+            except ConnectionLost as e:
+                conn.close()
+                fatal = e.fatal(address)
+                if fatal is None and self._ssl is not None and not conn.answered and e.cause is None:
+                    # TLS 1.3 checks client certificates after the client's side of the handshake: a
+                    # broker that wants one, or does not trust the one given, closes before answering
+                    fatal = TlsHandshakeError(
+                        f"TLS with {address}: the broker closed the connection before answering; " + (
+                            "it probably does not accept this client certificate (is it signed by the broker's "
+                            "client CA?)" if self.tls.cert_file else
+                            "it probably requires a client certificate (TlsConfig(cert_file=..., key_file=...), "
+                            "CLI --tls-cert)"))
+                if fatal is not None:
+                    raise fatal from None
+                errors[address] = str(e)
+                self._index += 1
+            except (OSError, asyncio.TimeoutError, RequestTimeout, _NotMaster) as e:
                 conn.close()
                 errors[address] = str(e) or type(e).__name__
                 self._index += 1
@@ -203,8 +271,11 @@ class BrokerClient:
         frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, self.producer_groups,
                                                                      self.consumer_groups)),
                                 self.connect_timeout)
+        if frame.code in (ResponseCode.UNAUTHORIZED, ResponseCode.NO_PERMISSION, ResponseCode.TLS_REQUIRED):
+            # wrong or missing credentials, or a group these credentials may not act for: final
+            raise broker_error(conn.address, "HEARTBEAT", frame.code, _remark(frame))
         if frame.code != ResponseCode.SUCCESS:
-            raise ConnectionLost(f"heartbeat refused by {conn.address}: {_error_decoder.decode(frame.body).remark}")
+            raise ConnectionLost(f"heartbeat refused by {conn.address}: {_remark(frame)}")
         return _heartbeat_decoder.decode(frame.body)
 
     def _drop(self, conn: Connection) -> None:
@@ -229,7 +300,11 @@ class BrokerClient:
             try:
                 frame = await conn.call(code, payload, max(deadline - time.monotonic(), 0.01))
             except ConnectionLost as e:
-                if not retry or time.monotonic() >= deadline:
+                fatal = e.fatal(conn.address, name)
+                if fatal is not None:
+                    raise fatal from None
+                unprocessed = e.refusal is not None  # the broker said it closes: it never read this one
+                if (not retry and not unprocessed) or time.monotonic() >= deadline:
                     raise BrokerUnavailable(f"{name}: {e}") from None
                 continue
             if frame.code == ResponseCode.SUCCESS:
@@ -240,7 +315,7 @@ class BrokerClient:
                 log.info("%s: %s is no longer master (%s); looking for the master", name, conn.address, remark)
                 self._drop(conn)
                 continue
-            raise BrokerError(conn.address, name, frame.code, remark)
+            raise broker_error(conn.address, name, frame.code, remark)
         if response_type is None:
             return None
         return decoder(response_type).decode(frame.body)
@@ -279,5 +354,5 @@ _heartbeat_decoder = decoder(HeartbeatResponse)
 def _remark(frame: Frame) -> str:
     try:
         return _error_decoder.decode(frame.body).remark
-    except msgspec.DecodeError:
+    except BODY_ERRORS:
         return "(no detail)"

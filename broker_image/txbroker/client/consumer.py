@@ -22,9 +22,11 @@ class PullResult:
 
 
 class AsyncPullConsumer:
-    def __init__(self, brokers, *, request_timeout: float = 10.0, require_master: bool = True):
+    def __init__(self, brokers, *, request_timeout: float = 10.0, require_master: bool = True, credentials=None,
+                 tls=None):
         # Reads go to the master unless told otherwise (slaves serve reads only with slave_read_enable).
-        self.client = BrokerClient(brokers, request_timeout=request_timeout, require_master=require_master)
+        self.client = BrokerClient(brokers, request_timeout=request_timeout, require_master=require_master,
+                                   credentials=credentials, tls=tls)
 
     async def queue_count(self, topic: str) -> int:
         r: RouteResponse = await self.client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic), RouteResponse)

@@ -33,3 +33,26 @@ class BrokerUnavailable(ClientError):
 
 class RequestTimeout(ClientError):
     """The broker did not answer in time; the request may or may not have taken effect."""
+
+
+class AuthenticationError(BrokerError):
+    """The broker refused the credentials (none given, unknown access key or wrong secret, expired,
+    revoked), or would not prove it knows them. Not retried: the same credentials fail again."""
+
+
+class TlsRequired(BrokerError):
+    """The broker accepts TLS connections only and this client connected in plaintext."""
+
+
+class TlsHandshakeError(ClientError):
+    """TLS could not be set up: the broker's certificate is not trusted or does not name it, the
+    broker requires a client certificate, or the broker does not speak TLS."""
+
+
+def broker_error(broker: str, request: str, code: int, remark: str) -> BrokerError:
+    """The BrokerError subclass that says most about `code`."""
+    if code == ResponseCode.UNAUTHORIZED:
+        return AuthenticationError(broker, request, code, remark)
+    if code == ResponseCode.TLS_REQUIRED:
+        return TlsRequired(broker, request, code, remark)
+    return BrokerError(broker, request, code, remark)

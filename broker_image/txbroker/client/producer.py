@@ -54,12 +54,15 @@ def as_list(msg_or_msgs) -> list[Message]:
 class AsyncProducer:
     """Sends messages; a list sent at once is stored as one batch."""
 
-    def __init__(self, group: str, brokers, *, request_timeout: float = 10.0, retry_sends: bool = False):
+    def __init__(self, group: str, brokers, *, request_timeout: float = 10.0, retry_sends: bool = False,
+                 credentials=None, tls=None):
         self.group = group
         self.client_id = new_client_id()
         self.retry_sends = retry_sends  # a retried plain send can store a message twice
-        self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
-                                   request_timeout=request_timeout)
+        # A plain producer does not register its group: registration is what brings a group's
+        # check-backs, and with authentication on it needs the producer-group permission.
+        self.client = BrokerClient(brokers, client_id=self.client_id, request_timeout=request_timeout,
+                                   credentials=credentials, tls=tls)
         self._queue_counts: dict[str, int] = {}
 
     async def _queue_count(self, topic: str) -> int:
@@ -73,7 +76,7 @@ class AsyncProducer:
         return await self._queue_count(topic)
 
     async def start(self) -> "AsyncProducer":
-        await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id, [self.group]),
+        await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id),
                                   HeartbeatResponse, retry=True)
         return self
 

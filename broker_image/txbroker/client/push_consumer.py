@@ -108,7 +108,7 @@ class AsyncPushConsumer:
                  pull_batch_size: int = 32, max_reconsume_times: int = 16, heartbeat_interval: float = 10.0,
                  rebalance_interval: float = 20.0, offset_commit_interval: float = 5.0,
                  suspend_current_queue_time_ms: int = 1000, lock_lease_ms: int = 60_000, long_poll_ms: int = 15_000,
-                 offset_store_dir: str | None = None, request_timeout: float = 10.0):
+                 offset_store_dir: str | None = None, request_timeout: float = 10.0, credentials=None, tls=None):
         if not group:
             raise ValueError("a push consumer needs a consumer group")
         parse_tags(tags)  # raises TagExpressionError naming the bad expression
@@ -125,7 +125,8 @@ class AsyncPushConsumer:
         self.long_poll_ms = long_poll_ms
         self.client_id = new_client_id()
         self.client = BrokerClient(brokers, client_id=self.client_id, consumer_groups=[group],
-                                   request_timeout=request_timeout, on_request=self._on_request)
+                                   request_timeout=request_timeout, on_request=self._on_request,
+                                   credentials=credentials, tls=tls)
         self._pool = concurrent.futures.ThreadPoolExecutor(consume_threads, thread_name_prefix=f"consume-{group}")
         self._slots = asyncio.Semaphore(consume_threads)
         self._queues: dict[tuple[str, int], _Queue] = {}

@@ -80,14 +80,15 @@ class AsyncTransactionProducer:
     """asyncio transactional producer. Listener methods may be plain or `async def`."""
 
     def __init__(self, group: str, brokers, listener: TransactionListener, *, request_timeout: float = 10.0,
-                 check_workers: int = 4, check_queue: int = 2000):
+                 check_workers: int = 4, check_queue: int = 2000, credentials=None, tls=None):
         if not group:
             raise ValueError("a transactional producer needs a producer group")
         self.group = group
         self.listener = listener
         self.client_id = new_client_id()
         self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
-                                   request_timeout=request_timeout, on_request=self._on_request)
+                                   request_timeout=request_timeout, on_request=self._on_request,
+                                   credentials=credentials, tls=tls)
         # Check-backs run on a bounded pool, as RocketMQ's checkExecutor; beyond the queue they are
         # dropped (the broker asks again at its next interval).
         self._check_pool = concurrent.futures.ThreadPoolExecutor(check_workers, thread_name_prefix="txbroker-check")

@@ -249,6 +249,23 @@ class ReplicaAck(Struct, array_like=True):
     epoch: int
 
 
+class SaslRequest(Struct, array_like=True):
+    """SASL_AUTHENTICATE: one step of a SCRAM exchange (client-first, then client-final message)."""
+
+    mechanism: str  # "SCRAM-SHA-256"
+    payload: str
+
+
+class SaslResponse(Struct, array_like=True, omit_defaults=True):
+    payload: str  # server-first, then server-final (the client checks the server's signature)
+    done: bool = False  # the connection is authenticated as `access_key`
+    access_key: str = ""
+
+
+# What decoding a body can raise: msgspec's errors, and UnicodeDecodeError, which msgspec raises
+# as it is for a string that is not valid UTF-8 (found by the property tests).
+BODY_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 
@@ -263,5 +280,5 @@ def decoder(kind: type) -> msgspec.msgpack.Decoder:
 
 
 def decode(kind: type, data: bytes):
-    """Decode `data` as `kind`; raises msgspec.DecodeError / ValidationError naming the bad field."""
+    """Decode `data` as `kind`; raises one of BODY_ERRORS (msgspec's name the bad field)."""
     return decoder(kind).decode(data)

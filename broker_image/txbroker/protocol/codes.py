@@ -31,6 +31,9 @@ class RequestCode(IntEnum):
     REPLICATION_SUBSCRIBE = 900  # slave -> master: send me records from LSN n
     REPLICATION_PUSH = 901  # master -> slave, one-way: records
     REPLICATION_ACK = 902  # slave -> master, one-way: durable up to LSN n
+    # Authentication (RocketMQ's remoting signs each request instead; see broker/auth/__init__.py):
+    # one SCRAM exchange per connection, two round trips, before any other request.
+    SASL_AUTHENTICATE = 910
 
 
 class ResponseCode(IntEnum):
@@ -61,6 +64,10 @@ class ResponseCode(IntEnum):
     ILLEGAL_OPERATION = 604
     # The broker was master at an older epoch and has been deposed.
     CONTROLLER_FENCED_MASTER_EPOCH = 2003
+    # Security refusals. UNAUTHORIZED is RocketMQ 5's name and number for "who are you?" (no,
+    # wrong, expired or revoked credentials); "you may not" is NO_PERMISSION (16), as its ACL answers.
+    UNAUTHORIZED = 40100
+    TLS_REQUIRED = 40101  # a plaintext connection to a port that accepts TLS only
 
 
 class TransactionState(IntEnum):

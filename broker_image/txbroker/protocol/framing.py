@@ -10,7 +10,9 @@ Layout of one frame (big-endian):
     ... body        msgpack (see bodies.py)
 
 The decoder never raises out of `feed`: a frame that cannot be framed becomes a FrameError value,
-so the connection can answer it and decide whether the stream is still usable.
+so the connection can answer it and decide whether the stream is still usable. After a fatal
+error the stream cannot be resynchronised, and the decoder stays dead: later bytes are dropped,
+never decoded as frames (found by the property tests, tests/unit/test_fuzz_protocol.py).
 """
 
 from __future__ import annotations
@@ -59,15 +61,18 @@ def encode_frame(flags: int, code: int, opaque: int, body: bytes) -> bytes:
 class FrameDecoder:
     """Incremental decoder: feed bytes, get frames (or errors) out."""
 
-    __slots__ = ("_buf", "_max_frame", "_skip", "_skip_opaque")
+    __slots__ = ("_buf", "_max_frame", "_skip", "_skip_opaque", "dead")
 
     def __init__(self, max_frame_size: int) -> None:
         self._buf = bytearray()
         self._max_frame = max_frame_size
         self._skip = 0  # bytes of an oversize frame still to discard
         self._skip_opaque = 0
+        self.dead = False  # a fatal error was returned: nothing more is decoded
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
+        if self.dead:
+            return []
         buf = self._buf
         buf += data
         out: list[Frame | FrameError] = []
@@ -116,6 +121,9 @@ class FrameDecoder:
             pos += total
         if pos:
             del buf[:pos]
+        if out and type(out[-1]) is FrameError and out[-1].fatal:
+            self.dead = True
+            buf.clear()
         return out
 
     @property

@@ -1,12 +1,15 @@
 """One processor per request code, as RocketMQ's broker has. `handlers(broker)` is the table the
 connection dispatches on; a handler takes (connection, body bytes) and returns a Reply, or a
-coroutine that produces one."""
+coroutine that produces one.
+
+Rights are checked in each processor through `conn.access` (a no-op object when authentication is
+off), right after decoding, before anything is read or changed."""
 
 from __future__ import annotations
 
 from txbroker.protocol.codes import RequestCode
 
-from . import client, consumer, end_transaction, message, pull, replication, send, topic
+from . import auth, client, consumer, end_transaction, message, pull, replication, send, topic
 
 
 def handlers(broker) -> dict[int, object]:
@@ -29,4 +32,5 @@ def handlers(broker) -> dict[int, object]:
         RequestCode.QUERY_MESSAGE: consumer.QueryByKeyProcessor(broker),
         RequestCode.REPLICATION_SUBSCRIBE: replication.SubscribeProcessor(broker),
         RequestCode.REPLICATION_ACK: replication.AckProcessor(broker),
+        RequestCode.SASL_AUTHENTICATE: auth.SaslAuthenticateProcessor(broker),
     }

@@ -11,6 +11,11 @@ class HeartbeatProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        # Registering as a producer of a group is what brings that group's check-backs here.
+        for g in req.producer_groups:
+            conn.access.require_producer_group(g)
+        for g in req.consumer_groups:
+            conn.access.require_consumer_group(g)
         conn.client_id = req.client_id
         self._broker.producers.heartbeat(conn, req.producer_groups)
         if req.consumer_groups:

@@ -3,6 +3,7 @@ by timestamp and key."""
 
 from __future__ import annotations
 
+from txbroker.broker.auth.acl import SUB
 from txbroker.broker.replies import Reply, error, ok
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.protocol.bodies import (
@@ -31,6 +32,7 @@ class ConsumerListProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_consumer_group(req.consumer_group)
         return ok(ConsumerListResponse(self._consumers.members(req.consumer_group)))
 
 
@@ -41,6 +43,7 @@ class CommitOffsetsProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_consumer_group(req.consumer_group)
         self._b.role.require_master()
         if not req.consumer_group:
             return error(ResponseCode.MESSAGE_ILLEGAL, "committing offsets needs a consumer group")
@@ -63,6 +66,8 @@ class QueryOffsetsProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_consumer_group(req.consumer_group)
+        conn.access.require_topic(req.topic, SUB)
         count = self._b.topics.require(req.topic)
         state = self._b.state
         committed = {}
@@ -83,6 +88,8 @@ class SendBackProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_consumer_group(req.consumer_group)
+        conn.access.require_topic(req.topic, SUB)
         b = self._b
         b.role.require_master()
         try:
@@ -122,6 +129,7 @@ class LockQueuesProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_consumer_group(req.consumer_group)
         self._b.role.require_master()
         consumers = self._b.consumers
         if self._unlock:
@@ -140,6 +148,7 @@ class SearchOffsetProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_topic(req.topic, SUB)
         self._b.topics.require(req.topic, req.queue_id)
         read = self._b.reader.read_queue
         lo, hi = 0, read(req.topic, req.queue_id, 0, 0)[2]
@@ -160,6 +169,7 @@ class QueryByKeyProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_topic(req.topic, SUB)
         self._b.topics.require(req.topic)
         prefix = keys.key_index_prefix(req.topic, req.key)
         reader = self._b.reader

@@ -11,4 +11,5 @@ class EndTransactionProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_producer_group(req.producer_group)
         return self._tx.end(req, "check" if req.from_transaction_check else "producer")

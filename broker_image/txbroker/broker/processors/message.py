@@ -1,5 +1,6 @@
 """VIEW_MESSAGE_BY_ID: a stored message by id, visible or not."""
 
+from txbroker.broker.auth.acl import SUB
 from txbroker.broker.replies import Reply, error, ok
 from txbroker.protocol.bodies import ViewMessageRequest, decoder
 from txbroker.protocol.codes import ResponseCode
@@ -18,4 +19,5 @@ class ViewMessageProcessor:
             return error(ResponseCode.MESSAGE_ILLEGAL, str(e))
         if got is None:
             return error(ResponseCode.QUERY_NOT_FOUND, f"no message with id {req.msg_id}")
+        conn.access.require_topic(got[0].topic, SUB)  # known only once read
         return ok(got[0])

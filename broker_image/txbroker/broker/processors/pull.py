@@ -2,6 +2,7 @@
 
 import asyncio
 
+from txbroker.broker.auth.acl import SUB
 from txbroker.broker.replies import Reply, RequestError, error, ok
 from txbroker.protocol.bodies import PullRequest, PullResponse, decoder
 from txbroker.protocol.codes import ResponseCode
@@ -24,6 +25,9 @@ class PullProcessor:
 
     async def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_topic(req.topic, SUB)
+        if req.consumer_group:
+            conn.access.require_consumer_group(req.consumer_group)
         if not self._slave_reads:
             self._role.require_master()
         self._topics.require(req.topic, req.queue_id)

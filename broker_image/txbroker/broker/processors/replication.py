@@ -10,7 +10,10 @@ class SubscribeProcessor:
         self._broker = broker
 
     def __call__(self, conn, body: bytes) -> Reply:
-        return self._broker.leader.subscribe(conn, self._decode(body))
+        conn.access.require_replication()
+        req = self._decode(body)
+        conn.replica = True  # a quiet log is no reason to close a slave's connection
+        return self._broker.leader.subscribe(conn, req)
 
 
 class AckProcessor:
@@ -19,4 +22,5 @@ class AckProcessor:
         self._broker = broker
 
     def __call__(self, conn, body: bytes) -> None:
+        conn.access.require_replication()
         self._broker.leader.ack(conn, self._decode(body))  # one-way: no answer

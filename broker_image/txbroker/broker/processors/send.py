@@ -18,7 +18,10 @@ class SendProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        access = conn.access
+        access.require_publish(req.messages)
         if req.transaction_id:
+            access.require_producer_group(req.producer_group)
             return self._tx.prepare(req)
         self._role.require_master()
         msgs = req.messages

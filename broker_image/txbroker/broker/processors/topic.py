@@ -11,6 +11,7 @@ class RouteProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_route(req.topic)
         count = self._broker.topics.require(req.topic)
         role = self._broker.role
         return ok(RouteResponse(req.topic, count, self._broker.config.broker_name, role.role, role.epoch))
@@ -23,6 +24,7 @@ class CreateTopicProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        conn.access.require_create_topic(req.topic)
         self._broker.role.require_master()
         self._broker.topics.create(req.topic, req.queue_count)
         return ok(None, self._broker.state.writer.batch().future)

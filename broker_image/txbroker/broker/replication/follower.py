@@ -12,7 +12,8 @@ import logging
 import random
 
 from txbroker.client.connection import Connection, ConnectionLost
-from txbroker.client.errors import RequestTimeout
+from txbroker.client.errors import ClientError, RequestTimeout
+from txbroker.client.security import Credentials, authenticate
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import ErrorBody, ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
@@ -57,6 +58,11 @@ class ReplicationFollower:
             except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout) as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.info("replication from %s: %s; retrying", self.master, self.last_error)
+            except ClientError as e:  # refused credentials, TLS: say so loudly, keep trying (they may be fixed)
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.error("replication from %s: %s; retrying", self.master, self.last_error)
+                if self._conn is not None:
+                    self._conn.close()
             except Exception:  # a bug must not end replication silently
                 log.exception("replication from %s failed; retrying", self.master)
             self.connected = False
@@ -65,11 +71,16 @@ class ReplicationFollower:
 
     async def _session(self) -> bool:
         """One connection's life. True: reconnect at once (after a truncation)."""
-        conn = self._conn = Connection(self.master, self._on_push)
+        tls = self._broker.tls.replication
+        conn = self._conn = Connection(self.master, self._on_push, ssl_context=tls,
+                                       server_hostname=self._broker.config.tls_server_name or None)
         await conn.open(3.0)
         if self._stopping:
             conn.close()
             return False
+        creds = self._broker.replication_credentials
+        if creds is not None:
+            await authenticate(conn, Credentials(*creds), 10.0)
         state = self._state
         req = ReplicaSubscribe(self._broker.config.broker_name, state.next_lsn, state.epoch,
                                self._broker.config.listen)
