@@ -100,6 +100,15 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
         status.condition("Ready", all_applied, "Applied" if all_applied else "Pending", applied_msg, old_conds),
         status.condition("Applied", all_applied, "Applied" if all_applied else "Pending", applied_msg, old_conds),
     ]
+    creds = (spec.get("credentialsSecretRef") or {}).get("name")
+    if creds:
+        try:
+            security.group_credentials(ns, creds)
+            new["conditions"].append(status.condition("CredentialsFound", True, "Found",
+                                                      f"Secret {creds} holds access-key and secret-key", old_conds))
+        except security.SecretProblem as e:
+            events.post_once(body, events.WARNING, "SecretInvalid", str(e))
+            new["conditions"].append(status.condition("CredentialsFound", False, "SecretInvalid", str(e), old_conds))
     if new.get("parked"):
         new["conditions"].append(status.condition(
             "Parked", True, "CheckMaxReached",

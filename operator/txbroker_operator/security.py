@@ -96,3 +96,13 @@ def _build(authorization: str, tls: dict[str, bytes] | None, hostname: str) -> b
     pool = urllib3.PoolManager(num_pools=16, maxsize=4, retries=False, ssl_context=ctx,
                                server_hostname=hostname, assert_hostname=hostname)
     return brokers.Access(scheme="https", authorization=authorization, pool=pool)
+
+
+GROUP_KEYS = ("access-key", "secret-key")
+
+
+def group_credentials(namespace: str, name: str) -> tuple[str, str]:
+    """A TxProducerGroup's credentialsSecretRef: the access key and secret its producers (or its
+    ledger checker) authenticate with. The operator only checks it; the producers mount it."""
+    data = _secret(namespace, name, GROUP_KEYS, "credentialsSecretRef")
+    return data["access-key"].decode().strip(), data["secret-key"].decode().strip()

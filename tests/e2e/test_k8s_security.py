@@ -166,3 +166,17 @@ def test_a_missing_secret_is_reported_and_nothing_is_promoted(operator):
     assert "Secret does-not-exist (spec.authSecretRef) does not exist" in event["message"]
     txb = tb.get("txb", "nosecret", ns)
     assert txb["status"]["phase"] != "Running" and (condition(txb, "Ready") or {}).get("status") != "True"
+
+
+def test_producer_group_credentials_are_checked(operator):
+    tb, ns = operator.testbed, operator.namespace
+    tb.apply(txbroker("pgsec", replicas=1), ns)
+    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxProducerGroup", "metadata": {"name": "billing"},
+              "spec": {"brokerRef": {"name": "pgsec"}, "credentialsSecretRef": {"name": "billing-creds"}}}, ns)
+
+    def found(value):
+        return lambda: (c := condition(tb.get("txpg", "billing", ns), "CredentialsFound")) and c["status"] == value and c
+    missing = wait_for(found("False"), 60, "CredentialsFound False")
+    assert "Secret billing-creds (credentialsSecretRef) does not exist" in missing["message"]
+    tb.apply(secret("billing-creds", {"access-key": "billing", "secret-key": "s3cret"}), ns)
+    wait_for(found("True"), 60, "CredentialsFound True once the Secret exists")
