@@ -74,7 +74,7 @@ def test_max_connections(broker_factory):
     b = broker_factory("--max-connections", "2")
     with Producer("g", b.address) as p1, Producer("g", b.address) as p2:
         with pytest.raises(BrokerUnavailable) as e:
-            Producer("g", b.address, request_timeout=1.5).start()
+            Producer("g", b.address, request_timeout=10).start()   # refused at once; the timeout only guards a loaded machine
         assert "max_connections reached" in str(e.value) and "2 connections open" in str(e.value)
         raw = RawClient(b.address)
         f = raw.answer()  # told at once, on a connection-level answer (opaque 0), then closed
@@ -85,7 +85,7 @@ def test_max_connections(broker_factory):
 
     def a_new_one_gets_in():
         try:
-            with Producer("g", b.address, request_timeout=1.0) as p:
+            with Producer("g", b.address, request_timeout=5) as p:
                 return bool(p.send(Message("T", b"3")).msg_ids)
         except BrokerUnavailable:
             return False

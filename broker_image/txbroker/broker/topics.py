@@ -66,12 +66,16 @@ class TopicRegistry:
         return True
 
     def validate_for_send(self, messages: list[Message]) -> None:
-        """Check each message and bind it to a queue (queue_id -1: round robin). Raises RequestError."""
+        """Check each message and bind it to a queue. Messages without one (queue_id -1) go round
+        robin per request: all of one request's messages to a topic share a queue, as a RocketMQ
+        batch does, so they get consecutive offsets (one reservation and one run at commit) and
+        a consumer reads them together. Raises RequestError."""
         if not messages:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a send must carry at least one message")
         topics = self._state.topics
         limit = self.max_message_size
         total = 0
+        chosen: dict[str, int] = {}
         for m in messages:
             topic = m.topic
             count = topics.get(topic)
@@ -88,10 +92,13 @@ class TopicRegistry:
                                    f"message body of {size} bytes (request total {total}) exceeds max_message_size {limit}")
             q = m.queue_id
             if q == -1:
-                rr = self._round_robin.get(topic)
-                if rr is None:
-                    rr = self._round_robin[topic] = itertools.count()
-                m.queue_id = next(rr) % count
+                q = chosen.get(topic)
+                if q is None:
+                    rr = self._round_robin.get(topic)
+                    if rr is None:
+                        rr = self._round_robin[topic] = itertools.count()
+                    q = chosen[topic] = next(rr) % count
+                m.queue_id = q
             elif not 0 <= q < count:
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"queue {q} does not exist: topic {topic} has {count} queues")
 

@@ -220,15 +220,18 @@ class StateMachine:
         """Queue-index entries for the messages of record `lsn` (becoming visible when durable)."""
         put = b.wb.put
         h = self._h_cq
-        visible = b.visible
-        queue_end = self._queue_end
+        lsn_key, cq_value = keys.lsn_key, keys.cq_value
+        ends: dict[bytes, int] = {}
         prefix_of: dict[tuple[str, int], bytes] = {}
         for i, (dest, off) in enumerate(zip(destinations, offsets)):
             prefix = prefix_of.get(dest)
             if prefix is None:
                 prefix = prefix_of[dest] = keys.queue_prefix(*dest)
-            put(prefix + keys.lsn_key(off), keys.cq_value(lsn, i), h)
-            end = off + 1
+            put(prefix + lsn_key(off), cq_value(lsn, i), h)
+            if ends.get(prefix, -1) <= off:
+                ends[prefix] = off + 1
+        visible, queue_end = b.visible, self._queue_end
+        for prefix, end in ends.items():
             if visible.get(prefix, -1) < end:
                 visible[prefix] = end
             if queue_end.get(prefix, 0) < end:  # a replica learns offsets from the record
