@@ -19,6 +19,9 @@ rolls them back at check-back.
         --ledger /tmp/ledger --input /tmp/orders --output /tmp/orders-result [--fail-partition 1]
 
 Also runs under spark-submit (the master then comes from spark-submit unless --master is given).
+A broker that requires credentials or TLS: --access-key with --secret-key-file, --tls-ca (and
+--tls-cert/--tls-key, --tls-server-name), or the same from the environment (TXBROKER_ACCESS_KEY,
+TXBROKER_SECRET_KEY_FILE, TXBROKER_TLS_CA, ...), as the data source reads them (txbroker_spark/security.py).
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--settle-seconds", type=float, default=120.0, help="how long to wait for that")
     p.add_argument("--summary-json", default=None, help="also write the summary here")
     p.add_argument("--log-level", default="INFO")
+    from txbroker_spark.security import add_arguments
+
+    add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -145,7 +151,14 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from txbroker_spark import DeferredJob, JobAborted, Ledger, local_session, register
     from txbroker_spark.datasource import new_job_id
+    from txbroker_spark.options import OptionError
+    from txbroker_spark.security import flag_message, from_args, options_from_args
 
+    try:  # the flags, else the environment: the same settings the data source resolves from its options
+        security = from_args(args)
+    except OptionError as e:
+        print(f"orders_job: {flag_message(e)}", file=sys.stderr)
+        return 2
     t_start = time.monotonic()
     output, inp = Path(args.output).absolute(), Path(args.input).absolute()
     ledger_dir = os.path.abspath(os.path.expanduser(args.ledger))
@@ -181,12 +194,13 @@ def main(argv=None) -> int:
               .option("brokers", args.brokers).option("topic", args.topic).option("producerGroup", args.group)
               .option("ledger", ledger_dir).option("jobId", job).option("commit", "deferred")
               .option("keyColumn", "order_id").option("tagsColumn", "status")
-              .option("batchSize", args.batch_size).option("deadlineSeconds", args.deadline_seconds))
+              .option("batchSize", args.batch_size).option("deadlineSeconds", args.deadline_seconds)
+              .options(**options_from_args(args)))  # credentials and TLS flags; absent: the environment
     if args.fail_partition is not None:
         writer = writer.option("inject.failPartition", args.fail_partition).option("inject.failMode", args.fail_mode)
         log.info("injecting a failure: the first attempt of partition %d fails (%s) after sending its half messages",
                  args.fail_partition, args.fail_mode)
-    deferred = DeferredJob(ledger_dir, args.brokers, args.group, job)
+    deferred = DeferredJob(ledger_dir, args.brokers, args.group, job, security=security)
     discarded: list[str] = []
     try:
         t0 = time.monotonic()

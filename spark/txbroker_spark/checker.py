@@ -2,7 +2,14 @@
 check-backs for Spark jobs from the ledger.
 
     python -m txbroker_spark.checker --brokers HOST:PORT[,HOST:PORT] --group GROUP --ledger DIR \
-        [--deadline-seconds 600] [--log-level INFO]
+        [--deadline-seconds 600] [--log-level INFO] \
+        [--access-key KEY --secret-key-file FILE] [--tls-ca CA [--tls-cert CERT --tls-key KEY] [--tls-server-name N]]
+
+A secured broker: the credentials need the producer group (its check-backs, and the ENDs that answer
+them); without the flags they come from the environment as for the data source (TXBROKER_ACCESS_KEY,
+TXBROKER_SECRET_KEY_FILE or TXBROKER_SECRET_KEY, TXBROKER_TLS_CA, ...; security.py). Refused
+credentials or TLS at start end the checker at once (exit 2) naming the setting; refused later (the
+secret rotated, say), it reads the secret file again and reconnects.
 
 How a check-back about a half message is answered (the message's properties name its job):
   - the job (or micro-batch) has a decision: COMMITTED -> COMMIT if the transaction id is in the
@@ -29,10 +36,13 @@ import signal
 import sys
 import time
 
-from txbroker.client import AsyncTransactionProducer, ClientError, LocalTransactionState, TransactionListener
+from txbroker.client import (
+    AsyncTransactionProducer, BrokerError, ClientError, LocalTransactionState, TlsHandshakeError, TransactionListener,
+)
 
 from txbroker_spark.ledger import ABORTED, Decision, Ledger, identity_is_dead, now_ms
-from txbroker_spark.options import P_BATCH, P_EPOCH, P_JOB, P_KIND, P_QUERY, default_ledger
+from txbroker_spark.options import P_BATCH, P_EPOCH, P_JOB, P_KIND, P_QUERY, OptionError, default_ledger
+from txbroker_spark.security import BrokerSecurity, add_arguments, flag_message, from_args
 
 log = logging.getLogger("txbroker_spark.checker")
 
@@ -129,24 +139,33 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
         return False
 
 
+def _refused(security: BrokerSecurity, e: Exception) -> OptionError | None:
+    return security.refusal(e) if isinstance(e, (BrokerError, TlsHandshakeError)) else None
+
+
 async def run(brokers: str, group: str, ledger_dir: str, deadline_ms: int, stop: asyncio.Event,
-              keepalive_seconds: float = 5.0) -> None:
+              keepalive_seconds: float = 5.0, security: BrokerSecurity | None = None) -> None:
+    security = security or BrokerSecurity()
     ledger = Ledger(ledger_dir).ensure()
     resolver = LedgerResolver(ledger, deadline_ms)
-    producer = AsyncTransactionProducer(group, brokers, LedgerListener(resolver))
+    producer = AsyncTransactionProducer(group, brokers, LedgerListener(resolver), **security.client_kwargs())
     delay = 0.5
     while True:  # a checker outlives broker restarts: wait for one to answer
         try:
             await producer.start()
             break
         except ClientError as e:
+            refused = _refused(security, e)
+            if refused is not None:  # the same settings fail again: say which to fix, and stop
+                await producer.close()
+                raise refused from None
             log.warning("no broker yet (%s); retrying in %.1fs", e, delay)
             if await _wait(stop, delay):
                 await producer.close()
                 return
             delay = min(delay * 2, 5.0)
-    log.info("checker ready: group %s on %s, ledger %s, default deadline %.0fs", group, brokers, ledger.root,
-             deadline_ms / 1000)
+    log.info("checker ready: group %s on %s (%s), ledger %s, default deadline %.0fs", group, brokers,
+             security.describe(), ledger.root, deadline_ms / 1000)
     print(f"checker ready group={group} brokers={brokers} ledger={ledger.root}", flush=True)
     try:
         # Check-backs arrive on the registered connection; if it drops (a broker restart), reconnect
@@ -155,7 +174,18 @@ async def run(brokers: str, group: str, ledger_dir: str, deadline_ms: int, stop:
             try:
                 await producer.client.connection(time.monotonic() + producer.client.request_timeout)
             except ClientError as e:
-                log.warning("broker connection lost (%s); retrying", e)
+                refused = _refused(security, e)
+                if refused is None:
+                    log.warning("broker connection lost (%s); retrying", e)
+                    continue
+                # e.g. the credentials were rotated: the mounted secret file may be updated after the
+                # broker's credentials file, so read it again and keep trying
+                log.error("the broker refused the checker: %s; reading the credentials again and retrying",
+                          flag_message(refused))
+                try:
+                    producer.client.credentials = security.credentials()
+                except OptionError as read_error:
+                    log.error("%s", flag_message(read_error))
     finally:
         await producer.close()
         log.info("checker stopped; answers: %s", resolver.answers)
@@ -172,7 +202,9 @@ def main(argv=None) -> int:
                    help="roll back a job with no decision after this long, when its start record has no deadline "
                         "of its own (default 600)")
     p.add_argument("--log-level", default="INFO")
+    add_arguments(p)
     args = p.parse_args(argv)
+    security = from_args(args, p)  # a wrong path or certificate: exit 2 naming the flag
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -181,10 +213,13 @@ def main(argv=None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run(args.brokers, args.group, args.ledger, int(args.deadline_seconds * 1000), stop)
+        await run(args.brokers, args.group, args.ledger, int(args.deadline_seconds * 1000), stop, security=security)
 
     try:
         asyncio.run(amain())
+    except OptionError as e:  # credentials or TLS refused: the setting to fix
+        print(f"checker: {flag_message(e)}", file=sys.stderr)
+        return 2
     except Exception as e:  # noqa: BLE001 - one clear line for an operator
         print(f"checker: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -128,7 +128,7 @@ def _attempts(msgs) -> list[dict]:
 
 
 def _ends(o: WriteOptions, txids, state: TransactionState):
-    return end_all(o.brokers, o.group, txids, state, request_timeout=o.request_timeout)
+    return end_all(o.brokers, o.group, txids, state, request_timeout=o.request_timeout, security=o.security)
 
 
 @dataclass
@@ -151,14 +151,15 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
     def __init__(self, o: WriteOptions):
         _setup_logging()
         self.o = o
-        probe_brokers(o.brokers, o.topic)
+        probe_brokers(o.brokers, o.topic, security=o.security, group=o.group)
         ledger = Ledger(o.ledger).ensure()
         self.job = o.job_id or new_job_id()
         if ledger.job_decision(self.job) is not None:
             raise OptionError("jobId", f"job {self.job} is already decided in the ledger {o.ledger}; use a new id")
         ledger.register_job(self.job, deadline_ms=o.deadline_ms, meta={
             "kind": "batch", "group": o.group, "topic": o.topic, "commit": o.commit})
-        log.info("job %s: publishing to %s as group %s (ledger %s)", self.job, o.topic, o.group, o.ledger)
+        log.info("job %s: publishing to %s as group %s (ledger %s; %s)", self.job, o.topic, o.group, o.ledger,
+                 o.security.describe())
 
     def write(self, iterator) -> TxCommitMessage:
         _setup_logging()
@@ -276,7 +277,7 @@ class TxBrokerStreamWriter(DataSourceStreamWriter):
         _setup_logging()
         self.o = o
         self.query = stream_identity(o)
-        probe_brokers(o.brokers, o.topic)
+        probe_brokers(o.brokers, o.topic, security=o.security, group=o.group)
         ledger = Ledger(o.ledger).ensure()
         ledger.register_stream_driver(self.query, deadline_ms=o.deadline_ms)
         self.epoch = ledger.stream_epoch(self.query)
@@ -390,6 +391,19 @@ class TxBrokerStreamWriter(DataSourceStreamWriter):
 
 # ---- read ------------------------------------------------------------------------------------
 
+def _named(security, call):
+    """Run `call`; a refusal of the credentials, their rights or TLS is raised naming the option."""
+    from txbroker.client.errors import BrokerError, TlsHandshakeError
+
+    try:
+        return call()
+    except (BrokerError, TlsHandshakeError) as e:
+        named = security.refusal(e)
+        if named is None:
+            raise
+        raise named from None
+
+
 class QueueRange(InputPartition):
     def __init__(self, queue_id: int, start: int, end: int):
         super().__init__((queue_id, start, end))
@@ -405,7 +419,7 @@ class TxBrokerReader(DataSourceReader):
         from txbroker.client.consumer import AsyncPullConsumer
 
         o = self.o
-        count = probe_brokers(o.brokers, o.topic)
+        count = probe_brokers(o.brokers, o.topic, security=o.security)
         if count is None:
             raise OptionError("topic", f"topic {o.topic} does not exist on {','.join(o.brokers)}")
         queues = o.queues if o.queues is not None else list(range(count))
@@ -414,13 +428,13 @@ class TxBrokerReader(DataSourceReader):
             raise OptionError("queues", f"topic {o.topic} has queues 0..{count - 1}; no queue {bad[0]}")
 
         async def ends():
-            c = AsyncPullConsumer(o.brokers, request_timeout=o.request_timeout)
+            c = AsyncPullConsumer(o.brokers, request_timeout=o.request_timeout, **o.security.client_kwargs())
             try:
                 return {q: (await c.pull(o.topic, q, 0, 1)).max_offset for q in queues}
             finally:
                 await c.close()
 
-        latest = background.run(ends())
+        latest = _named(o.security, lambda: background.run(ends()))
         out = []
         for q in queues:
             start = (o.starting or {}).get(q, 0)
@@ -436,13 +450,13 @@ class TxBrokerReader(DataSourceReader):
         if partition.queue_id < 0:
             return
         o = self.o
-        consumer = AsyncPullConsumer(o.brokers, request_timeout=o.request_timeout)
+        consumer = AsyncPullConsumer(o.brokers, request_timeout=o.request_timeout, **o.security.client_kwargs())
         utc = _dt.timezone.utc
         try:
             offset = partition.start
             while offset < partition.end:
-                r = background.run(consumer.pull(o.topic, partition.queue_id, offset,
-                                                 min(o.pull_batch, partition.end - offset)))
+                r = _named(o.security, lambda: background.run(consumer.pull(
+                    o.topic, partition.queue_id, offset, min(o.pull_batch, partition.end - offset))))
                 if not r.messages:
                     break
                 for m in r.messages:

@@ -4,6 +4,7 @@ the decision (RocketMQ's pattern with Spark in the middle).
     job = new_job_id("orders")
     events.write.format("txbroker").option("commit", "deferred").option("jobId", job)...save()
     d = DeferredJob(ledger, brokers, group, job)      # the half messages are stored, invisible
+                                                      # (a secured broker: security=parse_security(options))
     ... the local transaction (e.g. write a dataset) ...
     d.decide(commit=True)                             # the commit point: the ledger's decision
     ... make the local transaction's result visible (idempotent, may be redone after a crash) ...
@@ -21,6 +22,7 @@ from txbroker.protocol.codes import TransactionState
 
 from txbroker_spark.ledger import ABORTED, COMMITTED, Decision, Ledger
 from txbroker_spark.publisher import EndReport, end_all
+from txbroker_spark.security import BrokerSecurity
 
 
 class JobAborted(RuntimeError):
@@ -34,9 +36,11 @@ class DeferredJob:
     group: str
     job: str
     request_timeout: float = 30.0
+    security: BrokerSecurity | None = None  # credentials and TLS, as the write's (None: none)
 
     def __post_init__(self):
         self.ledger = Ledger(self.ledger_dir)
+        self.security = self.security or BrokerSecurity()
         self.decision: Decision | None = None
 
     def prepared(self) -> dict:
@@ -84,4 +88,5 @@ class DeferredJob:
         return self._ends(prep["txids"] if prep else [], TransactionState.ROLLBACK)
 
     def _ends(self, txids, state: TransactionState) -> EndReport:
-        return end_all(self.brokers, self.group, txids, state, request_timeout=self.request_timeout)
+        return end_all(self.brokers, self.group, txids, state, request_timeout=self.request_timeout,
+                       security=self.security)

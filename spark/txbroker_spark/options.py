@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from txbroker_spark.security import BrokerSecurity
 
 TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # the broker's rule (RocketMQ's)
 DEFAULT_LEDGER = "~/.txbroker/ledger"
@@ -27,9 +31,18 @@ P_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 
 class OptionError(ValueError):
-    def __init__(self, option: str, problem: str):
+    """A problem with an option, named: `txbroker option 'topic': ...`. `source` is the environment
+    variable the value came from, when it did not come from the options."""
+
+    def __init__(self, option: str, problem: str, source: str | None = None):
         self.option = option
-        super().__init__(f"txbroker option '{option}': {problem}")
+        self.problem = problem
+        self.source = source
+        where = f" (from ${source})" if source else ""
+        super().__init__(f"txbroker option '{option}'{where}: {problem}")
+
+    def __reduce__(self):
+        return type(self), (self.option, self.problem, self.source)
 
 
 def default_ledger() -> str:
@@ -67,6 +80,16 @@ def _float(options, name: str, default: float, lo: float, hi: float) -> float:
     if not lo <= value <= hi:
         raise OptionError(name, f"must be between {lo} and {hi}, got {value}")
     return value
+
+
+def _security(options) -> BrokerSecurity:
+    """accessKey, secretKey / secretKeyFile, tls* (or the TXBROKER_* environment), checked now: files
+    readable and loadable on the driver."""
+    from txbroker_spark.security import parse_security
+
+    sec = parse_security(options)
+    sec.check_files()
+    return sec
 
 
 def parse_brokers(options) -> list[str]:
@@ -129,6 +152,7 @@ class WriteOptions:
     stream_id: str | None = None
     checkpoint: str | None = None
     columns: list[str] = field(default_factory=list)
+    security: BrokerSecurity = None  # credentials and TLS (security.py); its repr leaves out the secret
     # failure injection, for tests and demos (never set in production)
     fail_partition: int | None = None
     fail_mode: str = "crash"  # crash (the Python worker dies) | raise (the task raises) | always (every attempt raises)
@@ -137,6 +161,12 @@ class WriteOptions:
     hang_at: str | None = None  # before-decision | after-decision
     hang_batch: int | None = None  # streaming: only this batch id
     marker_file: str | None = None
+
+    def __post_init__(self):
+        if self.security is None:
+            from txbroker_spark.security import BrokerSecurity
+
+            self.security = BrokerSecurity()
 
 
 def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
@@ -149,7 +179,7 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
         raise OptionError("producerGroup", f"must be at most 255 characters without spaces, got {group!r}")
     ledger = _get(options, "ledger", default_ledger())
     o = WriteOptions(brokers=brokers, topic=topic, group=group, ledger=os.path.abspath(os.path.expanduser(ledger)),
-                     columns=schema.fieldNames())
+                     columns=schema.fieldNames(), security=_security(options))
 
     body = _column(schema, options, "bodyColumn")
     fmt = (_get(options, "bodyFormat", "auto")).lower()
@@ -226,6 +256,13 @@ class ReadOptions:
     ending: dict[int, int] | None = None  # None: latest (at planning time)
     pull_batch: int = 512
     request_timeout: float = 30.0
+    security: BrokerSecurity = None
+
+    def __post_init__(self):
+        if self.security is None:
+            from txbroker_spark.security import BrokerSecurity
+
+            self.security = BrokerSecurity()
 
 
 def _offsets(options, name: str) -> dict[int, int] | None:
@@ -250,7 +287,7 @@ def _offsets(options, name: str) -> dict[int, int] | None:
 
 
 def parse_read_options(options) -> ReadOptions:
-    o = ReadOptions(brokers=parse_brokers(options), topic=parse_topic(options))
+    o = ReadOptions(brokers=parse_brokers(options), topic=parse_topic(options), security=_security(options))
     q = _get(options, "queues")
     if q is not None:
         try:

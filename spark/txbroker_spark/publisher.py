@@ -16,6 +16,7 @@ import datetime as _dt
 import decimal
 import hashlib
 import logging
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -23,13 +24,14 @@ import msgspec
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient
-from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.errors import BrokerError, ClientError, TlsHandshakeError
 from txbroker.protocol.bodies import (
     EndTransactionRequest, EndTransactionResponse, Message, RouteRequest, RouteResponse, SendRequest, SendResponse,
 )
 from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
 
 from txbroker_spark.options import OptionError, WriteOptions
+from txbroker_spark.security import BrokerSecurity
 
 log = logging.getLogger("txbroker_spark")
 
@@ -124,6 +126,9 @@ def content_hash(msgs: list[Message]) -> str:
 # ---- the task side ---------------------------------------------------------------------------
 
 def _refusal(e: BrokerError, o: WriteOptions) -> Exception:
+    named = o.security.refusal(e)
+    if named is not None:  # credentials, rights, TLS
+        return named
     if e.code == ResponseCode.TOPIC_NOT_EXIST:
         return OptionError("topic", f"the broker refused: {e.remark} (create it, or enable auto_create_topic)")
     if e.code == ResponseCode.TRANSACTION_STATE_GROUP_WRONG:
@@ -139,7 +144,7 @@ class TaskPublisher:
         self.o = o
         self._txid_for = txid_for  # (chunk number, messages) -> transaction id
         self._loop = background.loop()
-        self._client = BrokerClient(o.brokers, request_timeout=o.request_timeout)
+        self._client = BrokerClient(o.brokers, request_timeout=o.request_timeout, **o.security.client_kwargs())
         self._inflight: deque = deque()
         self._pending: list[Message] = []
         self._pending_bytes = 0
@@ -223,12 +228,13 @@ class EndReport:
 
 
 async def end_all_async(brokers, group: str, txids, state: TransactionState, *, request_timeout: float = 30.0,
-                        concurrency: int = 256) -> EndReport:
+                        concurrency: int = 256, security: BrokerSecurity | None = None) -> EndReport:
     report = EndReport(state.name)
     txids = list(dict.fromkeys(txids))
     if not txids:
         return report
-    client = BrokerClient(brokers, request_timeout=request_timeout)
+    security = security or BrokerSecurity()
+    client = BrokerClient(brokers, request_timeout=request_timeout, **security.client_kwargs())
     sem = asyncio.Semaphore(concurrency)
 
     async def one(txid: str) -> None:
@@ -240,10 +246,12 @@ async def end_all_async(brokers, group: str, txids, state: TransactionState, *, 
             except BrokerError as e:
                 if state == TransactionState.ROLLBACK and e.code == ResponseCode.QUERY_NOT_FOUND:
                     report.acknowledged += 1  # never stored: nothing to roll back
+                elif security.refusal(e) is not None:  # credentials or rights: not a decision, not delivered
+                    report.undelivered[txid] = str(security.refusal(e))
                 else:
                     report.refused[txid] = f"{e.code_name}: {e.remark}"
             except ClientError as e:
-                report.undelivered[txid] = str(e)
+                report.undelivered[txid] = str(security.refusal(e) or e)
             else:
                 report.acknowledged += 1
                 report.already += bool(r.already)
@@ -260,26 +268,46 @@ def end_all(brokers, group: str, txids, state: TransactionState, **kwargs) -> En
     return background.run(end_all_async(brokers, group, txids, state, **kwargs))
 
 
-async def _probe(brokers, topic: str, timeout: float) -> int | None:
-    client = BrokerClient(brokers, request_timeout=timeout, connect_timeout=min(timeout, 3.0))
+async def _probe(brokers, topic: str, timeout: float, security: BrokerSecurity, group: str | None) -> int | None:
+    client = BrokerClient(brokers, request_timeout=timeout, connect_timeout=min(timeout, 3.0),
+                          **security.client_kwargs())
     try:
-        r: RouteResponse = await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic),
-                                                RouteResponse, retry=False)
+        if group is not None:
+            # May these credentials act for the group? An END (UNKNOWN: change nothing) for an id that
+            # does not exist is checked against the group's right first, then answered QUERY_NOT_FOUND.
+            try:
+                await client.request(RequestCode.END_TRANSACTION, EndTransactionRequest(
+                    group, f"txbroker-spark-probe-{uuid.uuid4().hex}", int(TransactionState.UNKNOWN), 0, False),
+                    EndTransactionResponse, retry=False)
+            except BrokerError as e:
+                if security.refusal(e) is not None:  # no right to the group (or no credentials at all)
+                    raise
+        try:
+            r: RouteResponse = await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic),
+                                                    RouteResponse, retry=False)
+        except BrokerError as e:
+            if e.code == ResponseCode.TOPIC_NOT_EXIST:
+                return None
+            raise
         return r.queue_count
-    except BrokerError as e:
-        if e.code == ResponseCode.TOPIC_NOT_EXIST:
-            return None
-        raise
     finally:
         await client.close()
 
 
-def probe_brokers(brokers: list[str], topic: str, timeout: float = 5.0) -> int | None:
-    """Fail fast, naming option 'brokers', when no broker answers; returns the topic's queue count
-    (None if it does not exist yet)."""
+def probe_brokers(brokers: list[str], topic: str, timeout: float = 5.0, security: BrokerSecurity | None = None,
+                  group: str | None = None) -> int | None:
+    """Fail fast, naming option 'brokers' when no broker answers, or the credentials or TLS option
+    the broker refused (also when they may not act for `group`, a writer's producer group); returns
+    the topic's queue count (None if it does not exist yet)."""
+    security = security or BrokerSecurity()
     try:
-        return background.run(_probe(brokers, topic, timeout), timeout + 5)
-    except BrokerError as e:
+        return background.run(_probe(brokers, topic, timeout, security, group), timeout + 5)
+    except (BrokerError, TlsHandshakeError) as e:
+        named = security.refusal(e)
+        if named is not None:
+            raise named from None
+        if not isinstance(e, BrokerError):
+            raise
         raise OptionError("brokers", f"the broker at {e.broker} answered {e.code_name}: {e.remark}") from None
     except (ClientError, OSError, TimeoutError) as e:
         raise OptionError("brokers", f"no broker reachable at {','.join(brokers)}: {e}") from None

@@ -4,7 +4,10 @@
   operator's real CRD (pinned, fetched through the Go module proxy: tests/k8s/spark_operator_crd.py);
 - sparkSubmit: a Job running spark-submit in cluster mode, pod templates in a ConfigMap;
 - both: the driver's ServiceAccount, Role and RoleBinding, the ledger checker Deployment, the ledger
-  and data PVCs, a TxProducerGroup in ledger mode.
+  and data PVCs, a TxProducerGroup in ledger mode;
+- a secured broker (spark.brokerCredentialsSecret, spark.brokerTlsSecret): the driver, the executors
+  and the checker get the access key from the Secret and the secret and certificates as mounted files,
+  named by the TXBROKER_* variables txbroker_spark reads.
 
 Everything is checked with `kubectl apply --dry-run=server` (strict field validation), the pod
 templates as Pods of their own, the RBAC with `kubectl auth can-i` after a real `helm install`.
@@ -97,6 +100,7 @@ def test_lint_strict_with_spark(testbed):
                  "--set", "spark.driver.coreLimit=1200m", "--set", "spark.imagePullSecrets[0].name=regcred",
                  "--set", "spark.job.extraArgs={--fail-partition,1}", "--set", "spark.checker.enabled=false",
                  "--set", "spark.txProducerGroup.create=false", "--set", "spark.nodeSelector.pool=spark")
+    testbed.helm("lint", "--strict", CHART, *SPARK, *SECURED)
 
 
 def test_auto_picks_the_spark_submit_job_without_the_api(testbed):
@@ -246,6 +250,104 @@ def test_dockerfile_matches_the_templates(testbed):
     assert one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"] == "txbroker/spark:0.1.0"
 
 
+# -- a secured broker: credentials and TLS from Secrets ------------------------------------------------
+
+CREDS, CA = "orders-publisher-creds", "txb-client-tls"
+SECURED = ["--set", f"spark.brokerCredentialsSecret={CREDS}", "--set", f"spark.brokerTlsSecret={CA}",
+           "--set", "spark.brokerTlsClientCertificate=true"]
+
+
+def secured_pod_specs(objs: list[dict]) -> dict[str, dict]:
+    """role -> pod spec: the driver's and executors' templates (either form) and the checker's pod."""
+    out = {"checker": one(objs, "Deployment")["spec"]["template"]["spec"]}
+    apps = [d for d in objs if d["kind"] == "SparkApplication"]
+    for role in ("driver", "executor"):
+        if apps:
+            out[role] = apps[0]["spec"][role]["template"]["spec"]
+        else:
+            out[role] = yaml.safe_load(one(objs, "ConfigMap")["data"][f"{role}.yaml"])["spec"]
+    return out
+
+
+def assert_reads_the_broker_secrets(spec: dict, client_certificate: bool = True) -> dict:
+    """The access key from the Secret, the secret and the certificates as files of mounted Secrets,
+    exactly where the TXBROKER_* variables point; returns the variables."""
+    c = spec["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["TXBROKER_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": CREDS, "key": "access-key"}
+    # the secret itself is never an environment variable (nor an argument): only a file
+    assert "TXBROKER_SECRET_KEY" not in env
+    assert all(e.get("valueFrom", {}).get("secretKeyRef", {}).get("key") != "secret-key" for e in c["env"])
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def mounted(path: str, secret: str, key: str) -> None:
+        m = next(m for m in mounts.values() if path.startswith(m["mountPath"] + "/"))
+        v = volumes[m["name"]]["secret"]
+        assert m.get("readOnly") is True and v["secretName"] == secret and v["defaultMode"] == 0o440
+        assert {"key": key, "path": path[len(m["mountPath"]) + 1:]} in v["items"]
+
+    mounted(env["TXBROKER_SECRET_KEY_FILE"]["value"], CREDS, "secret-key")
+    mounted(env["TXBROKER_TLS_CA"]["value"], CA, "ca.crt")
+    tls_keys = {i["key"] for v in volumes.values() if v.get("secret", {}).get("secretName") == CA
+                for i in v["secret"]["items"]}
+    if client_certificate:
+        mounted(env["TXBROKER_TLS_CERT"]["value"], CA, "tls.crt")
+        mounted(env["TXBROKER_TLS_KEY"]["value"], CA, "tls.key")
+        assert tls_keys == {"ca.crt", "tls.crt", "tls.key"}
+    else:
+        assert "TXBROKER_TLS_CERT" not in env and tls_keys == {"ca.crt"}  # the key of a broker's Secret stays out
+    return {k: e.get("value", "from-the-secret") for k, e in env.items()}
+
+
+def without_broker_secrets(spec: dict) -> dict:
+    spec = copy.deepcopy(spec)
+    c = spec["containers"][0]
+    c["env"] = [e for e in c.get("env", []) if e["name"] == "TXBROKER_LEDGER" or not e["name"].startswith("TXBROKER_")]
+    c["volumeMounts"] = [m for m in c.get("volumeMounts", []) if not m["name"].startswith("txbroker-broker-")]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if not v["name"].startswith("txbroker-broker-")]
+    for d, key in ((c, "env"), (c, "volumeMounts"), (spec, "volumes")):
+        if not d[key]:
+            del d[key]
+    return spec
+
+
+def container_args(objs: list[dict]) -> list:
+    out = [c.get("args") for d in objs if d["kind"] in ("Deployment", "Job")
+           for c in d["spec"]["template"]["spec"]["containers"]]
+    return out + [d["spec"]["arguments"] for d in objs if d["kind"] == "SparkApplication"]
+
+
+def test_broker_secrets_reach_the_driver_the_executors_and_the_checker(testbed):
+    from txbroker_spark.security import parse_security
+
+    for api in ([], ["--api-versions", API]):
+        plain = spark_objects(render(testbed, *SPARK, *api).stdout)
+        objs = spark_objects(render(testbed, *SPARK, *SECURED, *api).stdout)
+        for role, spec in secured_pod_specs(objs).items():
+            env = assert_reads_the_broker_secrets(spec)
+            # what txbroker_spark makes of these variables (the data source, the job, the checker)
+            sec = parse_security({}, env)
+            assert (sec.access_key, sec.secret_key_file, sec.ca_file, sec.cert_file, sec.key_file) == (
+                "from-the-secret", env["TXBROKER_SECRET_KEY_FILE"], env["TXBROKER_TLS_CA"],
+                env["TXBROKER_TLS_CERT"], env["TXBROKER_TLS_KEY"]), role
+            # nothing else of the pod changes
+            assert without_broker_secrets(spec) == without_broker_secrets(secured_pod_specs(plain)[role]), role
+        # nor the arguments: the settings travel as variables and files only
+        assert container_args(objs) == container_args(plain)
+    # only the CA: the client certificate's keys are not mounted
+    objs = spark_objects(render(testbed, *SPARK, "--set", f"spark.brokerCredentialsSecret={CREDS}",
+                                "--set", f"spark.brokerTlsSecret={CA}").stdout)
+    for spec in secured_pod_specs(objs).values():
+        assert_reads_the_broker_secrets(spec, client_certificate=False)
+    # off by default
+    for spec in secured_pod_specs(spark_objects(render(testbed, *SPARK).stdout)).values():
+        assert not [e for e in spec["containers"][0].get("env", []) if e["name"].startswith("TXBROKER_")
+                    and e["name"] != "TXBROKER_LEDGER"]
+    r = render(testbed, *SPARK, "--set", "spark.brokerTlsClientCertificate=true", check=False)
+    assert r.returncode != 0 and "spark.brokerTlsClientCertificate=true needs spark.brokerTlsSecret" in r.stderr
+
+
 EXTRAS = {"spark": {
     "imagePullSecrets": [{"name": "regcred"}], "nodeSelector": {"pool": "spark"},
     "tolerations": [{"key": "spark", "operator": "Exists", "effect": "NoSchedule"}],
@@ -306,6 +408,25 @@ def test_spark_submit_form_passes_server_side_validation(crds, namespace, tmp_pa
         pod = yaml.safe_load(cm["data"][key])
         assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
         pods.append(as_pod(pod["spec"], pod["metadata"], f"tpl-{key.split('.')[0]}"))
+    r = dry_run(crds, namespace, pods)
+    assert all(f"pod/tpl-{role} created (server dry run)" in r.stdout for role in ("driver", "executor")), r.stdout
+
+
+@pytest.mark.parametrize("form", ["sparkApplication", "sparkSubmit"])
+def test_secured_form_passes_server_side_validation(crds, spark_crd, namespace, tmp_path, form):
+    """With the broker's Secrets wired in: every object, and the pod templates as Pods of their own."""
+    extras = tmp_path / "extras.yaml"
+    extras.write_text(yaml.safe_dump(EXTRAS))
+    objs = spark_objects(render(crds, *SPARK, *SECURED, "--set", f"spark.mode={form}", "--api-versions", API,
+                                "-f", str(extras), namespace=namespace).stdout)
+    assert (form == "sparkApplication") == any(d["kind"] == "SparkApplication" for d in objs)
+    r = dry_run(crds, namespace, objs)
+    assert "deployment.apps/rel-spark-checker created (server dry run)" in r.stdout, r.stdout
+    assert r.stdout.count("created (server dry run)") == len(objs), r.stdout
+    specs = secured_pod_specs(objs)
+    for spec in specs.values():
+        assert_reads_the_broker_secrets(spec)
+    pods = [as_pod(specs[role], {"labels": {"role": role}}, f"tpl-{role}") for role in ("driver", "executor")]
     r = dry_run(crds, namespace, pods)
     assert all(f"pod/tpl-{role} created (server dry run)" in r.stdout for role in ("driver", "executor")), r.stdout
 
@@ -374,6 +495,8 @@ def test_install_with_the_spark_operator_api(crds, spark_crd, namespace):
     ("spark.broker.address=no-port", "/spark/broker/address"),
     ("spark.sparkVersion=3.5.1", "/spark/sparkVersion"),
     ("spark.job.batchSize=0", "/spark/job/batchSize"),
+    ("spark.brokerCredentialsSecret=Orders_Creds", "/spark/brokerCredentialsSecret"),
+    ("spark.brokerTlsClientCertificate=maybe", "/spark/brokerTlsClientCertificate"),
     ("spark.bogus=1", "bogus"),
 ])
 def test_values_schema_refuses_bad_spark_values(testbed, setting, words):

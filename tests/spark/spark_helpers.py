@@ -49,10 +49,12 @@ def admin(url: str, method: str, path: str, body=None):
         return json.load(r)
 
 
-def start_checker(brokers: str, group: str, ledger: Path, log_path: Path, *extra: str) -> subprocess.Popen:
+def start_checker(brokers: str, group: str, ledger: Path, log_path: Path, *extra: str,
+                  env: dict | None = None) -> subprocess.Popen:
     log = open(log_path, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "txbroker_spark.checker", "--brokers", brokers, "--group", group,
-                             "--ledger", str(ledger), *extra], stdout=log, stderr=subprocess.STDOUT)
+                             "--ledger", str(ledger), *extra], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
     log.close()
 
     def ready():
@@ -81,6 +83,9 @@ class TxEnv:
     checker_log: Path
     group: str = GROUP
     checker: subprocess.Popen | None = None
+    # a secured broker: an AdminClient with admin credentials (and TLS), and credentials=/tls= for consumers
+    admin_client: object = None
+    client_kwargs: dict | None = None
 
     @property
     def brokers(self) -> str:
@@ -95,19 +100,24 @@ class TxEnv:
         opts.update({k: str(v) for k, v in extra.items()})
         return opts
 
+    def _admin(self, method: str, path: str, body=None):
+        if self.admin_client is not None:
+            return self.admin_client.request(method, path, body)
+        return admin(self.admin_url, method, path, body)
+
     def pending(self) -> list[dict]:
-        return admin(self.admin_url, "GET", f"/api/v1/transactions?group={self.group}&limit=100000")["transactions"]
+        return self._admin("GET", f"/api/v1/transactions?group={self.group}&limit=100000")["transactions"]
 
     def wait_settled(self, timeout: float = 90.0) -> None:
         wait_until(lambda: not self.pending(), timeout, 0.2, "every half transaction to be committed or rolled back")
 
     def transaction(self, txid: str) -> dict:
-        return admin(self.admin_url, "GET", f"/api/v1/transactions/{txid}")
+        return self._admin("GET", f"/api/v1/transactions/{txid}")
 
     def events(self, topic: str):
         from txbroker.client import PullConsumer
 
-        with PullConsumer(self.brokers) as c:
+        with PullConsumer(self.brokers, **(self.client_kwargs or {})) as c:
             try:
                 return c.read_all(topic)
             except Exception as e:  # noqa: BLE001 - a topic nobody published to does not exist
