@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import shlex
@@ -72,41 +73,20 @@ class SecureBroker(BrokerProcess):
         if self.tls is not None:
             self.admin = self.admin.replace("http://", "https://")
 
-    def _open(self, path: str, data: bytes | None = None):
+    def open_admin(self, path: str, data: bytes | None = None, timeout: float = 10):
         req = urllib.request.Request(self.admin + path, data=data, method="POST" if data else "GET",
                                      headers={"Content-Type": "application/json"})
         if self.credentials is not None:
-            import base64
             token = base64.b64encode(f"{self.credentials.access_key}:{self.credentials.secret_key}".encode())
             req.add_header("Authorization", "Basic " + token.decode())
-        return urllib.request.urlopen(req, timeout=10, context=self.tls.context() if self.tls else None)
-
-    def start(self, timeout: float = 120.0) -> "SecureBroker":
-        t0 = time.monotonic()
-        self._log = open(self.log_path, "wb")
-        self.proc = track(subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}: {self.tail_log()}")
-            try:
-                with self._open("/readyz") as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > timeout:
-                raise RuntimeError(f"broker not ready after {timeout}s: {self.tail_log()}")
-            time.sleep(0.02)
-        self.ready_seconds = time.monotonic() - t0
-        return self
+        return urllib.request.urlopen(req, timeout=timeout, context=self.tls.context() if self.tls else None)
 
     def create_topic(self, name: str, queues: int) -> None:
-        with self._open("/api/v1/topics", json.dumps({"name": name, "queues": queues}).encode()) as r:
+        with self.open_admin("/api/v1/topics", json.dumps({"name": name, "queues": queues}).encode()) as r:
             r.read()
 
     def metrics_text(self) -> str:
-        with self._open("/metrics") as r:
+        with self.open_admin("/metrics") as r:
             return r.read().decode()
 
     def client_options(self) -> dict:

@@ -292,7 +292,7 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}: {self.tail_log()}")
             try:
-                with urllib.request.urlopen(self.admin + "/readyz", timeout=1) as r:
+                with self.open_admin("/readyz", timeout=1) as r:
                     if r.status == 200:
                         break
             except OSError:
@@ -302,6 +302,12 @@ class BrokerProcess:
             time.sleep(0.02)
         self.ready_seconds = time.monotonic() - t0
         return self
+
+    def open_admin(self, path: str, data: bytes | None = None, timeout: float = 10):
+        """An admin-API request (subclasses add TLS and credentials)."""
+        req = urllib.request.Request(self.admin + path, data=data, method="POST" if data else "GET",
+                                     headers={"Content-Type": "application/json"})
+        return urllib.request.urlopen(req, timeout=timeout)
 
     @property
     def pid(self) -> int:
