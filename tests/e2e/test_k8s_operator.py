@@ -215,6 +215,24 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
     wait_for(lambda: tb.get("txb", "fo", namespace)["status"]["phase"] == "Running", 60, "fo Running again")
 
 
+def wait_rolled(tb, namespace: str, name: str, replicas: int, image: str, timeout: float) -> dict:
+    """Wait until every pod runs `image` and the TxBroker is Running; assert no two brokers were
+    down (deleted, being deleted or not ready) at any time we looked."""
+    max_down = 0
+
+    def rolled():
+        nonlocal max_down
+        pods = [tb.get("pod", f"{name}-{i}", namespace) for i in range(replicas)]
+        max_down = max(max_down, sum(1 for p in pods if p is None or p["metadata"].get("deletionTimestamp")
+                                     or not ready(p)))
+        t = tb.get("txb", name, namespace)
+        return (all(p and p["spec"]["containers"][0]["image"] == image and ready(p) for p in pods)
+                and t["status"]["phase"] == "Running" and t)
+    txb = wait_for(rolled, timeout, f"every {name} pod on {image}", interval=0.1)
+    assert max_down <= 1, "more than one broker was down at once"
+    return txb
+
+
 @pytest.mark.slow
 def test_scale_roll_and_delete(operator):
     tb, namespace = operator.testbed, operator.namespace
@@ -229,18 +247,7 @@ def test_scale_roll_and_delete(operator):
     # a new image: pods are replaced one at a time, slaves first, the master after a switchover
     uids = {i: tb.get("pod", f"elastic-{i}", namespace)["metadata"]["uid"] for i in range(3)}
     tb.kubectl("-n", namespace, "patch", "txb", "elastic", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v2"}}')
-    max_down = 0
-
-    def rolled():
-        nonlocal max_down
-        pods = [tb.get("pod", f"elastic-{i}", namespace) for i in range(3)]
-        max_down = max(max_down, sum(1 for p in pods if p is None or p["metadata"].get("deletionTimestamp")
-                                     or not ready(p)))
-        t = tb.get("txb", "elastic", namespace)
-        return (all(p and p["spec"]["containers"][0]["image"] == "txbroker/broker:v2" and ready(p) for p in pods)
-                and t["status"]["phase"] == "Running" and t)
-    txb = wait_for(rolled, 180, "every pod on the new image", interval=0.1)
-    assert max_down <= 1, "more than one broker was down at once"
+    txb = wait_rolled(tb, namespace, "elastic", 3, "txbroker/broker:v2", 180)
     assert all(tb.get("pod", f"elastic-{i}", namespace)["metadata"]["uid"] != uids[i] for i in range(3))
     reasons = [e["reason"] for e in sorted(events_for(tb, namespace, "elastic"), key=lambda e: e["lastTimestamp"])]
     assert reasons.count("RollingUpdate") == 3 and "Switchover" in reasons
@@ -270,17 +277,7 @@ def test_operator_killed_mid_roll_finishes_it_after_restart(operator):
              "the roll to start")
     operator.kill()          # SIGKILL mid-change: nothing in memory survives
     operator.start()
-    max_down = 0
-
-    def rolled():
-        nonlocal max_down
-        pods = [tb.get("pod", f"steady-{i}", namespace) for i in range(2)]
-        max_down = max(max_down, sum(1 for p in pods if p is None or p["metadata"].get("deletionTimestamp")
-                                     or not ready(p)))
-        return all(p and p["spec"]["containers"][0]["image"] == "txbroker/broker:v3" and ready(p) for p in pods) \
-            and tb.get("txb", "steady", namespace)["status"]["phase"] == "Running"
-    wait_for(rolled, 120, "the roll finished by the restarted operator", interval=0.1)
-    assert max_down <= 1
+    wait_rolled(tb, namespace, "steady", 2, "txbroker/broker:v3", 120)
     masters = [i for i in range(2) if broker_info(tb, namespace, f"steady-{i}")["role"] == "master"]
     assert len(masters) == 1
     assert tb.get("txb", "steady", namespace)["status"]["master"] == f"steady-{masters[0]}"
