@@ -34,8 +34,9 @@ demo: venv  ## run the main job on the embedded default: Spark local mode, a loc
 demo-broker: venv  ## the broker-only demo: transactional orders, kill -9, check-back, verification
 	$(PY) -m txbroker.demo
 
-bench: venv  ## run the benchmarks (prints figures, writes bench/results/)
-	$(PY) bench/run_all.py
+bench: venv  ## run the benchmarks, then txbroker beside Apache RocketMQ (writes bench/results/; BENCH_ARGS=--quick)
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
