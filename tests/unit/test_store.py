@@ -2,11 +2,15 @@
 
 import asyncio
 
+import pytest
+
 from txbroker.client.producer import as_list
 from txbroker.protocol.bodies import Message, encode
 from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
-from txbroker.store.records import EndRecord, HalfRecord
+from txbroker.store.db import StoreError
+from txbroker.store.reads import MessageReader
+from txbroker.store.records import STORE_FORMAT_VERSION, EndRecord, HalfRecord
 from txbroker.store.state import StateMachine
 
 
@@ -41,3 +45,58 @@ def test_a_resent_message_does_not_carry_its_old_transaction_id():
     m.transaction_id = "abc"  # what a transactional send leaves on the caller's message
     (again,) = as_list(m)
     assert encode(again) == plain
+
+
+def _commit(s: StateMachine, txid: str, msgs: list[Message]) -> asyncio.Future:
+    """Prepare and commit as TransactionService does: one offset reservation per run."""
+    lsn, _ = s.append(HalfRecord(txid, "g", 1, msgs))
+    start = s.reserve_offsets(keys.queue_prefix("T", 0), len(msgs))
+    _, durable = s.append(EndRecord(txid, lsn, TransactionState.COMMIT, 2, list(range(start, start + len(msgs)))))
+    return durable
+
+
+def test_a_committed_batch_is_one_index_entry_read_from_anywhere_in_it(tmp_path):
+    async def main():
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        await _commit(s, "a", [Message("T", b"a%d" % i, queue_id=0) for i in range(100)])
+        await _commit(s, "b", [Message("T", b"b%d" % i, queue_id=0) for i in range(50)])
+        assert len(list(s.db.cq.keys())) == 2  # one entry per committed run, not per message
+        reader = MessageReader(s)
+        msgs, nxt, end = reader.read_queue("T", 0, 37, 10)  # inside the first run
+        assert [m.body for m in msgs] == [b"a%d" % i for i in range(37, 47)] and (nxt, end) == (47, 150)
+        msgs, nxt, _ = reader.read_queue("T", 0, 95, 10)  # across the two runs
+        assert [m.body for m in msgs] == [b"a%d" % i for i in range(95, 100)] + [b"b%d" % i for i in range(5)]
+        assert [m.queue_offset for m in msgs] == list(range(95, 105)) and nxt == 105
+        assert reader.read_queue("T", 0, 150, 10)[0] == []
+        await s.close()
+        again = StateMachine(str(tmp_path), False, lambda e: None)
+        assert again.queue_end("T", 0) == 150  # the last run's end, not its first offset
+        await again.close()
+
+    asyncio.run(main())
+
+
+def test_a_format_1_store_is_read_and_marked_format_2_and_an_unknown_format_refused(tmp_path):
+    async def main():
+        s = StateMachine(str(tmp_path), True, lambda e: None)
+        await _commit(s, "a", [Message("T", b"m%d" % i, queue_id=0) for i in range(3)])
+        # rewrite the index as format 1 did: one 12-byte entry per message
+        prefix = keys.queue_prefix("T", 0)
+        ((key, value),) = list(s.db.cq.items())
+        lsn, index, count = keys.cq_run_decode(value)
+        s.db.cq.delete(key)
+        for i in range(count):
+            s.db.cq.put(keys.cq_key(prefix, i), keys.cq_value(lsn, index + i))
+        s.db.meta.put(b"format", b"1")
+        await s.close()
+
+        old = StateMachine(str(tmp_path), True, lambda e: None)
+        assert old.db.meta.get(b"format") == str(STORE_FORMAT_VERSION).encode()
+        assert old.queue_end("T", 0) == 3
+        assert [m.body for m in MessageReader(old).read_queue("T", 0, 1, 10)[0]] == [b"m1", b"m2"]
+        old.db.meta.put(b"format", b"99")
+        await old.close()
+        with pytest.raises(StoreError, match="has store format 99; this broker reads 1, 2"):
+            StateMachine(str(tmp_path), True, lambda e: None)
+
+    asyncio.run(main())

@@ -97,7 +97,7 @@ class TransactionService:
         if wanted == TransactionState.COMMIT:
             reserve = self._state.reserve_offsets
             for dest, run in itertools.groupby(p.destinations):  # consecutive messages to one queue
-                n = sum(1 for _ in run)
+                n = len(list(run))
                 start = reserve(keys.queue_prefix(*dest), n)
                 offsets.extend(range(start, start + n))
         _lsn, durable = self._state.append(EndRecord(txid, p.half_lsn, wanted, now_ms(), offsets, by))

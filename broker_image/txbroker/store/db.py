@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 from rocksdict import BlockBasedOptions, Options, Rdict, RdictIter, WriteOptions
 
-from txbroker.store.records import STORE_FORMAT_VERSION
+from txbroker.store.records import READABLE_FORMATS, STORE_FORMAT_VERSION
+
+log = logging.getLogger(__name__)
 
 COLUMN_FAMILIES = ("log", "cq", "pending", "tx", "meta", "offsets", "keys")
 
@@ -77,11 +80,17 @@ def open_database(path: str) -> Database:
     handles = {name: db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
     database = Database(db=db, handles=handles, **parts)
     fmt = database.meta.get(b"format")
-    if fmt is None:
+    found = int(fmt) if fmt is not None else None
+    if found not in READABLE_FORMATS and found is not None:
+        database.close()
+        raise StoreError(f"data directory {path} has store format {found}; this broker reads "
+                         f"{', '.join(map(str, sorted(READABLE_FORMATS)))}")
+    if found != STORE_FORMAT_VERSION:
+        # Mark the store with what this broker writes from now on, so an older broker refuses it
+        # instead of misreading the newer entries.
+        if found is not None:
+            log.info("store %s: format %d upgraded to %d in place", path, found, STORE_FORMAT_VERSION)
         database.meta.put(b"format", str(STORE_FORMAT_VERSION).encode(), write_opt=sync_write_options())
-    elif int(fmt) != STORE_FORMAT_VERSION:
-        db.close()
-        raise StoreError(f"data directory {path} has store format {int(fmt)}; this broker reads {STORE_FORMAT_VERSION}")
     return database
 
 
@@ -97,11 +106,11 @@ def last_key(cf: Rdict) -> bytes | None:
     return it.key() if it.valid() else None
 
 
-def last_key_with_prefix(cf: Rdict, prefix: bytes) -> bytes | None:
+def last_item_with_prefix(cf: Rdict, prefix: bytes) -> tuple[bytes, bytes] | None:
     it: RdictIter = cf.iter()
     it.seek_for_prev(prefix + b"\xff" * 8)
     if it.valid():
         key = it.key()
         if key.startswith(prefix):
-            return key
+            return key, it.value()
     return None

@@ -27,8 +27,19 @@ def cq_offset(key: bytes) -> int:
     return _U64.unpack_from(key, len(key) - 8)[0]
 
 
-cq_value = _CQ_VALUE.pack
+cq_value = _CQ_VALUE.pack  # (LSN, index in that record): the key index's suffix
 cq_value_decode = _CQ_VALUE.unpack
+
+_CQ_RUN = struct.Struct(">QII")
+cq_run_value = _CQ_RUN.pack  # (LSN, index of the run's first message in that record, message count)
+
+
+def cq_run_decode(value: bytes) -> tuple[int, int, int]:
+    """A queue-index value: a run of `count` messages; store format 1 wrote one per message."""
+    if len(value) == _CQ_VALUE.size:
+        lsn, index = _CQ_VALUE.unpack(value)
+        return lsn, index, 1
+    return _CQ_RUN.unpack(value)
 
 
 def msg_id(lsn: int, index: int) -> str:

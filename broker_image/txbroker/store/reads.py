@@ -45,14 +45,31 @@ class MessageReader:
             return [], offset, end
         out: list[MessageExt] = []
         append = out.append
-        decode_value = keys.cq_value_decode
-        for key, value in self._state.db.cq.items(from_key=keys.cq_key(prefix, offset)):
-            off = keys.cq_offset(key)
-            if off >= stop or not key.startswith(prefix):
-                break
-            lsn, idx = decode_value(value)
-            append(self.view(lsn, idx, topic, queue_id, off))
+        view = self.view
+        for first, lsn, index, count in self._runs(prefix, offset, stop):
+            for off in range(max(first, offset), min(first + count, stop)):
+                append(view(lsn, index + off - first, topic, queue_id, off))
         return out, (out[-1].queue_offset + 1) if out else offset, end
+
+    def _runs(self, prefix: bytes, offset: int, stop: int):
+        """The queue-index runs of one queue that hold offsets in [offset, stop), in order:
+        (first offset, LSN, index of its first message in that record, count)."""
+        it = self._state.db.cq.iter()
+        it.seek_for_prev(keys.cq_key(prefix, offset))  # the run that may start before `offset`
+        if not (it.valid() and it.key().startswith(prefix)):
+            it.seek(keys.cq_key(prefix, offset))
+        decode_run = keys.cq_run_decode
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return
+            first = keys.cq_offset(key)
+            if first >= stop:
+                return
+            lsn, index, count = decode_run(it.value())
+            if first + count > offset:
+                yield first, lsn, index, count
+            it.next()
 
     def view(self, lsn: int, idx: int, topic: str, queue_id: int, offset: int) -> MessageExt:
         rec = self.record(lsn)

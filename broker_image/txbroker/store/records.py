@@ -1,10 +1,12 @@
 """Log records: the unit of durability and, later, of replication.
 
-On-disk format, version 1 (STORE_FORMAT_VERSION, kept under meta key b"format"):
+On-disk format, version 2 (STORE_FORMAT_VERSION, kept under meta key b"format"):
 
   column family  key                                  value
   log            u64 BE log sequence number (LSN)     msgpack record, tagged (see below)
-  cq             topic 0x00 u16 BE queue u64 BE offset  u64 BE LSN + u32 BE index in that record
+  cq             topic 0x00 u16 BE queue u64 BE offset  u64 BE LSN + u32 BE index + u32 BE count:
+                                                      a run of `count` messages of record LSN,
+                                                      from that index, at offsets from the key's
   pending        transaction id (utf-8)               PendingTx (prepared or parked transactions)
   tx             transaction id (utf-8)               FinishedTx (committed or rolled back)
   offsets        group 0x00 topic 0x00 u16 BE queue       u64 BE next offset to consume
@@ -15,6 +17,11 @@ A half message batch is stored once (HalfRecord, "under RMQ_SYS_TRANS_HALF_TOPIC
 writes queue-index entries that point at that same record plus the op record (EndRecord, "in
 RMQ_SYS_TRANS_OP_HALF_TOPIC"), so the message bodies are never copied. The pending column family
 holds only unfinished transactions, so the check-back scan never walks finished history.
+
+A queue-index entry covers a run of consecutive messages of one record bound for one queue at
+consecutive offsets (a request's messages to a topic share a queue), so committing a 100-message
+transaction writes one entry, not 100. Format 1 wrote an entry per message (a 12-byte value
+without the count); format 2 reads those as runs of one and marks such a store as format 2.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from msgspec import Struct, field
 
 from txbroker.protocol.bodies import Message
 
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2
+READABLE_FORMATS = frozenset({1, 2})
 
 
 class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):

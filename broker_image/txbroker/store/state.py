@@ -9,13 +9,14 @@ receives through the same `apply` code, so master and slaves derive identical st
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Callable
 
 from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
-from txbroker.store.db import Database, last_key, last_key_with_prefix, open_database
+from txbroker.store.db import Database, last_item_with_prefix, last_key, open_database
 from txbroker.store.group_commit import Batch, GroupCommit
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
@@ -94,8 +95,8 @@ class StateMachine:
         return self.next_lsn - 1
 
     def _load_queue_end(self, prefix: bytes) -> int:
-        k = last_key_with_prefix(self.db.cq, prefix)
-        end = keys.cq_offset(k) + 1 if k else 0
+        last = last_item_with_prefix(self.db.cq, prefix)
+        end = keys.cq_offset(last[0]) + keys.cq_run_decode(last[1])[2] if last else 0
         self._queue_end[prefix] = end
         self.visible_end[prefix] = end
         return end
@@ -217,25 +218,30 @@ class StateMachine:
         b.txids.append(r.transaction_id)
 
     def _index(self, b: Batch, lsn: int, destinations, offsets) -> None:
-        """Queue-index entries for the messages of record `lsn` (becoming visible when durable)."""
+        """Queue-index entries for the messages of record `lsn` (becoming visible when durable):
+        one per run of consecutive messages bound for one queue at consecutive offsets."""
         put = b.wb.put
         h = self._h_cq
-        lsn_key, cq_value = keys.lsn_key, keys.cq_value
-        ends: dict[bytes, int] = {}
-        prefix_of: dict[tuple[str, int], bytes] = {}
-        for i, (dest, off) in enumerate(zip(destinations, offsets)):
-            prefix = prefix_of.get(dest)
-            if prefix is None:
-                prefix = prefix_of[dest] = keys.queue_prefix(*dest)
-            put(prefix + lsn_key(off), cq_value(lsn, i), h)
-            if ends.get(prefix, -1) <= off:
-                ends[prefix] = off + 1
+        lsn_key, run_value = keys.lsn_key, keys.cq_run_value
         visible, queue_end = b.visible, self._queue_end
-        for prefix, end in ends.items():
+        i = 0
+        for dest, group in itertools.groupby(destinations):
+            n = len(list(group))
+            prefix = keys.queue_prefix(*dest)
+            first = offsets[i]
+            run = offsets[i:i + n]
+            if run[-1] - first == n - 1 and run == list(range(first, first + n)):
+                put(prefix + lsn_key(first), run_value(lsn, i, n), h)
+                end = first + n
+            else:  # never written by this broker's own records, but a record may say so
+                for j, off in enumerate(run, i):
+                    put(prefix + lsn_key(off), run_value(lsn, j, 1), h)
+                end = max(run) + 1
             if visible.get(prefix, -1) < end:
                 visible[prefix] = end
             if queue_end.get(prefix, 0) < end:  # a replica learns offsets from the record
                 queue_end[prefix] = end
+            i += n
 
     def _index_keys(self, b: Batch, lsn: int, destinations, offsets, keyed) -> None:
         """Key-index entries (lookup by message key) for the keyed messages of a visible record."""
