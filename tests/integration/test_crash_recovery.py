@@ -30,6 +30,7 @@ class Ledger(TransactionListener):
 
     def execute_local_transaction(self, msg, arg):
         i = arg
+        msg = msg[0] if isinstance(msg, list) else msg
         decision = S.ROLLBACK if i % 4 == 0 else S.COMMIT
         with self.lock:
             self.decisions[msg.transaction_id] = decision
@@ -47,13 +48,16 @@ async def load(address: str, ledger: Ledger, stop_after: threading.Event, acked:
         i = worker
         try:
             while True:
-                body = f"order-{i}".encode()
+                # 1 to 3 messages per transaction: a commit indexes them as one run of offsets
+                bodies = [f"order-{i}-{j}" for j in range(1 + i % 3)]
+                msgs = [Message(TOPIC, b.encode()) for b in bodies]
                 try:
-                    r = await p.send_message_in_transaction(Message(TOPIC, body), i)
+                    r = await p.send_message_in_transaction(msgs if len(msgs) > 1 else msgs[0], i)
                 except ClientError:
                     return  # the broker is gone
                 if r.local_state is not S.UNKNOWN and not r.end_error:
-                    acked[body.decode()] = (r.transaction_id, r.local_state)
+                    for body in bodies:
+                        acked[body] = (r.transaction_id, r.local_state)
                 if r.end_error:
                     return
                 i += producers
@@ -94,6 +98,8 @@ def test_kill_9_loses_no_acknowledged_commit(broker_factory):
     with PullConsumer(b.address) as c:
         seen = Counter(m.body.decode() for m in c.read_all(TOPIC))
     assert all(n == 1 for n in seen.values()), f"delivered twice: {[k for k, n in seen.items() if n > 1]}"
+    by_order = Counter(body.rsplit("-", 1)[0] for body in seen)  # a transaction is visible whole or not at all
+    assert all(n == 1 + int(order.split("-")[1]) % 3 for order, n in by_order.items()), by_order
     committed_acked = {body for body, (_t, s) in acked.items() if s is S.COMMIT}
     assert committed_acked <= set(seen), f"lost acknowledged commits: {sorted(committed_acked - set(seen))[:5]}"
     # Nothing visible that its producer did not decide to commit (rollbacks and undecided: never).
