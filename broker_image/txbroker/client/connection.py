@@ -129,7 +129,9 @@ class Connection:
 
     async def call(self, code: int, body: bytes, timeout: float) -> Frame:
         if not self.is_open:
-            raise ConnectionLost(f"connection to {self.address} is closed")
+            # the broker may have refused the connection (opaque 0) before the first request
+            why = f": {self.refusal[1]}" if self.refusal else ""
+            raise ConnectionLost(f"connection to {self.address} is closed{why}", self.refusal)
         opaque = next(self._ids) & 0xFFFFFFFF or 1  # 0 is the broker's connection-level answer
         fut = asyncio.get_running_loop().create_future()
         self._waiting[opaque] = fut
