@@ -51,6 +51,7 @@ class BrokerConnection(asyncio.Protocol):
         self._writing_paused = False
         self._closing = False
         self.transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._out: list[bytes] | None = None  # frames to write at the end of this loop iteration
         self._out_bytes = 0
         # Frames decoded but not dispatched yet because the connection must wait (too much in
@@ -84,7 +85,9 @@ class BrokerConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         self.tls = transport.get_extra_info("sslcontext") is not None
-        self.opened_at = self.idle_since = asyncio.get_running_loop().time()
+        # kept: asyncio.get_running_loop() per answer costs a getpid() system call on Python 3.11
+        self._loop = asyncio.get_running_loop()
+        self.opened_at = self.idle_since = self._loop.time()
         limit = self._broker.config.max_connections
         if len(self._broker.connections) >= limit:
             self._metrics.limit_refusals.labels("max_connections").inc()
@@ -260,7 +263,7 @@ class BrokerConnection(asyncio.Protocol):
         self._out_bytes += len(data)
         if out is None:
             self._out = [data]
-            asyncio.get_running_loop().call_soon(self._flush_out)
+            self._loop.call_soon(self._flush_out)
         else:
             out.append(data)
 
