@@ -12,6 +12,7 @@ import socket
 import threading
 
 import pytest
+from scramp import ScramClient
 
 from conftest import metric, run_cli, wait_until, write_credentials
 from txbroker.client import (
@@ -20,7 +21,10 @@ from txbroker.client import (
 )
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.client.connection import BrokerClient
-from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionResponse, ErrorBody, HeartbeatRequest, decode, encode
+from txbroker.protocol.bodies import (
+    EndTransactionRequest, EndTransactionResponse, ErrorBody, HeartbeatRequest, SaslRequest, SaslResponse, SendRequest,
+    SendResponse, decode, encode,
+)
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import FrameDecoder, encode_frame
 
@@ -32,6 +36,7 @@ USERS = {
     "repl": {"replication": True},
     "old": {"topics": ["*=PUB|SUB"], "expires": "2020-01-01T00:00:00Z"},
     "off": {"topics": ["*=PUB|SUB"], "disabled": True},
+    "retired-admin": {"admin": True, "expires": "2020-01-01T00:00:00Z"},
 }
 
 
@@ -98,12 +103,40 @@ def test_no_credentials_is_refused_clearly_and_the_connection_closed(secured):
     ("mallory", "anything", "unknown_key", "unknown access key or wrong secret"),
     ("old", None, "expired", "expired"),
     ("off", None, "revoked", "revoked"),
+    # without the secret, revoked and expired keys are not told apart from unknown ones
+    ("old", "guess", "expired", "unknown access key or wrong secret"),
+    ("off", "guess", "revoked", "unknown access key or wrong secret"),
 ])
 def test_bad_credentials_are_refused_with_the_reason(secured, key, secret, reason, remark):
     with pytest.raises(AuthenticationError) as e:
         Producer("pg-a", secured.address, credentials=creds(key, secret)).start()
     assert e.value.code_name == "UNAUTHORIZED" and remark in e.value.remark
     assert metric(secured, "txbroker_auth_failures_total", reason=reason) == 1
+
+
+def test_unknown_key_and_wrong_secret_look_the_same_to_a_client(secured):
+    # step 1 answers an unknown key as a known one (a salt, the same iteration count): nothing to probe
+    firsts = []
+    for key in ("alice", "mallory"):
+        raw = RawClient(secured.address)
+        f = raw.call(RequestCode.SASL_AUTHENTICATE,
+                     SaslRequest("SCRAM-SHA-256", ScramClient(["SCRAM-SHA-256"], key, "x").get_client_first()))
+        raw.sock.close()
+        assert f.code == ResponseCode.SUCCESS
+        attrs = dict(a.split("=", 1) for a in decode(SaslResponse, f.body).payload.split(","))
+        firsts.append((sorted(attrs), len(attrs["s"]), attrs["i"]))
+    assert firsts[0] == firsts[1]
+    # and the refusal is the same, key aside
+    errors = []
+    for key, secret in (("alice", "not-alices-secret"), ("mallory", "alice-secret")):
+        with pytest.raises(AuthenticationError) as e:
+            Producer("pg-a", secured.address, credentials=creds(key, secret)).start()
+        errors.append((type(e.value), str(e.value).replace(repr(key), "KEY")))
+    assert errors[0] == errors[1]
+    assert "UNAUTHORIZED" in errors[0][1] and "unknown access key or wrong secret" in errors[0][1]
+    # the operator still sees which it was
+    assert metric(secured, "txbroker_auth_failures_total", reason="unknown_key") == 1
+    assert metric(secured, "txbroker_auth_failures_total", reason="wrong_secret") == 1
 
 
 def test_unauthenticated_connection_is_closed_after_the_auth_timeout(broker_factory, auth_file):
@@ -145,6 +178,26 @@ def test_wrong_consumer_group_is_refused(secured):
         with pytest.raises(BrokerError) as e:
             c.commit_offsets("cg-other", {("Orders", 0): 1})
         assert e.value.code_name == "NO_PERMISSION" and "may not consume as group 'cg-other'" in e.value.remark
+
+
+def test_half_message_for_another_producer_group_is_refused(secured):
+    async def half(group: str, txid: str) -> SendResponse:  # a raw SEND with a transaction id
+        c = BrokerClient(secured.address, credentials=creds("alice"))
+        try:
+            return await c.request(RequestCode.SEND_MESSAGE, SendRequest(group, [Message("Orders", b"x")], txid),
+                                   SendResponse, retry=False)
+        finally:
+            await c.close()
+
+    with pytest.raises(BrokerError) as e:
+        asyncio.run(half("pg-b", "tx-for-b"))
+    assert e.value.code_name == "NO_PERMISSION" and "'alice' may not act for producer group 'pg-b'" in e.value.remark
+    with pytest.raises(AdminError) as e:  # nothing was stored for pg-b to be checked back or committed
+        admin(secured).get("/api/v1/transactions/tx-for-b")
+    assert e.value.status == 404
+    assert metric(secured, "txbroker_access_denied_total", right="producer_group") == 1
+    assert asyncio.run(half("pg-a", "tx-for-a")).transaction_id == "tx-for-a"  # her own group: stored
+    assert admin(secured).get("/api/v1/transactions/tx-for-a")["state"] == "PREPARED"
 
 
 class Recording(TransactionListener):
@@ -310,6 +363,18 @@ def test_admin_api_needs_admin_credentials_except_health_and_metrics(secured):
     env = {"TXBROKER_ACCESS_KEY": "admin", "TXBROKER_SECRET_KEY": "admin-secret"}
     out = run_cli_env(env, "topic", "list", "--admin", secured.admin_url)
     assert "Made" in out.stdout
+
+
+@pytest.mark.parametrize("key,reason,told", [("retired-admin", "expired", "'retired-admin' expired"),
+                                              ("off", "revoked", "'off' are revoked")])
+def test_admin_api_refuses_expired_and_revoked_credentials(secured, key, reason, told):
+    with pytest.raises(AdminError) as e:
+        admin(secured, key).get("/api/v1/broker")
+    assert e.value.status == 401 and told in str(e.value)
+    with pytest.raises(AdminError) as e:  # without the secret: the same answer as an unknown key
+        AdminClient(secured.admin_url, credentials=creds(key, "guess")).get("/api/v1/broker")
+    assert e.value.status == 401 and "unknown access key or wrong secret" in str(e.value)
+    assert metric(secured, "txbroker_auth_failures_total", reason=reason) == 2
 
 
 def run_cli_env(env: dict, *args):

@@ -4,6 +4,7 @@ exchange against scramp's client, admission and reload, and the file watcher."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 
 import pytest
@@ -12,7 +13,7 @@ from scramp import ScramClient
 from txbroker.broker.auth import AuthService, CredentialsError, ScramSecret, hash_secret
 from txbroker.broker.auth.acl import PUB, SUB, Permissions, Principal, parse_topic_rule
 from txbroker.broker.auth.credentials import parse_credentials
-from txbroker.broker.auth.handshake import AuthFailure
+from txbroker.broker.auth.handshake import AuthFailure, invalid_credentials
 from txbroker.broker.file_watch import FileWatcher
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.replies import RequestError
@@ -166,6 +167,44 @@ def test_unknown_key_and_wrong_secret_answer_alike(service):
     assert remarks[0] == remarks[1]
 
 
+def server_first(service: AuthService, key: str) -> dict[str, str]:
+    """The attributes of the broker's answer to step 1 (r nonce, s salt, i iterations)."""
+    client = ScramClient(["SCRAM-SHA-256"], key, "whatever")
+    text = service.handshake().first("SCRAM-SHA-256", client.get_client_first())
+    return dict(attr.split("=", 1) for attr in text.split(","))
+
+
+def test_unknown_key_gets_a_server_first_shaped_like_a_real_one(service, tmp_path):
+    real, unknown = server_first(service, "alice"), server_first(service, "nobody")
+    assert unknown.keys() == real.keys() == {"r", "s", "i"}
+    assert unknown["i"] == real["i"] == "4096"
+    assert len(base64.b64decode(unknown["s"])) == len(base64.b64decode(real["s"]))
+    assert len(unknown["r"]) == len(real["r"])
+    # a decoy salt is stable, as a real one is: across attempts, and on another broker (or after a
+    # restart) reading the same file; yet each unknown key has its own
+    assert server_first(service, "nobody")["s"] == unknown["s"]
+    assert server_first(AuthService(service.path, BrokerMetrics()), "nobody")["s"] == unknown["s"]
+    assert server_first(service, "nobody2")["s"] != unknown["s"] != real["s"]
+
+
+def test_decoy_follows_the_iterations_most_users_have(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(entry("a", scram=hash_secret("x", 8192).encode()) + entry("b", scram=hash_secret("y", 8192).encode())
+                 + entry("c"))
+    assert server_first(AuthService(str(f), BrokerMetrics()), "nobody")["i"] == "8192"
+
+
+@pytest.mark.parametrize("key,reason,told", [("old", "expired", "expired"), ("off", "revoked", "are revoked")])
+def test_barred_keys_are_refused_at_the_final_step_and_told_why_only_with_the_secret(service, key, reason, told):
+    server_first(service, key)  # step 1 answers as for any key
+    with pytest.raises(AuthFailure) as wrong:
+        exchange(service, key, "wrong")
+    assert (wrong.value.reason, wrong.value.remark) == (reason, invalid_credentials(key))
+    with pytest.raises(AuthFailure) as right:
+        exchange(service, key, "s3cret")
+    assert right.value.reason == reason and f"access key {key!r} {told}" in right.value.remark
+
+
 @pytest.mark.parametrize("mechanism,message,reason", [
     ("PLAIN", "n,,n=alice,r=abc", "mechanism"), ("SCRAM-SHA-256", "garbage", "malformed"),
     ("SCRAM-SHA-256", "", "malformed"), ("SCRAM-SHA-256", "n,,n=alice", "malformed"),
@@ -182,6 +221,11 @@ def test_basic_credentials_for_the_admin_plane(service):
     assert service.verify_basic("alice", "nope").reason == "wrong_secret"
     assert service.verify_basic("zed", "s3cret").reason == "unknown_key"
     assert service.verify_basic("off", "s3cret").reason == "revoked"
+    expired = service.verify_basic("old", "s3cret")
+    assert expired.reason == "expired" and "'old' expired" in expired.remark
+    guessed = service.verify_basic("old", "guess")  # no secret, no telling whether the key exists
+    assert (guessed.reason, guessed.remark) == ("expired", invalid_credentials("old"))
+    assert service.verify_basic("zed", "s3cret").remark == invalid_credentials("zed")
 
 
 # ---- admission and reload -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ The pieces, one job each:
                    replication) and the Principal a connection acts as
   credentials.py   the credentials file (TOML) -> principals, with errors naming the entry
   handshake.py     the server side of one SCRAM exchange
+  decoy.py         stand-in salts for unknown access keys, so step 1 does not tell which keys exist
   service.py       the current principals, reload, per-request admission, HTTP Basic checks
 """
 

@@ -16,7 +16,8 @@ import logging
 import time
 from txbroker.broker.auth.acl import Principal
 from txbroker.broker.auth.credentials import CredentialsError, load_credentials
-from txbroker.broker.auth.handshake import AuthFailure, ScramHandshake, invalid_credentials
+from txbroker.broker.auth.decoy import Decoys
+from txbroker.broker.auth.handshake import AuthFailure, ScramHandshake, barred, invalid_credentials, refusal
 from txbroker.broker.replies import Reply
 from txbroker.protocol.codes import ResponseCode
 
@@ -54,6 +55,7 @@ class AuthService:
             (changed if before is not None else added).append(key)
         removed = [k for k in old if k not in fresh]
         self.principals = table
+        self._decoys = Decoys(p.secret for p in table.values())
         self._basic_ok = {}
         self.loaded_at = time.time()
         return added, changed, removed
@@ -81,7 +83,7 @@ class AuthService:
     # ---- the data plane -----------------------------------------------------------------------
 
     def handshake(self) -> ScramHandshake:
-        return ScramHandshake(self.lookup)
+        return ScramHandshake(self.lookup, self._decoys.secret)
 
     def failed(self, reason: str) -> None:
         self._metrics.auth_failures.labels(reason).inc()
@@ -124,18 +126,19 @@ class AuthService:
 
     def verify_basic(self, access_key: str, secret: str) -> Principal | AuthFailure:
         """Check HTTP Basic credentials against the stored hash. A success is remembered (by a
-        digest of the secret) until the next reload, so PBKDF2 runs once per client, not per call."""
+        digest of the secret) until the next reload, so PBKDF2 runs once per client, not per call.
+        As in the SCRAM exchange, an unknown key costs the same PBKDF2 as a wrong secret (against its
+        decoy), and only a caller holding the secret is told it is revoked or expired."""
         p = self.principals.get(access_key)
         if p is None:
-            return AuthFailure("unknown_key", invalid_credentials(access_key))
-        if p.disabled:
-            return AuthFailure("revoked", f"credentials of access key {access_key!r} are revoked")
-        if p.expired():
-            return AuthFailure("expired", f"credentials of access key {access_key!r} expired")
+            self._decoys.secret(access_key).verify(secret)  # no timing difference from a wrong secret
+            return refusal("unknown_key", access_key, holds_secret=False)
         key = (access_key, hashlib.sha256(secret.encode()).digest())
-        if self._basic_ok.get(key) is p:
-            return p
-        if not p.secret.verify(secret):
+        holds = self._basic_ok.get(key) is p or p.secret.verify(secret)
+        why = barred(p)
+        if why:
+            return refusal(why, access_key, holds)
+        if not holds:
             return AuthFailure("wrong_secret", invalid_credentials(access_key))
         if len(self._basic_ok) >= _BASIC_CACHE_MAX:
             self._basic_ok.clear()
