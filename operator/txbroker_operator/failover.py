@@ -2,8 +2,10 @@
 switchover (before the master's pod is replaced or removed).
 
 Rules (DESIGN.md, "Roles, replication, failover"):
-- a master is lost when its broker has not acted as master for longer than the grace period
-  (pod gone, not ready, unreachable, or fenced);
+- a master is lost when it has not served for longer than the grace period: serving means its pod
+  is Ready AND its broker's admin API answers as master (down_reason); a pod that is gone, being
+  deleted or not ready, a broker that does not answer, and a fenced or demoted one all count as lost
+  (not Ready alone counts once the pod has been seen Ready: before that the master is starting);
 - the successor is the most caught-up slave (highest log end offset; lowest ordinal on a tie);
 - under SYNC replication, only a slave the master last reported in sync may be promoted, unless
   spec.failover.allowOutOfSyncPromotion says otherwise: an out-of-sync slave may lack acknowledged
@@ -39,6 +41,26 @@ def settings(spec: Mapping[str, Any]) -> dict:
     f = spec.get("failover") or {}
     return {"enabled": f.get("enabled", True), "grace": float(f.get("gracePeriodSeconds", 10)),
             "allow_out_of_sync": bool(f.get("allowOutOfSyncPromotion", False))}
+
+
+NOT_READY = "its pod is not ready"
+
+
+def down_reason(m: Member | None) -> str:
+    """Why the master does not count as serving, or "" when it does. An admin API that answers but
+    refuses the operator's credentials counts as alive: the operator cannot tell, and a wrong Secret
+    must not cause a failover."""
+    if m is None:
+        return "its pod is gone"
+    if m.deleting:
+        return "its pod is being deleted"
+    if m.info is None and not m.refused:
+        return "its admin API does not answer"
+    if m.info is not None and not m.info.is_master:
+        return f"its broker is {m.info.role}" + (f", fenced by epoch {m.info.fenced_by}" if m.info.fenced_by else "")
+    if not m.ready:
+        return NOT_READY
+    return ""
 
 
 def candidates(members: Mapping[str, Member], master: str) -> list[Member]:

@@ -40,6 +40,13 @@ def _matches(current: Mapping[str, Any] | None, want: Mapping[str, Any], generat
         all(current.get(k) == v for k, v in want.items())
 
 
+def applied_generation(applied: list[dict]) -> int | None:
+    """The generation every broker listed runs at least (the oldest one still running); None (field
+    removed) while no broker has the settings."""
+    gens = [a["generation"] for a in applied if isinstance(a.get("generation"), int)]
+    return min(gens) if gens else None
+
+
 def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, generation = meta["namespace"], int(meta.get("generation") or 1)
@@ -51,7 +58,7 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
     if txb is None:
         msg = f"TxBroker {broker_name} not found in namespace {ns}"
         events.post_once(body, events.WARNING, "BrokerNotFound", msg)
-        new = {"observedGeneration": generation, "applied": [],
+        new = {"observedGeneration": generation, "applied": [], "appliedGeneration": None,
                "conditions": [status.condition("Ready", False, "BrokerNotFound", msg, old_conds),
                               status.condition("Applied", False, "BrokerNotFound", msg, old_conds)]}
         _save(body, old, new)
@@ -85,7 +92,8 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
             if prev:
                 applied.append(prev)
 
-    new: dict[str, Any] = {"observedGeneration": generation, "applied": applied}
+    new: dict[str, Any] = {"observedGeneration": generation, "applied": applied,
+                           "appliedGeneration": applied_generation(applied)}
     master = members.get((txb.get("status") or {}).get("master") or "")
     if master is not None and master.ip:
         try:

@@ -5,7 +5,8 @@ pass (health.py). Passes for one TxBroker never overlap (a lock per TxBroker), a
 fresh read of the resource, so a pass always sees the master and epoch the previous one recorded.
 
 A pass:
-1. creates what is missing (ServiceAccount, Services, ConfigMap, PodDisruptionBudget, PVCs, pods);
+1. creates what is missing (ServiceAccount, Services, ConfigMap, PodDisruptionBudget, PVCs, pods) and
+   puts back what drifted from what it builds (drift.py); a lone broker has no PodDisruptionBudget;
 2. looks at every pod and asks its broker for role, epoch and log offset (observe.py);
 3. fails over when the master has been lost past the grace period (failover.py): the decision is
    written to status first, then carried out, so a crash of the operator mid-way is finished by the
@@ -30,7 +31,7 @@ from typing import Any, Mapping
 
 import kopf
 
-from . import brokers, events, failover, kube, manifests, observe, producer_groups, security, status
+from . import brokers, drift, events, failover, kube, manifests, observe, producer_groups, security, status
 from . import constants as c
 from .failover import Blocked, Promote
 from .observe import Member
@@ -109,19 +110,14 @@ class Pass:
     # -- 1. children -----------------------------------------------------------------------------
 
     def ensure_children(self) -> None:
-        owned = [manifests.service_account(self.name, self.ns), manifests.headless_service(self.name, self.ns),
-                 manifests.master_service(self.name, self.ns), manifests.config_map(self.name, self.ns, self.spec)]
+        for obj in (manifests.service_account(self.name, self.ns), manifests.headless_service(self.name, self.ns),
+                    manifests.master_service(self.name, self.ns)):
+            self.ensure_owned(obj)
+        self.ensure_owned(manifests.config_map(self.name, self.ns, self.spec), drift_event=False)  # follows the spec
         if self.replicas > 1:
-            owned.append(manifests.pod_disruption_budget(self.name, self.ns))
-        for obj in owned:
-            kopf.adopt(obj, owner=self.body)
-            if kube.create_if_absent(obj):
-                self.log.info("created %s %s", obj["kind"], obj["metadata"]["name"])
-            elif obj["kind"] == "ConfigMap":
-                current = kube.get("ConfigMap", self.ns, obj["metadata"]["name"]) or {}
-                if current.get("data") != obj["data"]:
-                    kube.merge_patch("ConfigMap", self.ns, obj["metadata"]["name"], {"data": obj["data"]})
-                    self.log.info("updated ConfigMap %s", obj["metadata"]["name"])
+            self.ensure_owned(manifests.pod_disruption_budget(self.name, self.ns))
+        else:   # a lone broker: a budget of one unavailable would not protect anything
+            self.delete_owned("PodDisruptionBudget", self.name, f"replicas is {self.replicas}")
         self.ensure_network_policy()
         if self.spec.get("storage"):   # not owned: like a StatefulSet's, claims outlive the broker
             for i in range(self.replicas):
@@ -129,25 +125,46 @@ class Pass:
                 if kube.create_if_absent(pvc):
                     self.log.info("created PersistentVolumeClaim %s", pvc["metadata"]["name"])
 
-    def ensure_network_policy(self) -> None:
-        enabled = (self.spec.get("networkPolicy") or {}).get("enabled", False)
-        if not enabled:
-            if kube.get("NetworkPolicy", self.ns, self.name) is not None:
-                kube.delete("NetworkPolicy", self.ns, self.name)
-                self.log.info("deleted NetworkPolicy %s (spec.networkPolicy.enabled is false)", self.name)
+    def ensure_owned(self, obj: dict, drift_event: bool = True) -> None:
+        """Create `obj` owned by the TxBroker, or put back what drifted from it (drift.py says what
+        is compared). A repair of someone's edit is an Event; a ConfigMap following the spec is not."""
+        kopf.adopt(obj, owner=self.body)
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        current = kube.get(kind, self.ns, name)
+        if current is None:
+            if kube.create_if_absent(obj):
+                self.log.info("created %s %s", kind, name)
             return
-        policy = manifests.network_policy(self.name, self.ns, self.spec, kube.own_namespace())
-        kopf.adopt(policy, owner=self.body)
-        if kube.create_if_absent(policy):
-            self.log.info("created NetworkPolicy %s", self.name)
-        elif (kube.get("NetworkPolicy", self.ns, self.name) or {}).get("spec") != policy["spec"]:
-            kube.merge_patch("NetworkPolicy", self.ns, self.name, {"spec": policy["spec"]})
+        patch = drift.repair(current, obj)
+        if not patch:
+            return
+        kube.merge_patch(kind, self.ns, name, patch)
+        if drift_event:   # someone edited what the operator owns: say what was put back
+            events.post(self.body, events.NORMAL, "Repaired",
+                        f"{kind} {name} differed from what {self.name} needs ({drift.what(patch)}); put back")
+        else:
+            self.log.info("updated %s %s (%s)", kind, name, drift.what(patch))
+
+    def delete_owned(self, kind: str, name: str, why: str) -> None:
+        current = kube.get(kind, self.ns, name)
+        uid = self.meta.get("uid")
+        if current is not None and any(r.get("uid") == uid for r in current["metadata"].get("ownerReferences") or []):
+            kube.delete(kind, self.ns, name)
+            self.log.info("deleted %s %s (%s)", kind, name, why)
+
+    def ensure_network_policy(self) -> None:
+        if (self.spec.get("networkPolicy") or {}).get("enabled", False):
+            self.ensure_owned(manifests.network_policy(self.name, self.ns, self.spec, kube.own_namespace()),
+                              drift_event=False)
+        else:
+            self.delete_owned("NetworkPolicy", self.name, "spec.networkPolicy.enabled is false")
 
     # -- 3. failover -----------------------------------------------------------------------------
 
     def handle_lost_master(self) -> None:
         current = self.members.get(self.master)
-        if current is not None and (current.alive_master or current.refused):
+        why = failover.down_reason(current)
+        if not why:
             self.status.pop("masterUnavailableSince", None)
             if current.refused:   # it answers: alive, but the operator's credentials or TLS are wrong
                 events.post_once(self.body, events.WARNING, "AdminRefused", current.refused)
@@ -155,29 +172,21 @@ class Pass:
         others = [m for m in self.members.values() if m.name != self.master]
         if not others:
             return   # nothing to fail over to: the master's pod is (re)created as master
-        served = any(b.get("name") == self.master and "offset" in b for b in self.status.get("brokers") or [])
-        if not served:
+        last_seen = next((b for b in self.status.get("brokers") or [] if b.get("name") == self.master), {})
+        if "offset" not in last_seen:
             return   # a new TxBroker whose master is still starting
         if not self.status.get("masterUnavailableSince"):
+            if why == failover.NOT_READY and not last_seen.get("ready"):
+                return   # it answers as master and has not been Ready yet: starting, not lost
             self.status["masterUnavailableSince"] = status.now()
             self.save_status(masterUnavailableSince=self.status["masterUnavailableSince"])
-            self.log.warning("master %s is not acting as master (%s)", self.master, self._why_down(current))
+            self.log.warning("master %s is not serving (%s)", self.master, why)
         down_for = time.time() - _parse_time(self.status["masterUnavailableSince"])
         decision = failover.decide_failover(self.spec, self.status, self.members, self.master, down_for)
         if isinstance(decision, Promote):
             self.promote(decision)
         elif isinstance(decision, Blocked):
             events.post_once(self.body, events.WARNING, decision.reason, decision.message)
-
-    @staticmethod
-    def _why_down(m: Member | None) -> str:
-        if m is None:
-            return "its pod is gone"
-        if m.deleting:
-            return "its pod is being deleted"
-        if m.info is None:
-            return "its admin API does not answer"
-        return f"its broker is {m.info.role}" + (f", fenced by epoch {m.info.fenced_by}" if m.info.fenced_by else "")
 
     def promote(self, p: Promote) -> None:
         """Record the decision; converge_roles() carries it out in this pass (and the next pass

@@ -13,11 +13,14 @@ def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(type_: str, ok: bool, reason: str, message: str, old: list[dict]) -> dict:
-    """A condition; lastTransitionTime moves only when the status flips."""
+def condition(type_: str, ok: bool, reason: str, message: str, old: list[dict], since: str | None = None) -> dict:
+    """A condition; lastTransitionTime moves only when the status flips, unless `since` says when the
+    state it reports began (FailedOver: each failover is a new transition, True to True)."""
     status = "True" if ok else "False"
     prev = next((x for x in old if x.get("type") == type_), None)
-    since = prev["lastTransitionTime"] if prev and prev.get("status") == status and prev.get("lastTransitionTime") else now()
+    if since is None:
+        since = prev["lastTransitionTime"] if prev and prev.get("status") == status and prev.get("lastTransitionTime") \
+            else now()
     return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
 
 
@@ -93,7 +96,9 @@ def compute(body: Mapping[str, Any], members: Mapping[str, Member], master: str,
                   "" if master_ok and ready == len(brokers) else f"{len(brokers) - ready} broker(s) not ready", old_conds),
     ]
     if last:
-        conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds))
+        # stays True after a failover; its time is the latest failover's, so a second one shows
+        conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds,
+                                    since=last.get("time")))
     new = {
         "phase": phase,
         "master": master,

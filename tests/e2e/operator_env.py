@@ -6,10 +6,21 @@ Helm chart's RBAC grants, so the chart's least-privilege rules are exercised too
 namespace (`operator.watchNamespaces`, a Role there), where these tests put their TxBrokers, so
 TxBrokers that other tests create elsewhere on this testbed are left alone. The local kubelet
 runs the broker pods' `txbroker broker ...` command from PATH (.venv/bin first).
+
+The testbed has no kube-proxy: a client reaches `<name>-master` as a client without one does, at the
+addresses in the Service's EndpointSlices (kube-controller-manager keeps them), re-reading them when
+the master it talks to stops answering (`service_endpoints`). The API server refuses loopback
+addresses in EndpointSlices: on the default loopback pod network `service_endpoints` resolves the
+Service as the EndpointSlice controller would (its selector, the Ready pods, the target port), so
+what the operator controls, the selector and the pods' labels, is what decides; with the pods on
+a non-loopback local range (TXBROKER_POD_NET=198.18 after `ip route add local 198.18.0.0/16 dev
+lo`, tests/k8s/README.md) the real EndpointSlices are read.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import os
 import re
@@ -23,6 +34,7 @@ import pytest
 import yaml
 from k8s_testbed import ROOT, wait_for
 
+from txbroker.client import BrokerError
 from txbroker.client.admin import AdminClient
 
 CHART = str(ROOT / "helm" / "txbroker")
@@ -143,3 +155,65 @@ def condition(obj: dict, type_: str) -> dict | None:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
 
 
+
+
+def service_endpoints(tb, namespace: str, service: str, port: str = "client") -> list[str]:
+    """HOST:PORT of the ready endpoints of a Service's `port`: where a client without kube-proxy (or a
+    headless-style resolver) sends its requests. From its EndpointSlices; on a loopback pod network,
+    which the API server refuses in EndpointSlices, from what the EndpointSlice controller would put
+    there: the Ready pods its selector matches, at the port's target port."""
+    pods = json.loads(tb.kubectl("-n", namespace, "get", "pods", "-o", "json").stdout)["items"]
+    if pods and not endpoints_possible(pods[0]):
+        return _endpoints_by_selector(tb, namespace, service, port, pods)
+    out = tb.kubectl("-n", namespace, "get", "endpointslices", "-l", f"kubernetes.io/service-name={service}",
+                     "-o", "json").stdout
+    found = []
+    for s in json.loads(out)["items"]:
+        number = next((p["port"] for p in s.get("ports") or [] if p.get("name") == port), None)
+        if number is None:
+            continue
+        for ep in s.get("endpoints") or []:
+            if (ep.get("conditions") or {}).get("ready"):
+                found += [f"{a}:{number}" for a in ep["addresses"]]
+    return sorted(found)
+
+
+def _endpoints_by_selector(tb, namespace: str, service: str, port: str, pods: list[dict]) -> list[str]:
+    svc = tb.get("service", service, namespace)
+    selector = svc["spec"].get("selector") or {}
+    target = next(p.get("targetPort", p["port"]) for p in svc["spec"]["ports"] if p.get("name") == port)
+    found = []
+    for pod in pods:
+        labels = pod["metadata"].get("labels") or {}
+        if not selector or any(labels.get(k) != v for k, v in selector.items()) or not ready(pod):
+            continue
+        number = target if isinstance(target, int) else next(
+            cp["containerPort"] for c in pod["spec"]["containers"] for cp in c.get("ports") or []
+            if cp.get("name") == target)
+        found.append(f"{pod['status']['podIP']}:{number}")
+    return sorted(found)
+
+
+def endpoints_possible(pod: dict) -> bool:
+    """Whether the API server accepts this pod's address in EndpointSlices (not loopback)."""
+    return not ipaddress.ip_address(pod["status"]["podIP"]).is_loopback
+
+
+def end_transaction_refusal(address: str, group: str) -> BrokerError:
+    """Send END_TRANSACTION (COMMIT of a made-up transaction) to one broker, as a client that does not
+    insist on a master would; return the error it answers with (AssertionError if it accepts)."""
+    from txbroker.client.connection import BrokerClient
+    from txbroker.protocol.bodies import EndTransactionRequest
+    from txbroker.protocol.codes import RequestCode, TransactionState
+
+    async def send():
+        c = BrokerClient(address, require_master=False)
+        try:
+            await c.request(RequestCode.END_TRANSACTION, EndTransactionRequest(group, "t", TransactionState.COMMIT))
+        finally:
+            await c.close()
+    try:
+        asyncio.run(send())
+    except BrokerError as e:
+        return e
+    raise AssertionError(f"{address} accepted END_TRANSACTION")

@@ -1,20 +1,26 @@
 """The operator end to end: TxBrokers become broker processes that replicate, fail over, scale, roll
-and go away with their TxBroker; TxProducerGroups change running brokers' check-back live.
-How the operator runs: tests/e2e/operator_env.py.
+and go away with their TxBroker; clients reach the master through `<name>-master`; what others edit
+is put back; TxProducerGroups change running brokers' check-back live.
+How the operator runs, and how a client finds `<name>-master` without kube-proxy: tests/e2e/operator_env.py.
 """
 
 from __future__ import annotations
 
+import json
+import signal
 import threading
+import time
+import urllib.request
 
 import pytest
 from k8s_testbed import wait_for
 from operator_env import (
-    addresses, admin, broker_info, condition, events_for, healthz, ready, start_operator, txbroker, wait_broker,
+    addresses, admin, broker_info, condition, end_transaction_refusal, events_for, healthz,
+    ready, service_endpoints, start_operator, txbroker, wait_broker,
 )
 from support import txload
 
-from txbroker.client import BrokerError, LocalTransactionState as S, Message, TransactionListener, TransactionProducer
+from txbroker.client import ClientError, LocalTransactionState as S, Message, TransactionListener, TransactionProducer
 
 pytestmark = pytest.mark.e2e
 
@@ -22,6 +28,72 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def operator(crds, tmp_path_factory):
     yield from start_operator(crds, tmp_path_factory)
+
+
+class Commit(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return S.COMMIT
+
+    def check_local_transaction(self, msg):
+        return S.COMMIT
+
+
+def txpg(name: str, broker: str, **spec) -> dict:
+    return {"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxProducerGroup", "metadata": {"name": name},
+            "spec": {"brokerRef": {"name": broker}, **spec}}
+
+
+def group_applied(tb, namespace: str, name: str, generation: int, brokers: list[str]):
+    """A wait_for predicate: the group's status says `generation` runs on exactly `brokers`."""
+    def check():
+        g = tb.get("txpg", name, namespace)
+        st = g.get("status") or {}
+        return (st.get("observedGeneration") == generation and st.get("appliedGeneration") == generation
+                and sorted(a["name"] for a in st.get("applied", [])) == sorted(brokers)
+                and all(a["generation"] == generation for a in st["applied"])
+                and (condition(g, "Applied") or {}).get("status") == "True" and g)
+    return check
+
+
+class MasterServiceClient:
+    """A transactional producer that knows the brokers only as the `<name>-master` Service: it sends
+    to the Service's endpoints and, when they stop answering, reads them again (no kube-proxy here)."""
+
+    def __init__(self, tb, namespace: str, service: str, group: str, topic: str):
+        self.tb, self.namespace, self.service, self.group, self.topic = tb, namespace, service, group, topic
+        self.committed: list[tuple[str, str]] = []    # (endpoint it went to, body), acknowledged commits
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def committed_at(self, endpoint: str) -> int:
+        return sum(1 for e, _ in self.committed if e == endpoint)
+
+    def _run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            try:
+                endpoints = service_endpoints(self.tb, self.namespace, self.service)
+            except Exception:   # noqa: BLE001 - kubectl under load: ask again
+                self.stop.wait(0.2)
+                continue
+            if not endpoints:   # between the old master leaving the slice and the new one joining
+                self.stop.wait(0.2)
+                continue
+            try:
+                with TransactionProducer(self.group, endpoints, Commit(), request_timeout=5) as p:
+                    while not self.stop.is_set():
+                        body = f"svc-{n}"
+                        n += 1
+                        r = p.send_message_in_transaction(Message(self.topic, body.encode()), None)
+                        if r.local_state is S.COMMIT and not r.end_error:
+                            self.committed.append((endpoints[0], body))
+            except (ClientError, OSError):
+                continue   # the endpoint stopped answering (or is no master now): resolve again
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
 
 
 def test_single_broker_comes_up(operator):
@@ -82,26 +154,33 @@ def test_master_and_two_slaves_replicate_and_commit(operator):
         assert broker_info(tb, namespace, slave)["log_end_offset"] == end
 
 
-def test_producer_group_settings_reach_running_brokers(operator):
+def test_producer_commits_through_the_master_service(operator):
     tb, namespace = operator.testbed, operator.namespace
-    tb.apply(txbroker("pgb", replicas=2), namespace)
+    tb.apply(txbroker("front", replicas=2), namespace)
+    wait_broker(operator, namespace, "front")
+    master = addresses(tb, namespace, "front", 1)
+    # the master, and only it: the slave's pod is ready too, but not labelled master
+    endpoints = wait_for(lambda: (e := service_endpoints(tb, namespace, "front-master")) == master and e, 60,
+                         "front-master's EndpointSlice holding front-0 only")
+    with TransactionProducer("front-pg", endpoints, Commit()) as p:
+        for i in range(10):
+            r = p.send_message_in_transaction(Message("Front", f"f-{i}".encode()), None)
+            assert r.local_state is S.COMMIT and not r.end_error
+    assert txload.visible(master[0], "Front") == {f"f-{i}": 1 for i in range(10)}
+    tb.kubectl("-n", namespace, "delete", "txb", "front", "--wait=false")
+
+
+def test_producer_group_interval_change_changes_check_back_live(operator):
+    tb, namespace = operator.testbed, operator.namespace
+    # the broker-wide default is an hour as well, so the only short interval ever in force is the group's
+    tb.apply(txbroker("pgb", replicas=2, transaction={"checkIntervalSeconds": 3600}), namespace)
     wait_broker(operator, namespace, "pgb")
     pids = {p: tb.pod_pids(p, namespace) for p in ("pgb-0", "pgb-1")}
-    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxProducerGroup", "metadata": {"name": "payments"},
-              "spec": {"brokerRef": {"name": "pgb"}, "checkIntervalSeconds": 2, "timeoutSeconds": 1}}, namespace)
-
-    def applied(generation):
-        def check():
-            g = tb.get("txpg", "payments", namespace)
-            st = g.get("status") or {}
-            return (st.get("observedGeneration") == generation and sorted(a["name"] for a in st.get("applied", []))
-                    == ["pgb-0", "pgb-1"] and all(a["generation"] == generation for a in st["applied"])
-                    and (condition(g, "Applied") or {}).get("status") == "True" and g)
-        return check
-    wait_for(applied(1), 30, "generation 1 applied to both brokers")
+    tb.apply(txpg("payments", "pgb", checkIntervalSeconds=3600, timeoutSeconds=1), namespace)
+    wait_for(group_applied(tb, namespace, "payments", 1, ["pgb-0", "pgb-1"]), 30, "generation 1 on both brokers")
     for pod in ("pgb-0", "pgb-1"):
         groups = admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")
-        assert groups["payments"]["check_interval_ms"] == 2000 and groups["payments"]["generation"] == 1
+        assert groups["payments"]["check_interval_ms"] == 3_600_000 and groups["payments"]["generation"] == 1
 
     checked = threading.Event()
 
@@ -113,25 +192,39 @@ def test_producer_group_settings_reach_running_brokers(operator):
             checked.set()
             return S.COMMIT
 
+    master = admin(tb.get("pod", "pgb-0", namespace))
+
+    def pending_for(ms):
+        """The group's one pending transaction, once it has been past its timeout for `ms`."""
+        txs = master.get("/api/v1/transactions?group=payments&state=pending")["transactions"]
+        return len(txs) == 1 and time.time() * 1000 - txs[0]["born_ms"] >= 1000 + ms and txs[0]
+
     with TransactionProducer("payments", addresses(tb, namespace, "pgb", 2), LeftUnknown()) as p:
         r = p.send_message_in_transaction(Message("Payments", b"pay-1"), None)
         assert r.local_state is S.UNKNOWN
-        # the broker-wide default is a 60 s check interval: a check within 20 s is the group's 2 s
-        wait_for(checked.is_set, 20, "a check-back under the group's 2 s interval")
+        # Due, but at an hour's interval not checked: proving an absence takes time, here three of the
+        # 2-second rounds it gets below
+        tx = wait_for(lambda: pending_for(3 * 2000), 30, "the transaction past its timeout for 6 s")
+        assert tx["checks"] == 0 and not checked.is_set(), "checked back at a one-hour interval"
+        wait_for(lambda: (tb.get("txpg", "payments", namespace).get("status") or {}).get("pending") == 1, 30,
+                 "status: one pending")
+
+        tb.kubectl("-n", namespace, "patch", "txpg", "payments", "--type=merge", "-p",
+                   '{"spec": {"checkIntervalSeconds": 2}}')
+        wait_for(group_applied(tb, namespace, "payments", 2, ["pgb-0", "pgb-1"]), 30, "generation 2 on both brokers")
+        wait_for(checked.is_set, 30, "a check-back under the group's new 2 s interval")
         wait_for(lambda: txload.visible(addresses(tb, namespace, "pgb", 1)[0], "Payments") == {"pay-1": 1},
                  20, "the checked transaction committed and visible")
-
-    tb.kubectl("-n", namespace, "patch", "txpg", "payments", "--type=merge", "-p", '{"spec": {"checkIntervalSeconds": 30}}')
-    wait_for(applied(2), 30, "generation 2 applied to both brokers")
     for pod in ("pgb-0", "pgb-1"):
-        assert admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")["payments"]["check_interval_ms"] == 30000
+        assert admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")["payments"]["check_interval_ms"] == 2000
     assert {p: tb.pod_pids(p, namespace) for p in ("pgb-0", "pgb-1")} == pids, "a broker was restarted"
-    row = tb.kubectl("-n", namespace, "get", "txpg", "payments", "--no-headers").stdout.split()
-    assert row[:5] == ["payments", "pgb", "30", "0", "True"]
+    header = tb.kubectl("-n", namespace, "get", "txpg", "payments").stdout.splitlines()[0].split()
+    assert header[:6] == ["NAME", "BROKER", "CHECK-INTERVAL", "PENDING", "APPLIED", "APPLIED-GEN"]
+    wait_for(lambda: tb.kubectl("-n", namespace, "get", "txpg", "payments", "--no-headers").stdout.split()[:6]
+             == ["payments", "pgb", "2", "0", "True", "2"], 30, "kubectl get txpg: generation 2 applied, none pending")
 
     # a group naming a missing TxBroker says so
-    tb.apply({"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxProducerGroup", "metadata": {"name": "stray"},
-              "spec": {"brokerRef": {"name": "nope"}}}, namespace)
+    tb.apply(txpg("stray", "nope"), namespace)
     g = wait_for(lambda: (g := tb.get("txpg", "stray", namespace)) and condition(g, "Ready") and g, 30, "stray status")
     assert condition(g, "Ready")["reason"] == "BrokerNotFound"
 
@@ -141,16 +234,56 @@ def test_producer_group_settings_reach_running_brokers(operator):
                          for p in ("pgb-0", "pgb-1")), 30, "group settings removed from the brokers")
 
 
+def test_edited_children_are_put_back(operator):
+    tb, namespace = operator.testbed, operator.namespace
+    tb.apply(txbroker("mended", replicas=2), namespace)
+    wait_broker(operator, namespace, "mended")
+    # someone points the master Service at the slaves, loosens the budget and mounts API tokens
+    tb.kubectl("-n", namespace, "patch", "service", "mended-master", "--type=merge",
+               "-p", '{"spec": {"selector": {"txbroker.dev/role": "slave"}}}')
+    tb.kubectl("-n", namespace, "patch", "pdb", "mended", "--type=merge", "-p", '{"spec": {"maxUnavailable": 2}}')
+    tb.kubectl("-n", namespace, "patch", "serviceaccount", "mended-broker", "--type=merge",
+               "-p", '{"automountServiceAccountToken": true}')
+
+    wait_for(lambda: tb.get("service", "mended-master", namespace)["spec"]["selector"].get("txbroker.dev/role")
+             == "master", 30, "mended-master selecting the master again")
+    wait_for(lambda: tb.get("pdb", "mended", namespace)["spec"]["maxUnavailable"] == 1, 30, "the budget back at 1")
+    wait_for(lambda: tb.get("serviceaccount", "mended-broker", namespace)["automountServiceAccountToken"] is False,
+             30, "no API token for brokers again")
+
+    def repaired():
+        said = [e["message"] for e in events_for(tb, namespace, "mended") if e["reason"] == "Repaired"]
+        return len(said) >= 3 and said
+    said = wait_for(repaired, 30, "Repaired Events for the three")
+    assert any("Service mended-master" in m and "spec.selector" in m for m in said), said
+    assert any("PodDisruptionBudget mended" in m for m in said) and any("ServiceAccount mended-broker" in m for m in said)
+    wait_for(lambda: service_endpoints(tb, namespace, "mended-master") == addresses(tb, namespace, "mended", 1),
+             60, "mended-master's endpoints back on the master")
+
+    # one broker left: no budget to keep
+    tb.kubectl("-n", namespace, "patch", "txb", "mended", "--type=merge", "-p", '{"spec": {"replicas": 1}}')
+    wait_for(lambda: tb.get("pdb", "mended", namespace) is None, 60, "the PodDisruptionBudget removed")
+    wait_for(lambda: tb.get("pod", "mended-1", namespace) is None, 60, "mended-1 removed")
+    tb.kubectl("-n", namespace, "delete", "txb", "mended", "--wait=false")
+
+
 @pytest.mark.slow
 def test_failover_under_load_keeps_every_acknowledged_commit(operator):
     tb, namespace = operator.testbed, operator.namespace
     tb.apply(txbroker("fo", replicas=3, replication="SYNC", flush="SYNC",
                       transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1},
                       failover={"gracePeriodSeconds": 3}), namespace)
+    # the load's producer group, its check-back settings in a TxProducerGroup
+    tb.apply(txpg("orders-pg", "fo", checkIntervalSeconds=1, timeoutSeconds=1), namespace)
     wait_broker(operator, namespace, "fo")
     wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "fo", namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 30, "slaves in sync")
+    wait_for(group_applied(tb, namespace, "orders-pg", 1, ["fo-0", "fo-1", "fo-2"]), 30, "orders-pg on every broker")
     everyone = addresses(tb, namespace, "fo", 3)
+    # a client that knows only fo-master (operator_env.service_endpoints)
+    wait_for(lambda: service_endpoints(tb, namespace, "fo-master") == everyone[:1], 60, "fo-master's endpoint: fo-0")
+    svc = MasterServiceClient(tb, namespace, "fo-master", "svc-pg", "ViaService")
+    wait_for(lambda: svc.committed_at(everyone[0]) >= 20, 60, "commits through fo-master before the failure")
     ledger, acked, stop = txload.Ledger(), {}, threading.Event()
     loader = threading.Thread(target=txload.run_load, args=(everyone, ledger, acked, stop, 4))
     loader.start()
@@ -171,66 +304,135 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
         txb = wait_for(lambda: (t := tb.get("txb", "fo", namespace)) and condition(t, "FailedOver") and t, 30,
                        "the FailedOver condition")
         new_master = txb["status"]["master"]
+        new_address = f"{tb.get('pod', new_master, namespace)['status']['podIP']}:10911"
         assert new_master in ("fo-1", "fo-2") and txb["status"]["epoch"] >= 2
-        assert condition(txb, "FailedOver")["status"] == "True"
-        # the <name>-master Service selects the new master's pod (its endpoints follow: see test_k8s_controllers)
-        selector = tb.get("service", "fo-master", namespace)["spec"]["selector"]
-        labels = tb.get("pod", new_master, namespace)["metadata"]["labels"]
-        assert all(labels.get(k) == v for k, v in selector.items())
+        failed_over = condition(txb, "FailedOver")
+        assert failed_over["status"] == "True"
+        assert failed_over["lastTransitionTime"] == txb["status"]["lastFailover"]["time"]
         assert txb["status"]["lastFailover"]["from"] == "fo-0"
         assert any(e["reason"] == "FailedOver" and e["type"] == "Warning" for e in events_for(tb, namespace, "fo"))
         assert tb.get("pod", new_master, namespace)["metadata"]["labels"]["txbroker.dev/role"] == "master"
         assert broker_info(tb, namespace, new_master)["role"] == "master"
+        # the endpoints follow the new master, and a client reading them again goes on
+        wait_for(lambda: service_endpoints(tb, namespace, "fo-master") == [new_address], 60,
+                 f"fo-master's endpoint following {new_master}")
+        wait_for(lambda: svc.committed_at(new_address) >= 20, 60, "commits through fo-master on the new master")
         before = len(acked)
         wait_for(lambda: len(acked) >= before + 50, 60, "producers to continue on the new master")
+        # the group's settings run on the new master at the group's current generation
+        g = wait_for(lambda: (g := tb.get("txpg", "orders-pg", namespace)) and any(
+            a["name"] == new_master and a["generation"] == g["metadata"]["generation"]
+            for a in (g.get("status") or {}).get("applied", [])) and g, 30, "orders-pg applied on the new master")
+        assert (g["status"]["appliedGeneration"], g["metadata"]["generation"]) == (1, 1)
     finally:
         stop.set()
         loader.join(60)
+        svc.close()
 
     # the old master comes back as a slave of the new one, and refuses END_TRANSACTION
     old = wait_for(lambda: (p := tb.get("pod", "fo-0", namespace)) and ready(p) and p, 60, "fo-0 back and ready")
     assert old["metadata"]["labels"]["txbroker.dev/role"] == "slave"
     wait_for(lambda: broker_info(tb, namespace, "fo-0")["role"] == "slave", 30, "fo-0 running as a slave")
-    with TransactionProducer("orders-pg", everyone, ledger):   # answers the new master's check-backs
-        new_ip = tb.get("pod", new_master, namespace)["status"]["podIP"]
+    # a change to the group after the failover reaches every broker, the returned one too
+    tb.kubectl("-n", namespace, "patch", "txpg", "orders-pg", "--type=merge", "-p", '{"spec": {"timeoutSeconds": 2}}')
+    wait_for(group_applied(tb, namespace, "orders-pg", 2, ["fo-0", "fo-1", "fo-2"]), 30, "generation 2 everywhere")
+    with TransactionProducer("orders-pg", everyone, ledger), \
+            TransactionProducer("svc-pg", [new_address], Commit()):   # answer the new master's check-backs
+        new_ip = new_address.split(":")[0]
         wait_for(lambda: txload.settled(f"http://{new_ip}:10912"), 60, "every transaction decided on the new master")
-        from txbroker.client.connection import BrokerClient
-        from txbroker.protocol.bodies import EndTransactionRequest
-        from txbroker.protocol.codes import RequestCode, TransactionState
-        import asyncio
-
-        async def end_on_old_master():
-            c = BrokerClient(everyone[0], require_master=False)
-            try:
-                await c.request(RequestCode.END_TRANSACTION,
-                                EndTransactionRequest("orders-pg", "t", TransactionState.COMMIT))
-            finally:
-                await c.close()
-        with pytest.raises(BrokerError) as e:
-            asyncio.run(end_on_old_master())
-        assert e.value.code_name == "SLAVE_NOT_AVAILABLE"
-    seen = txload.visible(f"{new_ip}:10911")
+        assert end_transaction_refusal(everyone[0], "orders-pg").code_name == "SLAVE_NOT_AVAILABLE"
+    seen = txload.visible(new_address)
     problems = txload.invariant_violations(seen, acked, must_keep_acked=True)
     assert not problems, problems[:5]
+    # every commit acknowledged through fo-master, on either side of the failover, kept once
+    through = txload.visible(new_address, "ViaService")
+    assert {b for _, b in svc.committed} <= set(through) and all(n == 1 for n in through.values())
     wait_for(lambda: tb.get("txb", "fo", namespace)["status"]["phase"] == "Running", 60, "fo Running again")
 
 
-def wait_rolled(tb, namespace: str, name: str, replicas: int, image: str, timeout: float) -> dict:
-    """Wait until every pod runs `image` and the TxBroker is Running; assert no two brokers were
-    down (deleted, being deleted or not ready) at any time we looked."""
-    max_down = 0
+def roles(tb, namespace: str, pods: list[str]) -> dict[str, tuple[str, int]]:
+    """pod -> (role, epoch) as each broker says it now; a broker that does not answer is left out."""
+    out = {}
+    for name in pods:
+        ip = (tb.get("pod", name, namespace) or {}).get("status", {}).get("podIP")
+        try:
+            with urllib.request.urlopen(f"http://{ip}:10912/api/v1/broker", timeout=1) as r:
+                info = json.loads(r.read())
+            out[name] = (info["role"], info["epoch"])
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.slow
+def test_a_paused_master_that_returns_is_fenced(operator):
+    tb, namespace = operator.testbed, operator.namespace
+    tb.apply(txbroker("frozen", replicas=2, replication="SYNC", flush="SYNC", failover={"gracePeriodSeconds": 3}),
+             namespace)
+    wait_broker(operator, namespace, "frozen")
+    wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "frozen", namespace)["status"]["brokers"]
+                         if b["role"] == "slave"), 30, "the slave in sync")
+    old_address = addresses(tb, namespace, "frozen", 1)[0]
+    pods = ["frozen-0", "frozen-1"]
+    seen, stop = [], threading.Event()
+
+    def watch():   # who says it is master, at which epoch, all along
+        while not stop.is_set():
+            seen.append(roles(tb, namespace, pods))
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        # a long GC pause, a VM freeze: the process is alive but silent past the grace period
+        tb.kill_pod("frozen-0", namespace, signal.SIGSTOP)
+        try:
+            wait_for(lambda: tb.get("txb", "frozen", namespace)["status"]["master"] == "frozen-1", 60,
+                     "the operator to promote frozen-1")
+            wait_for(lambda: broker_info(tb, namespace, "frozen-1")["role"] == "master", 30, "frozen-1 acting as master")
+        finally:
+            tb.kill_pod("frozen-0", namespace, signal.SIGCONT)
+        # back, it still believes it is master at the old epoch, until the operator fences it
+        wait_for(lambda: any(e["reason"] == "Fenced" and "frozen-0" in e["message"]
+                             for e in events_for(tb, namespace, "frozen")), 60, "a Fenced Event for frozen-0")
+        wait_for(lambda: broker_info(tb, namespace, "frozen-0")["role"] == "slave", 30, "frozen-0 demoted")
+        refusal = end_transaction_refusal(old_address, "frozen-pg")
+        assert refusal.code_name in ("SLAVE_NOT_AVAILABLE", "CONTROLLER_FENCED_MASTER_EPOCH"), refusal
+    finally:
+        stop.set()
+        watcher.join(30)
+    txb = tb.get("txb", "frozen", namespace)
+    info = broker_info(tb, namespace, "frozen-1")
+    assert info["role"] == "master" and info["epoch"] == txb["status"]["epoch"] >= 2
+    assert txb["status"]["lastFailover"]["from"] == "frozen-0"
+    # two brokers claiming master at different epochs can be seen before the fence; at one epoch, never
+    twice = [s for s in seen if len({e for r, e in s.values() if r == "master"})
+             < sum(1 for r, _ in s.values() if r == "master")]
+    assert not twice, f"two masters at one epoch: {twice[:3]}"
+    wait_for(lambda: tb.get("txb", "frozen", namespace)["status"]["phase"] == "Running", 60, "frozen Running again")
+    tb.kubectl("-n", namespace, "delete", "txb", "frozen", "--wait=false")
+
+
+def wait_rolled(tb, namespace: str, name: str, replicas: int, image: str, timeout: float,
+                before: dict[str, str]) -> tuple[dict, list[str]]:
+    """Wait until every pod runs `image` and the TxBroker is Running. Assert no two brokers were
+    down (deleted, being deleted or not ready) at any time we looked. Return the TxBroker and the
+    order in which the pods of `before` (pod name -> uid before the change) were taken down."""
+    max_down, order = 0, []
 
     def rolled():
         nonlocal max_down
-        pods = [tb.get("pod", f"{name}-{i}", namespace) for i in range(replicas)]
-        max_down = max(max_down, sum(1 for p in pods if p is None or p["metadata"].get("deletionTimestamp")
+        pods = {f"{name}-{i}": tb.get("pod", f"{name}-{i}", namespace) for i in range(replicas)}
+        for n, p in pods.items():
+            if n in before and n not in order and (p is None or p["metadata"].get("deletionTimestamp")
+                                                   or p["metadata"]["uid"] != before[n]):
+                order.append(n)
+        max_down = max(max_down, sum(1 for p in pods.values() if p is None or p["metadata"].get("deletionTimestamp")
                                      or not ready(p)))
         t = tb.get("txb", name, namespace)
-        return (all(p and p["spec"]["containers"][0]["image"] == image and ready(p) for p in pods)
+        return (all(p and p["spec"]["containers"][0]["image"] == image and ready(p) for p in pods.values())
                 and t["status"]["phase"] == "Running" and t)
     txb = wait_for(rolled, timeout, f"every {name} pod on {image}", interval=0.1)
     assert max_down <= 1, "more than one broker was down at once"
-    return txb
+    return txb, order
 
 
 @pytest.mark.slow
@@ -245,10 +447,13 @@ def test_scale_roll_and_delete(operator):
     assert broker_info(tb, namespace, "elastic-2")["role"] == "slave"
 
     # a new image: pods are replaced one at a time, slaves first, the master after a switchover
-    uids = {i: tb.get("pod", f"elastic-{i}", namespace)["metadata"]["uid"] for i in range(3)}
+    uids = {f"elastic-{i}": tb.get("pod", f"elastic-{i}", namespace)["metadata"]["uid"] for i in range(3)}
+    master_before = tb.get("txb", "elastic", namespace)["status"]["master"]
     tb.kubectl("-n", namespace, "patch", "txb", "elastic", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v2"}}')
-    txb = wait_rolled(tb, namespace, "elastic", 3, "txbroker/broker:v2", 180)
-    assert all(tb.get("pod", f"elastic-{i}", namespace)["metadata"]["uid"] != uids[i] for i in range(3))
+    txb, order = wait_rolled(tb, namespace, "elastic", 3, "txbroker/broker:v2", 180, uids)
+    assert all(tb.get("pod", n, namespace)["metadata"]["uid"] != uid for n, uid in uids.items())
+    # slaves first, highest ordinal first; the pod that was master last
+    assert order == sorted(set(uids) - {master_before}, reverse=True) + [master_before], order
     reasons = [e["reason"] for e in sorted(events_for(tb, namespace, "elastic"), key=lambda e: e["lastTimestamp"])]
     assert reasons.count("RollingUpdate") == 3 and "Switchover" in reasons
     assert "Fenced" not in reasons and "FailedOver" not in reasons     # planned: no surprise on the way
@@ -272,12 +477,14 @@ def test_operator_killed_mid_roll_finishes_it_after_restart(operator):
     tb, namespace = operator.testbed, operator.namespace
     tb.apply(txbroker("steady", replicas=2), namespace)
     wait_broker(operator, namespace, "steady")
+    uids = {f"steady-{i}": tb.get("pod", f"steady-{i}", namespace)["metadata"]["uid"] for i in range(2)}
     tb.kubectl("-n", namespace, "patch", "txb", "steady", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v3"}}')
     wait_for(lambda: any(e["reason"] == "RollingUpdate" for e in events_for(tb, namespace, "steady")), 60,
              "the roll to start")
     operator.kill()          # SIGKILL mid-change: nothing in memory survives
     operator.start()
-    wait_rolled(tb, namespace, "steady", 2, "txbroker/broker:v3", 120)
+    _, order = wait_rolled(tb, namespace, "steady", 2, "txbroker/broker:v3", 120, uids)
+    assert order[-1] == "steady-0", f"the master's pod was not replaced last: {order}"   # across the restart too
     masters = [i for i in range(2) if broker_info(tb, namespace, f"steady-{i}")["role"] == "master"]
     assert len(masters) == 1
     assert tb.get("txb", "steady", namespace)["status"]["master"] == f"steady-{masters[0]}"

@@ -114,3 +114,35 @@ def test_producer_group_spec_becomes_broker_settings():
                  "webhook_url": "http://h/c"}
     assert producer_groups.broker_settings({"checkMode": "ledger", "webhookUrl": "http://h/c"})["webhook_url"] == ""
     assert producer_groups.group_name({"metadata": {"name": "pg"}, "spec": {"groupName": "PG_Orders"}}) == "PG_Orders"
+
+
+def test_a_master_serves_only_while_its_pod_is_ready_and_its_broker_answers_as_master():
+    assert failover.down_reason(member("b-0", 0, info("master"))) == ""
+    assert failover.down_reason(member("b-0", 0, info("master"), ready=False)) == "its pod is not ready"
+    assert failover.down_reason(member("b-0", 0, None)) == "its admin API does not answer"
+    assert failover.down_reason(member("b-0", 0, info("slave"))).startswith("its broker is slave")
+    assert failover.down_reason(None) == "its pod is gone"
+    refused = member("b-0", 0, None)
+    refused.refused = "HTTP 401"          # alive: only the operator's credentials are wrong
+    assert failover.down_reason(refused) == ""
+
+
+def test_failed_over_condition_moves_with_every_failover():
+    members = {"b-1": member("b-1", 1, info("master", epoch=2)), "b-0": member("b-0", 0, info(epoch=2))}
+    body = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {}}
+    first = {"time": "2026-11-23T10:00:00Z", "from": "b-0", "to": "b-1", "epoch": 2, "message": "first"}
+    st = status.compute(body, members, "b-1", 2, {"lastFailover": first})
+    cond = next(c for c in st["conditions"] if c["type"] == "FailedOver")
+    assert (cond["status"], cond["lastTransitionTime"]) == ("True", "2026-11-23T10:00:00Z")
+    second = dict(first, time="2026-11-23T11:30:00Z", message="second")
+    st = status.compute({**body, "status": st}, members, "b-1", 3, {"lastFailover": second})
+    cond = next(c for c in st["conditions"] if c["type"] == "FailedOver")
+    assert (cond["lastTransitionTime"], cond["message"]) == ("2026-11-23T11:30:00Z", "second")
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")   # others keep the flip rule
+    again = status.compute({**body, "status": st}, members, "b-1", 3, {"lastFailover": second})
+    assert next(c for c in again["conditions"] if c["type"] == "Ready")["lastTransitionTime"] == ready["lastTransitionTime"]
+
+
+def test_applied_generation_is_the_oldest_one_running():
+    assert producer_groups.applied_generation([{"name": "b-0", "generation": 3}, {"name": "b-1", "generation": 2}]) == 2
+    assert producer_groups.applied_generation([]) is None

@@ -48,14 +48,20 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
-# the headless and <name>-master Services, the brokers' ServiceAccount, one PVC per broker when
-# spec.storage is set: create-if-absent
+# the headless and <name>-master Services and the brokers' ServiceAccount: created, read and put
+# back when edited (drift repair: an edited <name>-master selector would send clients elsewhere)
 - apiGroups: [""]
-  resources: [services, serviceaccounts, persistentvolumeclaims]
+  resources: [services, serviceaccounts]
+  verbs: [get, create, patch]
+# one PVC per broker when spec.storage is set: create-if-absent (never changed or deleted: they
+# outlive the TxBroker)
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
   verbs: [create]
+# the PodDisruptionBudget: created, put back when edited, removed when replicas drops to 1
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [create]
+  verbs: [get, create, patch, delete]
 # a TxBroker's NetworkPolicy when spec.networkPolicy.enabled: kept in line, removed when disabled
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
