@@ -57,9 +57,6 @@ def test_operator_runs_locked_down_with_resources(testbed):
     assert "memory" in container["resources"]["limits"]
 
 
-@pytest.mark.xfail(strict=True, reason="the operator writes a client certificate with tempfile.NamedTemporaryFile "
-                                       "(operator/txbroker_operator/security.py) but its root filesystem is read-only "
-                                       "and the chart mounts no writable /tmp (emptyDir)")
 def test_operator_has_a_writable_temp_dir(testbed):
     # tempfile writes under $TMPDIR, else /tmp; under readOnlyRootFilesystem that must be a volume
     pod = operator_pod(testbed)
