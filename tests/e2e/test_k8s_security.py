@@ -1,5 +1,7 @@
 """Security on Kubernetes (#9): a TxBroker's credentials and TLS come from Secrets, the operator uses
-them too, rotating either needs no restart, and a NetworkPolicy admits only labelled clients."""
+them too, rotating either needs no restart, and the NetworkPolicy the operator writes admits only
+labelled clients (its rules are checked; the testbed has no network plugin to enforce them,
+tests/k8s/README.md)."""
 
 from __future__ import annotations
 
