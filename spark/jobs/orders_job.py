@@ -56,9 +56,15 @@ def parse_args(argv=None):
                    help="inject a failure: the first attempt of this partition fails after sending its half messages")
     p.add_argument("--fail-mode", choices=["crash", "raise"], default="crash",
                    help="crash: its Python worker dies (nothing cleans up); raise: the task raises")
+    p.add_argument("--inject-crash", choices=["after-dataset", "after-decision"], default=None,
+                   help="inject a failure (tests): the driver exits at once after writing the dataset (before the "
+                        "decision) or after recording the decision (before the move and the ENDs)")
+    p.add_argument("--progress-seconds", type=float, default=10.0,
+                   help="log the running stage's progress this often (0: only when it ends)")
     p.add_argument("--admin-url", default=None,
                    help="broker admin URL: wait for the discarded attempts' transactions to be rolled back by "
-                        "check-back, and count them")
+                        "check-back, and count them (without it, rolled_back is unknown when Spark discarded "
+                        "task attempts)")
     p.add_argument("--settle-seconds", type=float, default=120.0, help="how long to wait for that")
     p.add_argument("--summary-json", default=None, help="also write the summary here")
     p.add_argument("--log-level", default="INFO")
@@ -145,6 +151,29 @@ def settle(admin_url: str, group: str, job: str, discarded: list[str], timeout: 
             "by": {t: s.get("by", "") for t, s in states.items()}}
 
 
+def _crash(args, where: str) -> None:
+    """Failure injection: die here as a lost driver would (its JVM exits when its stdin closes)."""
+    if args.inject_crash == where:
+        log.warning("inject-crash=%s: the driver exits now", where)
+        logging.shutdown()
+        os._exit(17)
+
+
+def _cause(e: Exception) -> str:
+    """The first telling line of an error (a Py4J error starts with "An error occurred while calling ...")."""
+    lines = [ln.strip(" :\t") for ln in str(e).splitlines()]
+    useful = [ln for ln in lines if ln and not ln.startswith("An error occurred while calling")]
+    return (useful or [type(e).__name__])[0][:300]
+
+
+def _discarded(progress, speculation: bool) -> tuple[int, bool]:
+    """(task attempts Spark is known to have discarded, whether it may have discarded others): a
+    failed attempt, a stage run again, or a speculative copy, whose half transactions check-back
+    rolls back without this job hearing of it."""
+    final = progress.final
+    return final.failed, bool(final.failed or final.stage_retries or speculation)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stdout,
@@ -152,6 +181,7 @@ def main(argv=None) -> int:
     from txbroker_spark import DeferredJob, JobAborted, Ledger, local_session, register
     from txbroker_spark.datasource import new_job_id
     from txbroker_spark.options import OptionError
+    from txbroker_spark.progress import StageProgress
     from txbroker_spark.security import flag_message, from_args, options_from_args
 
     try:  # the flags, else the environment: the same settings the data source resolves from its options
@@ -184,7 +214,10 @@ def main(argv=None) -> int:
     job = new_job_id("orders-")
     staging = output / "_staging" / job
     final = output / f"job={job}"
-    summary = {"job": job, "rows": 0, "transactions": 0, "committed": 0, "rolled_back": 0, "seconds": 0.0,
+    # rolled_back: None (unknown) until the job can count it; discarded_attempts: task attempts Spark
+    # threw away (their half transactions are rolled back by check-back).
+    summary = {"job": job, "rows": 0, "transactions": 0, "committed": 0, "rolled_back": None,
+               "discarded_attempts": 0, "seconds": 0.0,
                "decision": None, "dataset": str(final), "topic": args.topic, "group": args.group,
                "ledger": ledger_dir}
 
@@ -202,10 +235,18 @@ def main(argv=None) -> int:
                  args.fail_partition, args.fail_mode)
     deferred = DeferredJob(ledger_dir, args.brokers, args.group, job, security=security)
     discarded: list[str] = []
+    sc = spark.sparkContext
+    speculation = sc.getConf().get("spark.speculation", "false").lower() == "true"
+    sending = StageProgress(sc, f"{job}-send", f"job {job}: 1/4 sending", log.info, args.progress_seconds)
+    maybe_discarded = True  # until the sending stage's counts say otherwise
     try:
         t0 = time.monotonic()
         log.info("job %s: 1/4 sending one event per order as half messages to %s", job, args.topic)
-        writer.mode("append").save()
+        try:
+            with sending:
+                writer.mode("append").save()
+        finally:
+            summary["discarded_attempts"], maybe_discarded = _discarded(sending, speculation)
         summary["rows"], summary["transactions"] = deferred.rows, len(deferred.txids)
         log.info("job %s: %d events stored invisibly in %d transactions (%.1fs)", job, summary["rows"],
                  summary["transactions"], time.monotonic() - t0)
@@ -218,24 +259,36 @@ def main(argv=None) -> int:
                          ", ".join(discarded[:6]) + (" ..." if len(discarded) > 6 else ""))
         t0 = time.monotonic()
         log.info("job %s: 2/4 local transaction: writing the result dataset to %s", job, staging)
-        result.write.mode("errorifexists").parquet(str(staging))
+        with StageProgress(sc, f"{job}-dataset", f"job {job}: 2/4 writing the dataset", log.info,
+                           args.progress_seconds):
+            result.write.mode("errorifexists").parquet(str(staging))
         log.info("job %s: dataset written (%.1fs)", job, time.monotonic() - t0)
+        _crash(args, "after-dataset")
         log.info("job %s: 3/4 commit marker: recording the decision in the ledger", job)
         deferred.decide(commit=True, reason="dataset written")
-    except JobAborted as e:
+        _crash(args, "after-decision")
+    except JobAborted as e:  # the checker decided first (deadline): decide() rolled back what it prepared
         log.error("job %s: %s", job, e)
         shutil.rmtree(staging, ignore_errors=True)
         summary["decision"] = "ABORTED"
+        _rolled_back(args, summary, job, len(deferred.txids), maybe_discarded, set(deferred.txids))
         return _finish(args, summary, t_start, 2)
     except Exception as e:  # noqa: BLE001 - anything before the decision aborts the job
-        log.error("job %s failed before its decision (%s): aborting", job, str(e).splitlines()[0][:300])
+        log.error("job %s failed before its decision (%s): aborting", job, _cause(e))
         d = deferred.decide(commit=False, reason=f"job failed: {type(e).__name__}")
         if d.committed:  # pragma: no cover - cannot happen: only this process commits
             raise
-        rep = deferred.publish() if deferred.ledger.prepared(job) else None
-        summary["rolled_back"] = rep.acknowledged if rep else 0
+        prepared = deferred.ledger.prepared(job)
         shutil.rmtree(staging, ignore_errors=True)
         summary["decision"] = "ABORTED"
+        if prepared is None:  # the write itself failed: the data source's abort rolled back what it knew of
+            log.info("job %s: the data source rolled back the half transactions of its finished tasks; "
+                     "check-back rolls back the rest", job)
+            return _finish(args, summary, t_start, 1)
+        rep = deferred.publish()
+        summary["transactions"] = len(prepared["txids"])
+        log.info("job %s: %s", job, rep.summary())
+        _rolled_back(args, summary, job, rep.acknowledged, maybe_discarded, set(prepared["txids"]))
         return _finish(args, summary, t_start, 1)
     summary["decision"] = "COMMITTED"
     os.replace(staging, final)
@@ -245,24 +298,43 @@ def main(argv=None) -> int:
     if rep.undelivered or rep.refused:
         log.error("job %s: %s (the checker will finish undelivered commits)", job, rep.summary())
     log.info("job %s: %s", job, rep.summary())
+    _rolled_back(args, summary, job, 0, maybe_discarded, set(deferred.txids), discarded, speculation)
+    spark.stop()
+    return _finish(args, summary, t_start, 0 if not (rep.undelivered or rep.refused) else 3)
+
+
+def _rolled_back(args, summary: dict, job: str, own: int, maybe_discarded: bool, kept: set[str],
+                 discarded: list[str] | None = None, speculation: bool = False) -> None:
+    """summary["rolled_back"]: the job's own rollbacks plus the discarded attempts' transactions, which
+    check-back rolls back: counted with --admin-url, 0 when Spark discarded no attempt, else unknown."""
     if args.admin_url:
+        if discarded is None:  # nothing of the job is pending but what it does not know of
+            discarded = [t for t in pending_of(args.admin_url.rstrip("/"), args.group, f"{job}-") if t not in kept]
         s = settle(args.admin_url.rstrip("/"), args.group, job, discarded, args.settle_seconds)
-        summary["rolled_back"] = len(s["rolled_back"])
+        summary["rolled_back"] = own + len(s["rolled_back"])
         summary["discarded"] = s["discarded"]
         summary["discarded_by"] = s["by"]
         summary["still_pending"] = len(s["still_pending"])
         log.info("job %s: %d discarded transactions rolled back (%s), %d still pending", job,
                  len(s["rolled_back"]), ", ".join(sorted(set(s["by"].values()))) or "-", len(s["still_pending"]))
-    spark.stop()
-    return _finish(args, summary, t_start, 0 if not (rep.undelivered or rep.refused) else 3)
+    elif not maybe_discarded:
+        summary["rolled_back"] = own
+    else:
+        summary["rolled_back"] = None
+        log.info("job %s: Spark discarded %d task attempt(s)%s; check-back rolls back their half transactions "
+                 "from the ledger now that the job is decided, so rolled_back is unknown here (--admin-url waits "
+                 "and counts them; `txbroker tx list --group %s` shows any still pending)", job,
+                 summary["discarded_attempts"], " (speculation is on)" if speculation else "", args.group)
 
 
 def _finish(args, summary: dict, t_start: float, code: int) -> int:
     summary["seconds"] = round(time.monotonic() - t_start, 2)
     summary["exit_code"] = code
+    rolled_back = "unknown" if summary["rolled_back"] is None else summary["rolled_back"]
     print(f"SUMMARY job={summary['job']} decision={summary['decision']} rows={summary['rows']} "
           f"transactions={summary['transactions']} committed={summary['committed']} "
-          f"rolled_back={summary['rolled_back']} seconds={summary['seconds']}", flush=True)
+          f"rolled_back={rolled_back} discarded_attempts={summary['discarded_attempts']} "
+          f"seconds={summary['seconds']}", flush=True)
     if args.summary_json:
         tmp = args.summary_json + ".tmp"
         with open(tmp, "w") as f:

@@ -84,8 +84,9 @@ class LedgerResolver:
         reason = self._dead_or_expired(start, born_ms, start["created_ms"] if start else born_ms)
         if reason is None:
             return S.UNKNOWN
-        d = led.decide_job(job, Decision(ABORTED, [], reason=reason, by="checker"))
-        if not d.committed:
+        mine = Decision(ABORTED, [], reason=reason, by="checker")
+        d = led.decide_job(job, mine)
+        if d is mine:  # recorded by this call (concurrent check-backs find it decided)
             log.warning("job %s aborted by the checker: %s", job, reason)
         return self._from(d, txid)
 
@@ -101,8 +102,9 @@ class LedgerResolver:
         reason = self._dead_or_expired(driver, born_ms, since)
         if reason is None:
             return S.UNKNOWN
-        d = led.decide_batch(query, batch, epoch, Decision(ABORTED, [], reason=reason, by="checker"))
-        if not d.committed:
+        mine = Decision(ABORTED, [], reason=reason, by="checker")
+        d = led.decide_batch(query, batch, epoch, mine)
+        if d is mine:
             log.warning("query %s batch %d epoch %d aborted by the checker: %s", query, batch, epoch, reason)
         return self._from(d, txid)
 

@@ -48,6 +48,7 @@ from txbroker_spark.options import (
 from txbroker_spark.publisher import MessageBuilder, TaskPublisher, content_hash, end_all, probe_brokers
 
 log = logging.getLogger("txbroker_spark")
+TASK_PROGRESS_SECONDS = 30.0  # a long task logs its rows sent so far this often (in the executor's log)
 
 READ_SCHEMA = StructType([
     StructField("topic", StringType(), False),
@@ -173,12 +174,18 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         pub = TaskPublisher(o, lambda n, msgs: f"{prefix}-c{n}")
         builder = MessageBuilder(o, props)
         t0 = time.monotonic()
+        next_report = t0 + TASK_PROGRESS_SECONDS
         try:
             row = 0
             for batch in iterator:
                 if batch.num_rows:
                     pub.add(builder.from_arrow(batch, row))
                     row += batch.num_rows
+                    now = time.monotonic()  # once per Arrow batch (thousands of rows): nothing on the hot path
+                    if now >= next_report:
+                        next_report = now + TASK_PROGRESS_SECONDS
+                        log.info("job %s partition %d attempt %d: %d rows sent in %d half transactions so far (%.0fs)",
+                                 job, part, tid, pub.rows, len(pub.txids), now - t0)
             pub.finish()
             _inject_after_send(o, part, attempt_no, pub)
         except BaseException as e:

@@ -2,9 +2,10 @@
 
     python -m txbroker_spark.demo [--brokers HOST:PORT[,...] --admin-url URL] [--orders 2000]
 
-Without --brokers it starts a local broker (SYNC flush, fast check-back) on free ports in a
-temporary directory. Then it starts the ledger checker, runs the orders job (spark/jobs/orders_job.py)
-in local[2] with the first attempt of partition 1 crashing after it has sent its half messages,
+Without --brokers it starts a local master+slave broker pair (SYNC replication, SYNC flush, fast
+check-back) on free ports in a temporary directory. Then it starts the ledger checker, runs the orders
+job (spark/jobs/orders_job.py) in local[*,4] (every core, up to 4 attempts per task) with the first
+attempt of partition 1 crashing after it has sent its half messages,
 reads the topic back with a plain consumer, and prints a verification table: every order of the
 committed dataset arrived exactly once, with the dataset's content, and nothing from the failed
 attempt (its transactions were rolled back by check-back from the ledger). Exit status 0 when every
@@ -135,12 +136,14 @@ def _read_dataset(path: Path) -> dict[str, tuple[str, str]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m txbroker_spark.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--brokers", help="use these brokers (HOST:PORT[,...]) instead of starting a local one")
+    p.add_argument("--brokers", help="use these brokers (HOST:PORT[,...]) instead of starting a local master+slave "
+                                     "pair")
     p.add_argument("--admin-url", help="admin URL of the master (required with --brokers)")
     p.add_argument("--orders", type=int, default=2000)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--fail-partition", type=int, default=1)
-    p.add_argument("--master", default="local[2,4]", help="Spark master: 2 cores, up to 4 attempts per task")
+    # local[*] retries no task (one attempt per task): ",4" allows the retry the demo's crash needs
+    p.add_argument("--master", default="local[*,4]", help="Spark master: every core, up to 4 attempts per task")
     p.add_argument("--workdir", help="keep everything here (default: a temporary directory, removed at the end)")
     p.add_argument("--job", help="path of orders_job.py")
     args = p.parse_args(argv)
@@ -158,7 +161,8 @@ def main(argv=None) -> int:
         else:
             brokers, admin_url, started = start_local_brokers(workdir)
             procs += started
-            _say(f"started a local broker on {brokers} (SYNC flush), data in {workdir}")
+            _say(f"started a local master+slave broker pair on {brokers} (SYNC replication and flush), "
+                 f"data in {workdir}")
         # Check-back every 0.5 s for this group, and enough checks to outlast the job.
         _admin(admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction",
                {"check_interval_ms": 500, "timeout_ms": 500, "check_max": 1000})

@@ -147,6 +147,22 @@ def bodies_by_id(events) -> Counter:
     return Counter(json.loads(m.body)["id"] for m in events)
 
 
+def dataset_rows(ids) -> list[dict]:
+    """The rows spark_driver.py writes (batch: spark.range; stream: write_input_files), as JSON bodies."""
+    return [{"id": i, "payload": f"row-{i}"} for i in sorted(ids)]
+
+
+def assert_published_once(events, ids) -> None:
+    """What a consumer checks against the committed dataset: each row exactly once, with its content."""
+    counts = bodies_by_id(events)
+    dupes = sorted(i for i, c in counts.items() if c > 1)
+    assert not dupes, f"rows delivered more than once: {dupes[:10]}"
+    assert sorted(counts) == sorted(ids), f"missing {sorted(set(ids) - set(counts))[:10]}, " \
+                                          f"unexpected {sorted(set(counts) - set(ids))[:10]}"
+    bodies = sorted((json.loads(m.body) for m in events), key=lambda b: b["id"])
+    assert bodies == dataset_rows(ids), next(b for b, r in zip(bodies, dataset_rows(ids)) if b != r)
+
+
 def spawn_driver(*args: str, log_path: Path, env: dict | None = None) -> subprocess.Popen:
     """A Spark driver in its own process group (so the test can SIGKILL the driver, its JVM and workers)."""
     log = open(log_path, "ab")

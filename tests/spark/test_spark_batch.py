@@ -26,6 +26,15 @@ def orders(spark, n=ROWS, partitions=3):
         "id", "concat('order-', id) AS order_id", "cast(id % 7 AS string) AS region", "cast(id * 2.5 AS double) AS amount")
 
 
+def order_row(i: int) -> dict:
+    """A row of orders() as its JSON body."""
+    return {"id": i, "order_id": f"order-{i}", "region": str(i % 7), "amount": i * 2.5}
+
+
+def bodies(events) -> list[dict]:
+    return sorted((json.loads(m.body) for m in events), key=lambda b: b["id"])
+
+
 def save(df, env, topic, **opts):
     df.write.format("txbroker").options(**env.options(topic, **opts)).mode("append").save()
 
@@ -42,10 +51,7 @@ def assert_exactly_the_dataset(env, topic, n=ROWS):
     events = env.events(topic)
     counts = bodies_by_id(events)
     assert len(events) == n and set(counts) == set(range(n)) and max(counts.values()) == 1
-    for m in events:
-        body = json.loads(m.body)
-        assert body == {"id": body["id"], "order_id": f"order-{body['id']}", "region": str(body["id"] % 7),
-                        "amount": body["id"] * 2.5}
+    assert bodies(events) == [order_row(i) for i in range(n)]
     job, d = only_decision(env)
     assert d.committed and all(m.transaction_id in set(d.txids) for m in events)
     assert {m.properties[P_JOB] for m in events} == {job}
@@ -69,6 +75,20 @@ def test_write_then_read_back_with_spark(spark, tx_env):
     part = (spark.read.format("txbroker").option("brokers", tx_env.brokers).option("topic", "Plain")
             .option("queues", "0").option("startingOffsets", '{"0": 5}').load().collect())
     assert sorted(r.queue_offset for r in part) == sorted(r.queue_offset for r in q0 if r.queue_offset >= 5)
+    # endingOffsets is exclusive: queue 0's offsets 2, 3, 4 and queue 1's first three, with their bodies
+    q1 = [r for r in rows if r.queue_id == 1]
+    assert len(q0) >= 5 and len(q1) >= 3  # 6 transactions round robin over 4 queues: 40 rows in each of these
+    window = (spark.read.format("txbroker").option("brokers", tx_env.brokers).option("topic", "Plain")
+              .option("queues", "0,1").option("startingOffsets", '{"0": 2}')
+              .option("endingOffsets", '{"0": 5, "1": 3}').load().collect())
+    assert sorted((r.queue_id, r.queue_offset, r.body) for r in window) == sorted(
+        [(0, r.queue_offset, r.body) for r in q0 if 2 <= r.queue_offset < 5]
+        + [(1, r.queue_offset, r.body) for r in q1 if r.queue_offset < 3])
+    assert len(window) == 6
+    # an end beyond what the queue holds stops at its end (as `latest` would)
+    beyond = (spark.read.format("txbroker").option("brokers", tx_env.brokers).option("topic", "Plain")
+              .option("queues", "0").option("endingOffsets", '{"0": 100000}').load().collect())
+    assert sorted(r.queue_offset for r in beyond) == sorted(r.queue_offset for r in q0)
 
 
 def test_body_from_a_column_as_bytes_or_string(spark, tx_env):
@@ -129,7 +149,7 @@ def test_deferred_commit_runs_a_local_transaction_in_between(spark, tx_env, tmp_
     report = d.publish()
     assert report.acknowledged == 6 and not report.undelivered
     assert report.acknowledged == d.publish().already  # idempotent
-    assert sorted(bodies_by_id(tx_env.events("Deferred"))) == list(range(50))
+    assert bodies(tx_env.events("Deferred")) == [order_row(i) for i in range(50)]
 
     job2 = new_job_id("t")
     save(orders(spark, 20, 2), tx_env, "Deferred", jobId=job2, commit="deferred", batchSize=10)
@@ -137,4 +157,4 @@ def test_deferred_commit_runs_a_local_transaction_in_between(spark, tx_env, tmp_
     d2.decide(commit=False, reason="local transaction failed")
     d2.publish()
     tx_env.wait_settled()
-    assert sorted(bodies_by_id(tx_env.events("Deferred"))) == list(range(50))
+    assert bodies(tx_env.events("Deferred")) == [order_row(i) for i in range(50)]

@@ -206,6 +206,7 @@ def test_orders_job_over_tls_with_settings_from_the_environment(spark, tls_env, 
     assert JOB_SECRET not in r.stdout + r.stderr
     s = json.loads(summary.read_text())
     assert (s["decision"], s["rows"], s["committed"]) == ("COMMITTED", 120, s["transactions"])
+    assert (s["rolled_back"], s["discarded_attempts"]) == (0, 0)  # no attempt discarded: known without --admin-url
     tls_env.wait_settled()
     assert len(tls_env.events("SecOrderEvents")) == 120
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_helpers import bodies_by_id, kill_group, run_driver, spawn_driver, wait_marker, wait_until, \
+from spark_helpers import assert_published_once, kill_group, run_driver, spawn_driver, wait_marker, wait_until, \
     write_input_files
 
 pytest.importorskip("pyspark.sql.datasource")
@@ -33,8 +33,7 @@ def query_dir(env):
 def assert_each_row_once(env, topic, ids):
     env.wait_settled()
     events = env.events(topic)
-    counts = bodies_by_id(events)
-    assert len(events) == len(ids) and sorted(counts) == ids and set(counts.values()) == {1}
+    assert_published_once(events, ids)
     return events
 
 
@@ -118,7 +117,7 @@ def test_query_killed_before_its_decision_is_rolled_back_then_republished(tx_env
     wait_until(lambda: led.batch_decision(query, 1, 0), 90, 0.2, "the checker to abort batch 1")
     assert led.batch_decision(query, 1, 0).decision == "ABORTED" and led.stream_epoch(query) == 1
     tx_env.wait_settled()
-    assert sorted(bodies_by_id(tx_env.events("Abandoned"))) == ids[:PER_FILE]  # only batch 0 so far
+    assert_published_once(tx_env.events("Abandoned"), ids[:PER_FILE])  # only batch 0 so far
 
     run_driver(*stream_args(tx_env, tmp_path, "Abandoned"), log_path=tmp_path / "driver-2.log")
     assert_each_row_once(tx_env, "Abandoned", ids)
