@@ -226,7 +226,8 @@ class Pass:
     def converge_roles(self) -> None:
         """Labels and annotations follow status.master; then the brokers' roles do."""
         head = self.members.get(self.master)
-        for m in self.members.values():
+        # the master label is taken away before it is given: never two pods behind <name>-master
+        for m in sorted(self.members.values(), key=lambda m: m.name == self.master):
             if m.deleting:
                 continue
             role = failover.role_for(m.name, self.master)

@@ -61,7 +61,7 @@ class MasterServiceClient:
 
     def __init__(self, tb, namespace: str, service: str, group: str, topic: str):
         self.tb, self.namespace, self.service, self.group, self.topic = tb, namespace, service, group, topic
-        self.committed: list[tuple[str, str]] = []    # (endpoint it went to, body), acknowledged commits
+        self.committed: list[tuple[str, str]] = []    # (broker that acknowledged it, body)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -87,7 +87,7 @@ class MasterServiceClient:
                         n += 1
                         r = p.send_message_in_transaction(Message(self.topic, body.encode()), None)
                         if r.local_state is S.COMMIT and not r.end_error:
-                            self.committed.append((endpoints[0], body))
+                            self.committed.append((p.broker_address, body))   # the broker that took it
             except (ClientError, OSError):
                 continue   # the endpoint stopped answering (or is no master now): resolve again
 

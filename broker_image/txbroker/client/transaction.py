@@ -259,6 +259,11 @@ class TransactionProducer:
     def group(self) -> str:
         return self._async.group
 
+    @property
+    def broker_address(self) -> str:
+        """HOST:PORT of the broker this producer talks to now (the master it found), or "" when none."""
+        return self._async.client.address
+
     def start(self) -> "TransactionProducer":
         background.run(self._async.start())
         return self
