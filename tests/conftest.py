@@ -48,6 +48,7 @@ class BrokerProcess:
         self.port = free_port()
         self.admin_port = free_port()
         self.proc: subprocess.Popen | None = None
+        self._started = False
 
     @property
     def address(self) -> str:
@@ -58,14 +59,25 @@ class BrokerProcess:
         return f"{'https' if self.admin_tls else 'http'}://127.0.0.1:{self.admin_port}"
 
     def start(self) -> "BrokerProcess":
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [TXBROKER, "broker", "--data-dir", str(self.data_dir), "--listen", self.address,
-             "--admin-listen", f"127.0.0.1:{self.admin_port}", *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        wait_until(self._ready, 20, what=f"broker on {self.address} to be ready (log: {self.log_path})")
-        return self
+        # free_port() cannot reserve a port: another test's process may take it before the broker
+        # binds. On a first start that is no fault of the broker's: take new ports and start again.
+        # A restart keeps its ports (clients know the address).
+        for attempt in range(3):
+            log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(
+                [TXBROKER, "broker", "--data-dir", str(self.data_dir), "--listen", self.address,
+                 "--admin-listen", f"127.0.0.1:{self.admin_port}", *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            try:
+                wait_until(self._ready, 20, what=f"broker on {self.address} to be ready (log: {self.log_path})")
+            except AssertionError:
+                if self._started or attempt == 2 or "address already in use" not in self.log()[-2000:]:
+                    raise
+                self.port, self.admin_port = free_port(), free_port()
+                continue
+            self._started = True
+            return self
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
