@@ -10,7 +10,7 @@ from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
 from txbroker.store.db import StoreError
 from txbroker.store.reads import MessageReader
-from txbroker.store.records import STORE_FORMAT_VERSION, EndRecord, HalfRecord
+from txbroker.store.records import STORE_FORMAT_VERSION, EndRecord, HalfRecord, NormalRecord
 from txbroker.store.state import StateMachine
 
 
@@ -98,5 +98,19 @@ def test_a_format_1_store_is_read_and_marked_format_2_and_an_unknown_format_refu
         await old.close()
         with pytest.raises(StoreError, match="has store format 99; this broker reads 1, 2"):
             StateMachine(str(tmp_path), True, lambda e: None)
+
+    asyncio.run(main())
+
+
+def test_a_record_whose_offsets_are_not_consecutive_is_indexed_message_by_message(tmp_path):
+    async def main():
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        msgs = [Message("T", b"m%d" % i, queue_id=0) for i in range(3)]
+        _, durable = s.append(NormalRecord(1, msgs, [0, 2, 3]))  # a gap at offset 1: no single run
+        await durable
+        assert len(list(s.db.cq.keys())) == 3
+        got = MessageReader(s).read_queue("T", 0, 0, 10)[0]
+        assert [(m.queue_offset, m.body) for m in got] == [(0, b"m0"), (2, b"m1"), (3, b"m2")]
+        await s.close()
 
     asyncio.run(main())

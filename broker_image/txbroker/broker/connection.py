@@ -361,7 +361,7 @@ class BrokerConnection(asyncio.Protocol):
                 transport.write_eof()
             except OSError:
                 pass
-        asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
+        self._loop.call_later(LINGER_SECONDS, transport.close)
 
     def sweep(self, now: float, idle_timeout: float, auth_timeout: float) -> None:
         """Called about once a second: close a connection that has not authenticated in time, or
