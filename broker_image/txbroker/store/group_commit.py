@@ -1,11 +1,11 @@
 """Group commit: many requests' changes go to disk in one RocksDB write.
 
-Changes accumulate in the open batch. With SYNC flush a flush runs the write and its fsync on a
-dedicated writer thread (RocksDB releases the GIL), so the event loop keeps taking requests into
-the next batch while the disk works: that is what makes a synced broker fast. With ASYNC flush the
-batch is written at the end of the current loop iteration, on the loop: without fsync the write is
-cheap, and a hop to a thread and back cost more latency than it saved (tx-8p: 5.1k -> 9.4k tx/s).
-The WAL then reaches the OS, which survives a process kill but not a machine crash.
+Changes accumulate in the open batch; it is written at the end of the current loop iteration, on
+the loop, with fsync in SYNC flush mode. rocksdict holds the GIL for the whole write, fsync
+included, so a writer thread could not overlap it with request handling: the hop there and back
+only added latency (bench/broker A/B on a quiet machine, bench/README.md: tx-8p-SYNC 3,096-3,180
+tx/s on a writer thread, 4,261-4,546 inline; batch100-8p-SYNC 112-122k msgs/s against 136-137k).
+Without fsync the WAL reaches the OS, which survives a process kill but not a machine crash.
 
 A failed write is fatal: memory is ahead of disk, so the broker must stop and recover from disk.
 """
@@ -13,7 +13,6 @@ A failed write is fatal: memory is ahead of disk, so the broker must stop and re
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from typing import Callable
@@ -45,17 +44,14 @@ class GroupCommit:
         # complete(batch, error) when it may be answered (SYNC replication waits for slaves there).
         self.hold: Callable[[Batch, Callable[[Batch, BaseException | None], None]], None] | None = None
         self._db = db
-        self._sync = sync
         self._wo = WriteOptions()
         self._wo.sync = sync
         self._on_durable = on_durable
         self._on_fatal = on_fatal
         self._observe = observe_flush
         self._open: Batch | None = None
-        self._flying: Batch | None = None  # the batch being written (SYNC mode)
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="txbroker-writer")
 
     def batch(self) -> Batch:
         """The open batch, to add changes to; its future resolves when they are durable."""
@@ -67,28 +63,20 @@ class GroupCommit:
             if loop is None:
                 loop = self._loop = asyncio.get_running_loop()
             b = self._open = Batch(loop.create_future())
-            if self._flying is None:
-                loop.call_soon(self._flush)
+            loop.call_soon(self._flush)
         return b
 
     def _flush(self) -> None:
         b = self._open
-        if b is None or self._flying is not None:
+        if b is None:
             return
         self._open = None
-        if not self._sync:
-            # Without fsync the write is a memcpy into the WAL and memtable: doing it here costs
-            # less latency than a hop to the writer thread and back (measured: tx-8p).
-            try:
-                self._write(b)
-            except Exception as e:  # noqa: BLE001 - any write failure is fatal, handled in _written
-                self._written(b, e)
-                return
-            self._written(b, None)
+        try:
+            self._write(b)
+        except Exception as e:  # noqa: BLE001 - any write failure is fatal, handled in _written
+            self._written(b, e)
             return
-        self._flying = b
-        fut = self._loop.run_in_executor(self._executor, self._write, b)
-        fut.add_done_callback(lambda f, b=b: self._written(b, f.exception()))
+        self._written(b, None)
 
     def _write(self, b: Batch) -> None:
         t0 = time.perf_counter()
@@ -97,7 +85,6 @@ class GroupCommit:
             self._observe(b.records, time.perf_counter() - t0)
 
     def _written(self, b: Batch, error: BaseException | None) -> None:
-        self._flying = None
         if error is not None:
             self._failed = error
             log.critical("RocksDB write failed; stopping the broker so it recovers from disk", exc_info=error)
@@ -110,8 +97,6 @@ class GroupCommit:
             self.hold(b, self.complete)
         else:
             self.complete(b, None)
-        if self._open is not None:
-            self._flush()
 
     def complete(self, b: Batch, error: BaseException | None) -> None:
         """The batch is durable (and replicated as required): make it visible and answer."""
@@ -128,9 +113,6 @@ class GroupCommit:
 
     async def drain(self) -> None:
         """Wait until everything added so far is durable."""
-        for b in (self._flying, self._open):
-            if b is not None:
-                await asyncio.shield(b.future)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        b = self._open
+        if b is not None:
+            await asyncio.shield(b.future)

@@ -352,7 +352,6 @@ class StateMachine:
 
     async def close(self) -> None:
         await self.writer.drain()
-        self.writer.close()
         self.db.close()
         # Column-family handles keep RocksDB (and its LOCK) open until they are gone.
         self._h_log = self._h_cq = self._h_pending = self._h_tx = self._h_meta = None
