@@ -110,6 +110,20 @@ def loadavg() -> list[float]:
         return []
 
 
+def host_speed_ms(iterations: int = 2_000_000) -> float:
+    """Milliseconds a fixed pure-Python loop takes on one core, best of three: this machine's speed
+    at the moment. The shared host's speed swings (the same loop took 0.8x-1.5x its median within
+    one hour), so each run records it next to its figures; compare runs at similar speeds."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(iterations):
+            x += i
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common import (
-    PYTHON, BrokerProcess, CpuSnapshot, loadavg, percentiles, saturation, track, untrack,
+    PYTHON, BrokerProcess, CpuSnapshot, host_speed_ms, loadavg, percentiles, saturation, track, untrack,
 )
 
 LOADGEN = str(Path(__file__).resolve().with_name("loadgen.py"))
@@ -63,7 +63,7 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
 
 def run_once(spec: Spec, workdir: str) -> dict:
     topic = f"Bench{spec.mode.capitalize()}"
-    result: dict = {"spec": asdict(spec), "loadavg_before": loadavg()}
+    result: dict = {"spec": asdict(spec), "loadavg_before": loadavg(), "host_speed_ms": host_speed_ms()}
     data_dir = None
     if spec.seed_dir:
         data_dir = os.path.join(workdir, "store")
@@ -207,6 +207,11 @@ def _start_pyspy(pid: int, path: str, duration: float) -> subprocess.Popen | Non
     fmt = "speedscope" if path.endswith(".json") else ("raw" if path.endswith(".txt") else "flamegraph")
     cmd = [str(exe), "record", "--pid", str(pid), "--duration", str(max(1, int(duration))), "--rate", "250",
            "--format", fmt, "--output", path, "--nonblocking"]
+    # e.g. TXBROKER_BENCH_PYSPY="--idle --native": where the loop waits, and time inside RocksDB
+    extra = os.environ.get("TXBROKER_BENCH_PYSPY", "").split()
+    if "--native" in extra:
+        cmd.remove("--nonblocking")  # py-spy reads native stacks only from a paused process
+    cmd += extra
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -222,7 +227,7 @@ def run(spec: Spec, repeats: int, log=print) -> dict:
                 f" ({r['msgs_per_s']:,.0f} msgs/s), p50 {lat.get('p50', 0):.2f} ms p99 {lat.get('p99', 0):.2f} ms;"
                 f" cpu broker {r['cpu']['broker_pct']:.0f}% (loop {r['cpu']['broker_main_thread_pct']:.0f}%),"
                 f" clients {r['cpu']['clients_pct']:.0f}% {r['cpu']['client_main_threads_pct']},"
-                f" others {r['cpu']['others_pct']:.0f}%; flush {r.get('flush')}")
+                f" others {r['cpu']['others_pct']:.0f}%; flush {r.get('flush')}; host {r['host_speed_ms']:.0f} ms")
         if "commit_to_visible_ms" in r:
             v = r["commit_to_visible_ms"]
             a = r["commit_to_ack_ms"]

@@ -105,6 +105,8 @@ def summarize_network(entry: dict) -> dict:
         "saturated_best_run": best["saturated"],
         "flush_best_run": best.get("flush", {}),
         "errors": sum(sum(r["errors"].values()) for r in runs),
+        "host_speed_ms_runs": [r.get("host_speed_ms") for r in runs],
+        "best_index": entry["best_index"],
     }
     # CPU cost per operation (robust to a shared machine): what the broker's event-loop thread and
     # the clients spent per operation, and the throughput one free core would give the broker loop.
@@ -137,7 +139,7 @@ def print_table(summaries: list[dict], check: dict | None, out=print) -> None:
     out("(shared with other work while measured: see 'others' = CPU used by everything else, 100 = one core)")
     out("")
     hdr = (f"{'workload':<21} {'best':>10} {'runs':>21} {'unit':<7} {'p50 ms':>7} {'p99 ms':>7} "
-           f"{'brk loop%':>9} {'cli loop%':>10} {'others%':>7} {'brk us/op':>9} {'ceiling':>8}  saturated / note")
+           f"{'brk loop%':>9} {'cli loop%':>10} {'others%':>7} {'brk us/op':>9} {'ceiling':>8} {'host ms':>7}  saturated / note")
     out(hdr)
     out("-" * len(hdr))
     for s in summaries:
@@ -159,7 +161,7 @@ def print_table(summaries: list[dict], check: dict | None, out=print) -> None:
         out(f"{s['name']:<21} {fmt_num(best):>10} {'/'.join(fmt_num(x) for x in runs):>21} {unit:<7} "
             f"{lat.get('p50', 0):>7.2f} {lat.get('p99', 0):>7.2f} {cpu['broker_main_thread_pct']:>9.0f} "
             f"{max(cl):>10.0f} {cpu['others_pct']:>7.0f} {s.get('broker_loop_cpu_us_per_op', 0):>9.1f} "
-            f"{fmt_num(ceiling) if ceiling else '-':>8}  {note}")
+            f"{fmt_num(ceiling) if ceiling else '-':>8} {s['host_speed_ms_runs'][s['best_index']] or 0:>7.0f}  {note}")
     vis = [s for s in summaries if "commit_to_visible_ms_runs" in s]
     if vis:
         out("")
@@ -181,7 +183,8 @@ def print_table(summaries: list[dict], check: dict | None, out=print) -> None:
         "(transaction = half send + acknowledged commit); brk loop% / cli loop% = CPU of the broker's event-loop "
         "thread / busiest client process (100 = one core); others% = CPU used by everything else on the machine; "
         "brk us/op = broker loop CPU per operation; ceiling = ops/s (msgs/s for batches) that one free core would "
-        "give the broker loop at that cost (a projection, not a measurement).")
+        "give the broker loop at that cost (a projection, not a measurement); host ms = how long a fixed Python loop "
+        "took on this machine just before the best run (lower = faster host; the shared host's speed swings).")
 
 
 def check_lines(c: dict) -> str:
