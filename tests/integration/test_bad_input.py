@@ -55,6 +55,15 @@ def test_oversize_message_is_refused_with_the_limit(broker_factory):
         assert p.send(Message("Big", b"small")).msg_ids  # same connection still works
 
 
+def test_default_limit_is_4_mib_and_the_error_names_broker_request_and_code(broker):
+    with Producer("g", broker.address) as p:
+        assert p.send(Message("Big", b"x" * (4 * 1024 * 1024))).msg_ids  # the limit itself is allowed
+        with pytest.raises(BrokerError) as e:
+            p.send(Message("Big", b"x" * (4 * 1024 * 1024 + 1)))
+    assert e.value.code_name == "MESSAGE_ILLEGAL" and "max_message_size 4194304" in e.value.remark
+    assert all(part in str(e.value) for part in (broker.address, "SEND_MESSAGE", "MESSAGE_ILLEGAL"))
+
+
 def test_oversize_frame_is_answered_and_the_connection_goes_on(stored):
     raw = RawClient(stored.address)
     raw.send(encode_frame(0, RequestCode.SEND_MESSAGE, 41, b"\x00" * (4 * 1024 * 1024 + 128 * 1024)))
@@ -80,6 +89,9 @@ def test_unknown_request_code(stored):
     raw.send(encode_frame(0, 9999, 5, b""))
     f = raw.answer()
     assert f.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "9999" in decode(ErrorBody, f.body).remark
+    raw.send(encode_frame(0, RequestCode.HEARTBEAT, 6, encode(HeartbeatRequest("raw", ["g"]))))
+    assert (raw.answer().code, 6) == (ResponseCode.SUCCESS, 6)  # the connection goes on
+    assert still_intact(stored)
 
 
 def test_garbage_stream_is_closed_but_the_broker_serves_others(stored):

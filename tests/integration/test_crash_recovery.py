@@ -15,6 +15,7 @@ import pytest
 from conftest import wait_until
 from txbroker.client import (
     AsyncTransactionProducer, ClientError, LocalTransactionState as S, Message, PullConsumer, TransactionListener,
+    TransactionProducer,
 )
 from txbroker.client.admin import AdminClient
 
@@ -107,3 +108,38 @@ def test_kill_9_loses_no_acknowledged_commit(broker_factory):
         i = int(body.split("-")[1])
         assert i % 4 != 0, f"{body} was rolled back but is visible"
     assert b.log().count("recovered store") == 2
+
+
+class Decided(TransactionListener):
+    def __init__(self, state):
+        self.state = state
+
+    def execute_local_transaction(self, msg, arg):
+        return self.state
+
+    def check_local_transaction(self, msg):
+        return self.state
+
+
+def test_sigterm_stops_cleanly_and_a_restart_finds_everything(broker_factory):
+    """A graceful stop: exit 0, said in the log, and the restarted broker holds the same committed
+    messages and the same undecided transactions, and says how many it recovered."""
+    b = broker_factory("--check-interval-ms", "3600000", "--transaction-timeout-ms", "3600000")
+    with TransactionProducer("pg-stop", b.address, Decided(S.COMMIT)) as p:
+        for i in range(3):
+            p.send_message_in_transaction(Message(TOPIC, f"c{i}".encode()), None)
+        p._async.listener = Decided(S.UNKNOWN)
+        undecided = {p.send_message_in_transaction(Message(TOPIC, f"u{i}".encode()), None).transaction_id
+                     for i in range(2)}
+    assert b.stop() == 0
+    assert "stopped" in b.log()
+    b.start()
+    assert "2 pending transactions" in b.log().rsplit("recovered store", 1)[1]
+    admin = AdminClient(b.admin_url)
+    assert {t["transaction_id"] for t in admin.get("/api/v1/transactions")["transactions"]} == undecided
+    with PullConsumer(b.address) as c:
+        assert sorted(m.body for m in c.read_all(TOPIC)) == [b"c0", b"c1", b"c2"]
+    for txid in undecided:
+        admin.post(f"/api/v1/transactions/{txid}/commit")
+    with PullConsumer(b.address) as c:
+        assert sorted(m.body for m in c.read_all(TOPIC)) == [b"c0", b"c1", b"c2", b"u0", b"u1"]

@@ -11,6 +11,7 @@ from txbroker.client import (
     AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener,
     TransactionProducer,
 )
+from txbroker.client import background
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.client.connection import BrokerClient
 from txbroker.client.errors import BrokerUnavailable
@@ -224,6 +225,36 @@ def test_wrong_producer_group_and_unknown_transaction_are_refused(broker):
     assert bodies(broker, "TopicOwn") == []
 
 
+def test_end_transaction_at_the_wrong_offset_is_refused_and_changes_nothing(broker):
+    """END_TRANSACTION is validated against where the half message is stored (DESIGN step 3)."""
+    admin = AdminClient(broker.admin_url)
+    with TransactionProducer("pg-offset", broker.address, Decided(S.UNKNOWN)) as p:
+        r = p.send_message_in_transaction(Message("TopicOffset", b"o"), None)
+        wrong = r.commit_log_offset + 1
+        with pytest.raises(BrokerError) as e:
+            background.run(p._async.end(r.transaction_id, S.COMMIT, wrong))
+        assert e.value.code_name == "ILLEGAL_OPERATION"
+        assert f"stored at offset {r.commit_log_offset}, not {wrong}" in e.value.remark
+        assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "PREPARED"
+        assert bodies(broker, "TopicOffset") == []
+        background.run(p._async.end(r.transaction_id, S.COMMIT, r.commit_log_offset))
+    assert bodies(broker, "TopicOffset") == ["o"]
+
+
+def test_listener_returning_none_leaves_the_decision_to_check_back(broker):
+    """None from either listener method counts as UNKNOWN: nothing is decided, nothing is visible."""
+    admin = AdminClient(broker.admin_url)
+    with TransactionProducer("pg-none", broker.address, Decided(None)) as p:
+        r = p.send_message_in_transaction(Message("TopicNone", b"n"), None)
+        assert r.local_state is S.UNKNOWN and r.queue_offsets == []
+        wait_until(lambda: admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] >= 2,
+                   what="checks answered None")
+        assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "PREPARED"
+        assert bodies(broker, "TopicNone") == []
+        p._async.listener = Decided(S.COMMIT)
+        wait_until(lambda: bodies(broker, "TopicNone") == ["n"], what="check-back committing it")
+
+
 def test_plain_and_committed_messages_share_a_queue_in_order(broker):
     with Producer("plain", broker.address) as plain, \
             TransactionProducer("pg-mix", broker.address, Decided(S.COMMIT)) as tx:
@@ -259,6 +290,20 @@ def test_immunity_time_delays_checks_without_burning_the_counter(broker):
         assert not checked.is_set()
         assert checked.wait(10), "check-back after the immunity time"
         assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] >= 1
+
+
+def test_transaction_timeout_gates_checks(broker_factory):
+    """No half message younger than the group's transaction timeout is checked, or counted."""
+    b = broker_factory("--check-interval-ms", "60000", "--transaction-timeout-ms", "3600000")
+    admin = AdminClient(b.admin_url)
+    with TransactionProducer("pg-young", b.address, Decided(S.UNKNOWN)) as p:
+        r = p.send_message_in_transaction(Message("TopicYoung", b"y"), None)
+        assert admin.post("/api/v1/check-scan")["checked"] == 0
+        assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] == 0
+        p._async.listener = Decided(S.COMMIT)
+        admin.put("/api/v1/groups/pg-young/transaction", {"timeout_ms": 1})  # wakes the check service
+        wait_until(lambda: bodies(b, "TopicYoung") == ["y"], what="the check once the timeout is short")
+    assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] == 1
 
 
 def test_check_max_parks_then_resume_and_commit(broker_factory):
@@ -331,9 +376,17 @@ def test_check_back_goes_only_to_the_same_group_and_spreads_over_producers(broke
     with TransactionProducer("group-a", broker.address, listener("a1", S.UNKNOWN)) as a1, \
             TransactionProducer("group-a", broker.address, listener("a2", S.UNKNOWN)), \
             TransactionProducer("group-b", broker.address, listener("b", S.COMMIT)):
-        for i in range(10):
-            a1.send_message_in_transaction(Message("TopicGroups", f"a{i}".encode()), None)
+        txids = [a1.send_message_in_transaction(Message("TopicGroups", f"a{i}".encode()), None).transaction_id
+                 for i in range(10)]
         wait_until(lambda: asked["a1"] >= 10 and asked["a2"] >= 10, what="checks spread over both producers of group-a")
+        admin = AdminClient(broker.admin_url)
+        admin.put("/api/v1/groups/group-a/transaction", {"check_interval_ms": 3_600_000})  # no more checks
+        counted = [0]
+
+        def settled():  # every check the broker counted reached exactly one producer
+            counted[0] = sum(admin.get(f"/api/v1/transactions/{t}")["checks"] for t in txids)
+            return asked["a1"] + asked["a2"] == counted[0]
+        wait_until(settled, what="the producers' checks adding up to the broker's count")
     assert asked["b"] == 0
 
 
