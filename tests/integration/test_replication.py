@@ -61,6 +61,43 @@ def test_slave_catches_up_then_follows_live_and_refuses_writes(broker_factory):
     assert info(s)["replication"]["connected"] and info(s)["epoch"] == info(m)["epoch"] == 1
 
 
+def test_slave_holding_a_pending_transaction_refuses_to_end_it_and_changes_nothing(broker_factory):
+    """I5 on a slave that has the half message: END_TRANSACTION there is refused, and neither broker
+    commits it, records a decision, or moves its log."""
+    m = broker_factory(name="master")
+    s = slave_of(broker_factory, m, "slave", "--slave-read-enable")
+
+    class Undecided(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            return S.UNKNOWN
+
+        def check_local_transaction(self, msg):
+            return S.UNKNOWN
+
+    with TransactionProducer("pg-rep", m.address, Undecided()) as p:
+        r = p.send_message_in_transaction(Message("RepTx", b"half"), None)
+    wait_until(caught_up(s, m), what="the slave to hold the half message")
+    log_end = info(s)["log_end_offset"]
+
+    async def end_on_slave():
+        c = BrokerClient(s.address, require_master=False)
+        try:
+            await c.request(RequestCode.END_TRANSACTION, EndTransactionRequest(
+                "pg-rep", r.transaction_id, TransactionState.COMMIT, r.commit_log_offset))
+        finally:
+            await c.close()
+
+    with pytest.raises(BrokerError) as e:
+        asyncio.run(end_on_slave())
+    assert e.value.code_name == "SLAVE_NOT_AVAILABLE"
+    for b in (s, m):
+        assert AdminClient(b.admin_url).get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "PREPARED"
+    assert info(s)["log_end_offset"] == log_end
+    with PullConsumer(s.address, require_master=False) as c:
+        assert c.read_all("RepTx") == []
+    assert not visible(m, "RepTx")
+
+
 def test_sync_replication_without_slave_rolls_back_without_local_transaction(broker_factory):
     m = broker_factory("--replication-mode", "SYNC", *FAST_CHECKS)
     ran = []
