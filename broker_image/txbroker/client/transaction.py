@@ -90,9 +90,11 @@ class AsyncTransactionProducer:
                                    request_timeout=request_timeout, on_request=self._on_request,
                                    credentials=credentials, tls=tls)
         # Check-backs run on a bounded pool, as RocketMQ's checkExecutor; beyond the queue they are
-        # dropped (the broker asks again at its next interval).
+        # dropped (the broker asks again at its next interval). An `async def` listener gets the
+        # same bounds: check_workers at once, check_queue in all.
         self._check_pool = concurrent.futures.ThreadPoolExecutor(check_workers, thread_name_prefix="txbroker-check")
         self._check_slots = threading.BoundedSemaphore(check_queue)
+        self._async_check_workers = asyncio.Semaphore(check_workers)
         self._heartbeat_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -206,12 +208,11 @@ class AsyncTransactionProducer:
             return
         msg = req.message
         msg.transaction_id = req.transaction_id
-        check = self.listener.check_local_transaction
-        if inspect.iscoroutinefunction(check):
-            asyncio.ensure_future(self._answer_async(req))
-            return
         if not self._check_slots.acquire(blocking=False):
             log.warning("check-back queue full: dropping the check of %s (the broker will ask again)", req.transaction_id)
+            return
+        if inspect.iscoroutinefunction(self.listener.check_local_transaction):
+            asyncio.ensure_future(self._answer_async(req))
             return
         fut = self._loop.run_in_executor(self._check_pool, self._run_check, msg, req.transaction_id)
         fut.add_done_callback(lambda f, r=req: self._checked(r, f))
@@ -232,11 +233,14 @@ class AsyncTransactionProducer:
 
     async def _answer_async(self, req: CheckTransactionStateRequest) -> None:
         try:
-            state = _state_of(await self.listener.check_local_transaction(req.message), "check_local_transaction",
-                              req.transaction_id)
+            async with self._async_check_workers:
+                state = _state_of(await self.listener.check_local_transaction(req.message), "check_local_transaction",
+                                  req.transaction_id)
         except Exception:
             log.exception("check_local_transaction for %s raised: UNKNOWN", req.transaction_id)
             state = LocalTransactionState.UNKNOWN
+        finally:
+            self._check_slots.release()
         await self._answer(req, state)
 
     async def _answer(self, req: CheckTransactionStateRequest, state: LocalTransactionState) -> None:

@@ -1,0 +1,297 @@
+"""The transactional producer against a fake broker: half sends the broker stored without the
+durability asked for roll back without running the local transaction, other refusals raise, and
+check-backs run on a bounded worker pool behind a bounded queue.
+
+The real broker never answers FLUSH_DISK_TIMEOUT, so these tests use a minimal fake that speaks the
+real framing and bodies (protocol/framing.py, protocol/bodies.py) on a loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from txbroker.client import background
+from txbroker.client.errors import BrokerError
+from txbroker.client.transaction import (
+    AsyncTransactionProducer, LocalTransactionState, TransactionListener, TransactionProducer,
+)
+from txbroker.protocol.bodies import (
+    PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, CheckTransactionStateRequest, EndTransactionRequest,
+    EndTransactionResponse, ErrorBody, HeartbeatResponse, Message, MessageExt, decode, encode,
+)
+from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
+from txbroker.protocol.framing import FLAG_ONEWAY, FLAG_RESPONSE, Frame, FrameDecoder, encode_frame
+
+GROUP = "tx-group"
+NOT_STORED = [ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE]
+
+
+def _reply(frame: Frame, code: int, body) -> bytes:
+    return encode_frame(FLAG_RESPONSE, code, frame.opaque, encode(body))
+
+
+class FakeBroker:
+    """A master that refuses every SEND_MESSAGE with `send_code`, records and accepts every
+    END_TRANSACTION, and can push CHECK_TRANSACTION_STATE to the client that connected last."""
+
+    def __init__(self, send_code: ResponseCode = ResponseCode.MESSAGE_ILLEGAL):
+        self.send_code = send_code
+        self.ends: list[EndTransactionRequest] = []
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> "FakeBroker":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.address = "127.0.0.1:%d" % self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        self._server.close()
+        for w in self._writers:
+            w.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        frames = FrameDecoder(1 << 20)
+        try:
+            while data := await reader.read(65536):
+                for frame in frames.feed(data):
+                    assert isinstance(frame, Frame), frame
+                    writer.write(self._answer(frame))
+        except ConnectionError:
+            pass
+
+    def _answer(self, frame: Frame) -> bytes:
+        if frame.code == RequestCode.HEARTBEAT:
+            return _reply(frame, ResponseCode.SUCCESS, HeartbeatResponse("fake", "master", epoch=1))
+        if frame.code == RequestCode.SEND_MESSAGE:
+            return _reply(frame, self.send_code, ErrorBody(f"fake broker refuses: {self.send_code.name}"))
+        if frame.code == RequestCode.END_TRANSACTION:
+            req = decode(EndTransactionRequest, frame.body)
+            self.ends.append(req)
+            return _reply(frame, ResponseCode.SUCCESS, EndTransactionResponse(req.state))
+        return _reply(frame, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, ErrorBody(f"code {frame.code}"))
+
+    def send_checks(self, txids: list[str]) -> None:
+        """One-way check-backs, as check_service.py sends them, all in a single write."""
+        self._writers[-1].write(b"".join(encode_frame(FLAG_ONEWAY, RequestCode.CHECK_TRANSACTION_STATE, 0, encode(
+            CheckTransactionStateRequest(GROUP, txid, 1000 + i, MessageExt(
+                f"msg-{i}", "orders", 0, 0, b"half", properties={PROPERTY_TRANSACTION_PREPARED: "true",
+                                                                 PROPERTY_PRODUCER_GROUP: GROUP}))))
+            for i, txid in enumerate(txids)))
+
+
+class Listener(TransactionListener):
+    """Counts local transactions; check-backs block on `release` and record their concurrency."""
+
+    def __init__(self):
+        self.executed = []
+        self.release = threading.Event()
+        self.cond = threading.Condition()
+        self.running = 0
+        self.max_running = 0
+        self.started = 0
+        self.threads: set[int] = set()
+
+    def execute_local_transaction(self, msg, arg):
+        self.executed.append(msg)
+        return LocalTransactionState.COMMIT
+
+    def check_local_transaction(self, msg):
+        with self.cond:
+            self.running += 1
+            self.started += 1
+            self.max_running = max(self.max_running, self.running)
+            self.threads.add(threading.get_ident())
+            self.cond.notify_all()
+        try:
+            assert self.release.wait(30), "the test never released the check-backs"
+            return LocalTransactionState.COMMIT
+        finally:
+            with self.cond:
+                self.running -= 1
+                self.cond.notify_all()
+
+    async def wait_for(self, predicate, timeout: float) -> bool:
+        """Wait, without blocking the event loop, until `predicate()` holds; False on timeout."""
+        def wait():
+            with self.cond:
+                return self.cond.wait_for(predicate, timeout)
+        return await asyncio.to_thread(wait)
+
+
+async def until(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def _rolled_back_once(fake: FakeBroker, txid: str) -> None:
+    assert [(e.transaction_id, e.state, e.from_transaction_check) for e in fake.ends] == [
+        (txid, TransactionState.ROLLBACK, False)]
+
+
+# ---- half sends not safely stored ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", NOT_STORED, ids=lambda c: c.name)
+def test_not_stored_half_send_rolls_back_without_local_transaction(code):
+    listener = Listener()
+
+    async def scenario():
+        fake = await FakeBroker(code).start()
+        try:
+            async with AsyncTransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
+                result = await producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-1")
+        finally:
+            await fake.stop()
+        return fake, result
+
+    fake, result = asyncio.run(scenario())
+    assert result.send_status == code.name
+    assert result.local_state is LocalTransactionState.ROLLBACK
+    assert result.transaction_id == "tx-1" and result.msg_ids == [] and result.end_error == ""
+    assert listener.executed == []
+    _rolled_back_once(fake, "tx-1")
+
+
+def test_not_stored_half_send_rolls_back_with_the_blocking_producer():
+    listener = Listener()
+    fake = background.run(FakeBroker(ResponseCode.FLUSH_DISK_TIMEOUT).start())
+    try:
+        with TransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
+            result = producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-b")
+    finally:
+        background.run(fake.stop())
+    assert result.send_status == "FLUSH_DISK_TIMEOUT"
+    assert result.local_state is LocalTransactionState.ROLLBACK
+    assert listener.executed == []
+    _rolled_back_once(fake, "tx-b")
+
+
+def test_other_refusal_raises_and_sends_no_decision():
+    listener = Listener()
+
+    async def scenario():
+        fake = await FakeBroker(ResponseCode.MESSAGE_ILLEGAL).start()
+        try:
+            async with AsyncTransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
+                with pytest.raises(BrokerError) as raised:
+                    await producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-2")
+        finally:
+            await fake.stop()
+        return fake, raised.value
+
+    fake, error = asyncio.run(scenario())
+    assert error.code == ResponseCode.MESSAGE_ILLEGAL
+    assert "MESSAGE_ILLEGAL" in str(error) and error.request == "SEND_MESSAGE"
+    assert listener.executed == []
+    assert fake.ends == []
+
+
+# ---- check-backs -----------------------------------------------------------------------------------
+
+CHECKS = [f"check-{i}" for i in range(8)]
+
+
+def test_check_backs_run_on_a_bounded_pool():
+    listener = Listener()
+
+    async def scenario():
+        fake = await FakeBroker().start()
+        try:
+            async with AsyncTransactionProducer(GROUP, fake.address, listener, check_workers=2) as producer:
+                fake.send_checks(CHECKS)
+                assert await listener.wait_for(lambda: listener.running >= 2, 10), "2 check-backs never ran at once"
+                # A larger pool would start a third while the first two block: give it the chance.
+                assert not await listener.wait_for(lambda: listener.running > 2, 0.3)
+                listener.release.set()
+                await until(lambda: len(fake.ends) == len(CHECKS), "every check-back answered")
+        finally:
+            listener.release.set()
+            await fake.stop()
+        return fake
+
+    fake = asyncio.run(scenario())
+    assert listener.max_running == 2
+    assert len(listener.threads) == 2
+    assert listener.started == len(CHECKS)
+    assert sorted(e.transaction_id for e in fake.ends) == sorted(CHECKS)
+    assert all(e.from_transaction_check and e.state == TransactionState.COMMIT for e in fake.ends)
+    assert {e.transaction_id: e.commit_log_offset for e in fake.ends} == {t: 1000 + i for i, t in enumerate(CHECKS)}
+
+
+def test_check_backs_beyond_the_queue_are_dropped(caplog):
+    listener = Listener()
+    caplog.set_level(logging.WARNING, logger="txbroker.client.transaction")
+
+    def dropped():
+        return [r for r in caplog.records if "check-back queue full" in r.getMessage()]
+
+    async def scenario():
+        fake = await FakeBroker().start()
+        try:
+            async with AsyncTransactionProducer(GROUP, fake.address, listener, check_workers=4,
+                                                check_queue=3) as producer:
+                fake.send_checks(CHECKS)
+                # Run (blocked, holding their slots) or dropped: every check is accounted for.
+                await until(lambda: listener.started + len(dropped()) >= len(CHECKS), "every check run or dropped")
+                assert (listener.started, len(dropped())) == (3, 5)
+                listener.release.set()
+                await until(lambda: len(fake.ends) == 3, "the accepted check-backs answered")
+        finally:
+            listener.release.set()
+            await fake.stop()
+        return fake
+
+    fake = asyncio.run(scenario())
+    assert listener.started == 3
+    assert len(fake.ends) == 3
+    assert all(e.from_transaction_check for e in fake.ends)
+    answered = {e.transaction_id for e in fake.ends}
+    assert answered | {r.getMessage().split("dropping the check of ")[1].split()[0] for r in dropped()} == set(CHECKS)
+
+
+def test_async_check_backs_have_the_same_bounds(caplog):
+    """An `async def` check_local_transaction runs on the producer's loop, not the thread pool, but
+    within the same limits: check_workers at once, check_queue in all, the rest dropped."""
+    caplog.set_level(logging.WARNING, logger="txbroker.client.transaction")
+    release = asyncio.Event()
+    seen = {"running": 0, "max": 0, "started": 0}
+
+    class AsyncListener(Listener):
+        async def check_local_transaction(self, msg):
+            seen["started"] += 1
+            seen["running"] += 1
+            seen["max"] = max(seen["max"], seen["running"])
+            try:
+                await release.wait()
+                return LocalTransactionState.COMMIT
+            finally:
+                seen["running"] -= 1
+
+    def dropped():
+        return [r for r in caplog.records if "check-back queue full" in r.getMessage()]
+
+    async def scenario():
+        fake = await FakeBroker().start()
+        try:
+            async with AsyncTransactionProducer(GROUP, fake.address, AsyncListener(), check_workers=2,
+                                                check_queue=3):
+                fake.send_checks(CHECKS)
+                await until(lambda: seen["running"] == 2 and len(dropped()) == 5, "2 running, 5 dropped")
+                release.set()
+                await until(lambda: len(fake.ends) == 3, "the accepted check-backs answered")
+        finally:
+            release.set()
+            await fake.stop()
+        return fake
+
+    fake = asyncio.run(scenario())
+    assert (seen["started"], seen["max"]) == (3, 2)
+    assert all(e.from_transaction_check and e.state == TransactionState.COMMIT for e in fake.ends)
