@@ -2,8 +2,11 @@
 
 import json
 
+import pytest
+
 from conftest import run_cli, wait_until
 from txbroker.client import LocalTransactionState as S, Message, TransactionListener, TransactionProducer
+from txbroker.client.admin import AdminClient
 
 
 class Unknown(TransactionListener):
@@ -20,6 +23,40 @@ def test_help_explains_every_command():
         assert cmd in out
     assert "SIGTERM" in run_cli("broker", "--help").stdout
     assert "resume" in run_cli("tx", "--help").stdout
+
+
+# Every leaf command, and what its help must name: its main arguments and options.
+HELP_NAMES = {
+    "broker": ("--data-dir", "--check-max"),
+    "topic create": ("--queues", "1-127 characters"),
+    "topic list": ("--admin",),
+    "send": ("--topic", "BODY"),
+    "tail": ("--follow", "--from-end"),
+    "msg show": ("msg_id", "--broker"),
+    "msg find": ("--topic", "--key"),
+    "dlq list": ("--group", "--broker"),
+    "dlq resend": ("--group", "msg_id"),
+    "tx list": ("--state", "--group"),
+    "tx show": ("transaction_id", "--admin"),
+    "tx commit": ("transaction_id", "--admin"),
+    "tx rollback": ("transaction_id", "--admin"),
+    "tx resume": ("transaction_id", "--admin"),
+    "auth hash": ("--iterations",),
+    "auth add-user": ("access_key", "--file", "--topic"),
+    "auth remove-user": ("access_key", "--file"),
+    "auth check": ("--file",),
+}
+
+
+@pytest.mark.parametrize("command", list(HELP_NAMES))
+def test_every_command_has_help(command):
+    """`txbroker <command> --help` works without a broker and names the command's arguments."""
+    r = run_cli(*command.split(), "--help")
+    assert r.returncode == 0 and r.stderr == ""
+    assert f"usage: txbroker {command} " in r.stdout
+    text = " ".join(r.stdout.split())  # argparse wraps lines to the terminal's width
+    for name in HELP_NAMES[command]:
+        assert name in text, f"{command} --help does not mention {name}"
 
 
 def test_broken_config_is_a_clear_error(tmp_path):
@@ -41,6 +78,20 @@ def test_topics_send_and_tail(broker):
     assert r.returncode == 1 and "invalid topic name" in r.stderr
 
 
+def test_topic_create_refuses_invalid_names(broker):
+    """A topic name with a space or of more than 127 characters is refused with the naming rule,
+    and no topic is made; 127 characters is still fine."""
+    admin = ["--admin", broker.admin_url]
+    for name in ("bad topic", "x" * 200):
+        r = run_cli("topic", "create", name, *admin, check=False)
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr.startswith("txbroker topic: invalid topic name") and "1-127 characters" in r.stderr
+    assert "127 queues" not in run_cli("topic", "create", "y" * 127, *admin).stdout
+    listing = run_cli("topic", "list", *admin).stdout
+    assert "y" * 127 in listing
+    assert "bad" not in listing and "x" * 100 not in listing
+
+
 def test_tx_list_show_commit_rollback(broker_factory):
     broker = broker_factory("--check-interval-ms", "60000")  # no check-back parks them mid-test
     admin = ["--admin", broker.admin_url]
@@ -60,6 +111,27 @@ def test_tx_list_show_commit_rollback(broker_factory):
     assert r.returncode == 1 and "already COMMITTED" in r.stderr
     tail = run_cli("tail", "--broker", broker.address, "--topic", "Stuck").stdout
     assert "keep-me" in tail and "drop-me" not in tail
+
+
+def test_tx_resume_then_commit_a_parked_transaction(broker_factory):
+    """A transaction parked after checkMax is resumed with `tx resume`: PREPARED again, its checks
+    start over; `tx commit` then makes its message readable."""
+    broker = broker_factory("--check-interval-ms", "2000", "--transaction-timeout-ms", "100", "--check-max", "1")
+    api, admin = AdminClient(broker.admin_url), ["--admin", broker.admin_url]
+    with TransactionProducer("cli-park", broker.address, Unknown()) as p:
+        txid = p.send_message_in_transaction(Message("Parked", b"held-back"), None).transaction_id
+        path = f"/api/v1/transactions/{txid}"
+        wait_until(lambda: api.get(path)["state"] == "PARKED", what="the transaction to be parked after 1 check")
+    assert api.get(path)["checks"] == 1
+    assert txid in run_cli("tx", "list", "--state", "parked", *admin).stdout
+    r = run_cli("tx", "resume", txid, *admin)
+    assert r.returncode == 0 and f"transaction {txid}: PREPARED" in r.stdout
+    tx = api.get(path)  # the next check is 2 s after the resume: nothing has counted since
+    assert tx["state"] == "PREPARED" and tx["checks"] == 0
+    assert txid in run_cli("tx", "list", "--state", "pending", *admin).stdout
+    assert "held-back" not in run_cli("tail", "--broker", broker.address, "--topic", "Parked").stdout
+    assert f"transaction {txid}: COMMITTED" in run_cli("tx", "commit", txid, *admin).stdout
+    assert "held-back" in run_cli("tail", "--broker", broker.address, "--topic", "Parked").stdout
 
 
 def test_metrics_and_broker_info(broker):

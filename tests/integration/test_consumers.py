@@ -1,6 +1,7 @@
 """Consumer groups against real brokers and consumer processes: sharing and rebalancing, retries
 and dead letters, ordered queues, tags, keys, offsets that survive restarts, and bad input."""
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -15,6 +16,9 @@ from txbroker.client import (
     MessageModel, Producer, PullConsumer, PushConsumer, TransactionListener, TransactionProducer, hash_selector,
 )
 from txbroker.client.admin import AdminClient
+from txbroker.client.connection import BrokerClient
+from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, PullRequest, PullResponse
+from txbroker.protocol.codes import RequestCode
 from txbroker.protocol.tags import TagExpressionError
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, offset_commit_interval=0.2, long_poll_ms=500)
@@ -263,3 +267,29 @@ def test_consumer_bad_input(broker):
         with pytest.raises(BrokerError) as e:
             c.commit_offsets("g", {("Small", 0): 99})
         assert e.value.code_name == "PULL_OFFSET_MOVED" and "outside queue" in e.value.remark
+
+
+def test_a_long_poll_does_not_hold_up_later_requests_on_its_connection(broker):
+    """Requests carry ids, so answers come back as they finish, not in the order sent: a HEARTBEAT
+    sent after a long-polling PULL on the same connection is answered while the PULL still waits."""
+    with Producer("g", broker.address) as p:
+        p.send(Message("LongPoll", b"first", queue_id=0))
+
+    async def both():
+        c = BrokerClient(broker.address)
+        try:
+            await c.request(RequestCode.HEARTBEAT, HeartbeatRequest("probe"), HeartbeatResponse)
+            pull = asyncio.ensure_future(c.request(
+                RequestCode.PULL_MESSAGE, PullRequest("LongPoll", 0, 1, max_wait_ms=20_000), PullResponse))
+            beat = await c.request(RequestCode.HEARTBEAT, HeartbeatRequest("probe"), HeartbeatResponse)
+            waiting = not pull.done()
+            with Producer("g", broker.address) as p2:  # wakes the poll
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: p2.send(Message("LongPoll", b"second", queue_id=0)))
+            return beat, waiting, await pull
+        finally:
+            await c.close()
+
+    beat, waiting, pulled = asyncio.run(both())
+    assert beat.role == "master" and waiting
+    assert [m.body for m in pulled.messages] == [b"second"]

@@ -402,3 +402,21 @@ def test_admin_reload_changes_check_interval_live(broker_factory):
     with pytest.raises(AdminError, match="check_interval_ms"):
         admin.put("/api/v1/groups/pg-live/transaction", {"check_interval_ms": "soon"})
     assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "COMMITTED"
+
+
+def test_metrics_follow_transactions(broker):
+    """What a Prometheus user watches: pending half messages, outcomes, and check-backs sent."""
+    def m(name, **labels):
+        return metric(broker, name, **labels)
+
+    with TransactionProducer("pg-metrics", broker.address, Decided(S.UNKNOWN)) as p:
+        r = p.send_message_in_transaction(Message("TopicMetrics", b"m"), None)
+        assert m("txbroker_pending_half_messages") == 1
+        wait_until(lambda: m("txbroker_checkbacks_sent_total") >= 1, what="a check-back counted")
+        p.end(r.transaction_id, S.ROLLBACK)
+        p._async.listener = Decided(S.COMMIT)
+        p.send_message_in_transaction(Message("TopicMetrics", b"c"), None)
+    assert m("txbroker_pending_half_messages") == 0
+    assert m("txbroker_transactions_total", outcome="rollback") == 1
+    assert m("txbroker_transactions_total", outcome="commit") == 1
+    assert m("txbroker_messages_sent_total", kind="half") == 2
