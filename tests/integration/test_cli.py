@@ -57,6 +57,31 @@ def test_every_command_has_help(command):
     text = " ".join(r.stdout.split())  # argparse wraps lines to the terminal's width
     for name in HELP_NAMES[command]:
         assert name in text, f"{command} --help does not mention {name}"
+    # a paragraph saying what the command does, between the usage and the first section
+    description = r.stdout.split("\n\n")[1]
+    assert description.strip() and not description.startswith(("options:", "positional arguments:")), r.stdout
+
+
+def test_every_command_and_option_explains_itself():
+    """Walking the real parser: each command has a description, each argument a help text."""
+    import argparse
+
+    from txbroker.cli.main import build_parser
+
+    unexplained = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, f"{path} {name}")
+            elif not action.help and not isinstance(action, argparse._HelpAction):
+                unexplained.append(f"{path}: {action.dest}")
+        if path != "txbroker" and not parser.description:
+            unexplained.append(f"{path}: no description")
+
+    walk(build_parser(), "txbroker")
+    assert unexplained == []
 
 
 def test_broken_config_is_a_clear_error(tmp_path):

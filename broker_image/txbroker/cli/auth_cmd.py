@@ -34,7 +34,7 @@ def register(sub) -> None:
     h.set_defaults(run=hash_cmd)
 
     a = asub.add_parser("add-user", help="add a user (or replace one with --replace) in a credentials file")
-    a.add_argument("access_key")
+    a.add_argument("access_key", help="the user's access key (its name in ACLs and logs)")
     a.add_argument("--file", required=True, help="credentials file (TOML); created if missing")
     a.add_argument("--topic", action="append", default=[], metavar="PATTERN=PERMS",
                    help="topic rule, e.g. 'Orders=PUB', 'Billing*=PUB|SUB', 'Secret*=DENY' (repeat; first match wins)")
@@ -47,17 +47,18 @@ def register(sub) -> None:
     a.add_argument("--expires", help="expiry, RFC 3339 (e.g. 2027-01-01T00:00:00Z)")
     a.add_argument("--generate", action="store_true",
                    help="generate a random secret and print it once (otherwise read from standard input)")
-    a.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
+    a.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
+                   help="PBKDF2 iterations of the stored hash (default %(default)s)")
     a.add_argument("--replace", action="store_true", help="replace an existing user of that access key")
     a.set_defaults(run=add_user)
 
     r = asub.add_parser("remove-user", help="remove a user (revokes it: brokers reload the file)")
-    r.add_argument("access_key")
-    r.add_argument("--file", required=True)
+    r.add_argument("access_key", help="the user to remove")
+    r.add_argument("--file", required=True, help="credentials file (TOML)")
     r.set_defaults(run=remove_user)
 
     c = asub.add_parser("check", help="validate a credentials file and list its users")
-    c.add_argument("--file", required=True)
+    c.add_argument("--file", required=True, help="credentials file (TOML)")
     c.set_defaults(run=check)
 
 

@@ -18,12 +18,12 @@ def register(sub, default_broker: str) -> None:
                        description="Look a stored message up by its id, or a topic's messages by key.")
     msub = m.add_subparsers(dest="msg_command", required=True, metavar="ACTION")
     show = msub.add_parser("show", help="show one message by id")
-    show.add_argument("msg_id")
+    show.add_argument("msg_id", help="message id, as send or tail prints it")
     show.set_defaults(run=show_message)
     find = msub.add_parser("find", help="messages of a topic with a key")
-    find.add_argument("--topic", required=True)
-    find.add_argument("--key", required=True)
-    find.add_argument("--limit", type=int, default=32)
+    find.add_argument("--topic", required=True, help="topic to search")
+    find.add_argument("--key", required=True, help="one message key (messages carry space-separated keys)")
+    find.add_argument("--limit", type=int, default=32, help="at most this many messages (default %(default)s)")
     find.set_defaults(run=find_messages)
 
     d = sub.add_parser("dlq", help="read and re-send dead letters",

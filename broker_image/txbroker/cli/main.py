@@ -29,7 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
     lookup_cmd.register(sub, DEFAULT_BROKER)
     tx_cmd.register(sub, DEFAULT_ADMIN)
     auth_cmd.register(sub)
+    _describe_commands(p)
     return p
+
+
+def _describe_commands(parser: argparse.ArgumentParser) -> None:
+    """A command's own --help opens with what it does: its one-line help from the parent's list,
+    where it was given no longer description."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                child = action.choices[choice.dest]
+                if not child.description and choice.help:
+                    child.description = choice.help[0].upper() + choice.help[1:] + "."
+                _describe_commands(child)
 
 
 def main(argv: list[str] | None = None) -> int:

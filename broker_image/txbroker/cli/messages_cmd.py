@@ -16,11 +16,11 @@ def register(sub, default_broker: str) -> None:
     s = sub.add_parser("send", help="send messages", description="Send one message per BODY argument (or one per "
                                                                   "line of standard input with -).")
     s.add_argument("--broker", default=default_broker, help="broker data-plane address (default %(default)s)")
-    s.add_argument("--topic", required=True)
-    s.add_argument("--tags", default="")
+    s.add_argument("--topic", required=True, help="topic to send to (created if the broker auto-creates topics)")
+    s.add_argument("--tags", default="", help="the messages' tag, for consumers' tag filters")
     s.add_argument("--keys", default="", help="space-separated message keys")
     s.add_argument("--group", default="txbroker-cli", help="producer group (default %(default)s)")
-    s.add_argument("bodies", nargs="+", metavar="BODY")
+    s.add_argument("bodies", nargs="+", metavar="BODY", help="message body (text); - reads one per line from stdin")
     add_arguments(s)
     s.set_defaults(run=send)
 
@@ -28,7 +28,7 @@ def register(sub, default_broker: str) -> None:
                        description="Print committed messages of a topic, from the start (default) or the end, "
                                    "and with --follow keep waiting for new ones.")
     t.add_argument("--broker", default=default_broker, help="broker data-plane address (default %(default)s)")
-    t.add_argument("--topic", required=True)
+    t.add_argument("--topic", required=True, help="topic to read")
     t.add_argument("--queue", type=int, help="only this queue")
     t.add_argument("--from-end", action="store_true", help="start at the end of each queue")
     t.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages (Ctrl-C stops)")

@@ -15,9 +15,10 @@ def register(sub, default_admin: str) -> None:
                                    "(checkMax reached) back under check-back.")
     tsub = p.add_subparsers(dest="tx_command", required=True, metavar="ACTION")
     ls = tsub.add_parser("list", help="list pending and parked transactions")
-    ls.add_argument("--state", choices=["pending", "parked", "all"], default="all")
+    ls.add_argument("--state", choices=["pending", "parked", "all"], default="all",
+                    help="pending (under check-back), parked (checkMax reached) or all (default)")
     ls.add_argument("--group", help="only this producer group")
-    ls.add_argument("--limit", type=int, default=100)
+    ls.add_argument("--limit", type=int, default=100, help="at most this many, oldest first (default %(default)s)")
     ls.set_defaults(run=list_tx)
     cmds = [ls]
     for name, helptext, fn in (("show", "show one transaction", show),
@@ -25,7 +26,7 @@ def register(sub, default_admin: str) -> None:
                                ("rollback", "roll a transaction back (its messages are never delivered)", act),
                                ("resume", "resume a parked transaction: check-back starts over", act)):
         c = tsub.add_parser(name, help=helptext)
-        c.add_argument("transaction_id")
+        c.add_argument("transaction_id", help="the transaction's id (from tx list, or the producer's result)")
         c.set_defaults(run=fn, action=name)
         cmds.append(c)
     for c in cmds:
