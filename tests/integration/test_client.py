@@ -1,0 +1,58 @@
+"""The client library as an application sees it when the broker goes away: it waits for a broker
+that comes back, and it gives up on one that stops answering with an error that says where."""
+
+import signal
+import threading
+
+import pytest
+
+from txbroker.client import LocalTransactionState as S, Message, PullConsumer, TransactionListener, TransactionProducer
+from txbroker.client.errors import ClientError, RequestTimeout
+
+
+class Commit(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return S.COMMIT
+
+    def check_local_transaction(self, msg):
+        return S.COMMIT
+
+
+def test_a_transaction_sent_while_the_broker_restarts_completes_once_it_is_back(broker):
+    with TransactionProducer("pg-restart", broker.address, Commit(), request_timeout=30) as p:
+        p.send_message_in_transaction(Message("TopicRestart", b"before"), None)
+        assert broker.stop() == 0
+        outcome = {}
+
+        def send():
+            try:
+                outcome["result"] = p.send_message_in_transaction(Message("TopicRestart", b"during"), None)
+            except ClientError as e:
+                outcome["error"] = e
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        broker.start()  # same data directory and ports
+        sender.join(60)
+        assert not sender.is_alive() and "error" not in outcome, outcome
+        r = outcome["result"]
+        assert r.send_status == "SEND_OK" and r.local_state is S.COMMIT and not r.end_error
+    with PullConsumer(broker.address) as c:
+        assert sorted(m.body for m in c.read_all("TopicRestart")) == [b"before", b"during"]
+
+
+def test_a_frozen_broker_times_out_with_an_error_naming_the_request_and_the_broker(broker):
+    with TransactionProducer("pg-frozen", broker.address, Commit(), request_timeout=1) as p:
+        p.send_message_in_transaction(Message("TopicFrozen", b"warm"), None)
+        broker.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(RequestTimeout) as e:
+                p.send_message_in_transaction(Message("TopicFrozen", b"late"), None)
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)
+    assert "SEND_MESSAGE" in str(e.value) and broker.address in str(e.value)
+    with TransactionProducer("pg-frozen", broker.address, Commit()) as p:  # the thawed broker serves again
+        assert p.send_message_in_transaction(Message("TopicFrozen", b"after"), None).send_status == "SEND_OK"
+    with PullConsumer(broker.address) as c:
+        bodies = [m.body for m in c.read_all("TopicFrozen")]
+    assert b"warm" in bodies and b"after" in bodies
