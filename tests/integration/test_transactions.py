@@ -325,6 +325,20 @@ def test_check_max_parks_then_resume_and_commit(broker_factory):
     assert bodies(b, "TopicPark") == ["stuck"]
 
 
+def test_a_transaction_whose_producers_are_gone_is_still_parked_after_check_max(broker_factory):
+    """I4 without anyone to ask: each due check is counted all the same, so the transaction is parked
+    after checkMax instead of waiting forever."""
+    b = broker_factory("--check-interval-ms", "300", "--transaction-timeout-ms", "200", "--check-max", "2")
+    admin = AdminClient(b.admin_url)
+    with TransactionProducer("pg-gone", b.address, Decided(S.UNKNOWN)) as p:
+        r = p.send_message_in_transaction(Message("TopicGone", b"g"), None)
+    wait_until(lambda: admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "PARKED",
+               what="the transaction parked with no producer connected")
+    assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] == 2
+    assert metric(b, "txbroker_checkbacks_without_producer_total") == 2
+    assert bodies(b, "TopicGone") == []
+
+
 def test_reject_transaction_message_answers_no_permission(broker_factory):
     b = broker_factory("--reject-transaction-message")
     with TransactionProducer("pg-reject", b.address, Decided(S.COMMIT)) as p:
@@ -402,6 +416,22 @@ def test_admin_reload_changes_check_interval_live(broker_factory):
     with pytest.raises(AdminError, match="check_interval_ms"):
         admin.put("/api/v1/groups/pg-live/transaction", {"check_interval_ms": "soon"})
     assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "COMMITTED"
+
+
+def test_transaction_defaults_change_live_and_group_settings_survive_a_restart(broker_factory):
+    """PUT /api/v1/config/transaction takes effect at once (no restart); a group's own settings are
+    stored with the data and are still in force after the broker restarts."""
+    b = broker_factory("--check-interval-ms", "3600000", "--transaction-timeout-ms", "3600000")
+    admin = AdminClient(b.admin_url)
+    with TransactionProducer("pg-defaults", b.address, Decided(S.UNKNOWN)) as p:
+        p.send_message_in_transaction(Message("TopicDefaults", b"d"), None)
+        p._async.listener = Decided(S.COMMIT)
+        admin.put("/api/v1/config/transaction", {"check_interval_ms": 300, "timeout_ms": 1})
+        wait_until(lambda: bodies(b, "TopicDefaults") == ["d"], what="check-back under the new defaults")
+    admin.put("/api/v1/groups/pg-kept/transaction", {"check_max": 3, "generation": 4})
+    b.restart()
+    kept = AdminClient(b.admin_url).get("/api/v1/groups")["pg-kept"]
+    assert (kept["check_max"], kept["generation"]) == (3, 4)
 
 
 def test_metrics_follow_transactions(broker):
