@@ -38,10 +38,11 @@ def _describe_commands(parser: argparse.ArgumentParser) -> None:
     where it was given no longer description."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for choice in action._choices_actions:
-                child = action.choices[choice.dest]
-                if not child.description and choice.help:
-                    child.description = choice.help[0].upper() + choice.help[1:] + "."
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, child in action.choices.items():
+                text = helps.get(name)
+                if not child.description and text:
+                    child.description = text[0].upper() + text[1:] + "."
                 _describe_commands(child)
 
 
