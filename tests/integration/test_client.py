@@ -6,20 +6,13 @@ import threading
 
 import pytest
 
-from txbroker.client import LocalTransactionState as S, Message, PullConsumer, TransactionListener, TransactionProducer
+from support.listeners import Decided
+from txbroker.client import LocalTransactionState as S, Message, PullConsumer, TransactionProducer
 from txbroker.client.errors import ClientError, RequestTimeout
 
 
-class Commit(TransactionListener):
-    def execute_local_transaction(self, msg, arg):
-        return S.COMMIT
-
-    def check_local_transaction(self, msg):
-        return S.COMMIT
-
-
 def test_a_transaction_sent_while_the_broker_restarts_completes_once_it_is_back(broker):
-    with TransactionProducer("pg-restart", broker.address, Commit(), request_timeout=30) as p:
+    with TransactionProducer("pg-restart", broker.address, Decided(S.COMMIT), request_timeout=30) as p:
         p.send_message_in_transaction(Message("TopicRestart", b"before"), None)
         assert broker.stop() == 0
         outcome = {}
@@ -42,7 +35,7 @@ def test_a_transaction_sent_while_the_broker_restarts_completes_once_it_is_back(
 
 
 def test_a_frozen_broker_times_out_with_an_error_naming_the_request_and_the_broker(broker):
-    with TransactionProducer("pg-frozen", broker.address, Commit(), request_timeout=1) as p:
+    with TransactionProducer("pg-frozen", broker.address, Decided(S.COMMIT), request_timeout=1) as p:
         p.send_message_in_transaction(Message("TopicFrozen", b"warm"), None)
         broker.proc.send_signal(signal.SIGSTOP)
         try:
@@ -51,7 +44,7 @@ def test_a_frozen_broker_times_out_with_an_error_naming_the_request_and_the_brok
         finally:
             broker.proc.send_signal(signal.SIGCONT)
     assert "SEND_MESSAGE" in str(e.value) and broker.address in str(e.value)
-    with TransactionProducer("pg-frozen", broker.address, Commit()) as p:  # the thawed broker serves again
+    with TransactionProducer("pg-frozen", broker.address, Decided(S.COMMIT)) as p:  # the thawed broker serves again
         assert p.send_message_in_transaction(Message("TopicFrozen", b"after"), None).send_status == "SEND_OK"
     with PullConsumer(broker.address) as c:
         bodies = [m.body for m in c.read_all("TopicFrozen")]

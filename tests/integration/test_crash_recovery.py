@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from conftest import wait_until
+from support.listeners import Decided
 from txbroker.client import (
     AsyncTransactionProducer, ClientError, LocalTransactionState as S, Message, PullConsumer, TransactionListener,
     TransactionProducer,
@@ -108,17 +109,6 @@ def test_kill_9_loses_no_acknowledged_commit(broker_factory):
         i = int(body.split("-")[1])
         assert i % 4 != 0, f"{body} was rolled back but is visible"
     assert b.log().count("recovered store") == 2
-
-
-class Decided(TransactionListener):
-    def __init__(self, state):
-        self.state = state
-
-    def execute_local_transaction(self, msg, arg):
-        return self.state
-
-    def check_local_transaction(self, msg):
-        return self.state
 
 
 def test_sigterm_stops_cleanly_and_a_restart_finds_everything(broker_factory):

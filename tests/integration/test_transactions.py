@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from conftest import metric, wait_until
+from support.listeners import Decided
 from txbroker.client import (
     AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener,
     TransactionProducer,
@@ -121,17 +122,6 @@ def test_dropped_end_transaction_is_recovered_by_check_back(broker):
         wait_until(lambda: bodies(broker, "TopicDrop") == ["paid"], what="check-back to commit the dropped END")
         tx = AdminClient(broker.admin_url).get(f"/api/v1/transactions/{r.transaction_id}")
         assert tx["state"] == "COMMITTED" and tx["by"] == "check"
-
-
-class Decided(TransactionListener):
-    def __init__(self, state):
-        self.state = state
-
-    def execute_local_transaction(self, msg, arg):
-        return self.state
-
-    def check_local_transaction(self, msg):
-        return self.state
 
 
 def test_many_messages_in_one_transaction_become_visible_together(broker):

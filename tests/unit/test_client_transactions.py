@@ -9,6 +9,7 @@ real framing and bodies (protocol/framing.py, protocol/bodies.py) on a loopback 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 
@@ -131,6 +132,23 @@ async def until(predicate, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
+@contextlib.asynccontextmanager
+async def fake_broker(send_code: ResponseCode = ResponseCode.MESSAGE_ILLEGAL, release=None):
+    """A started FakeBroker, stopped on the way out, after releasing any check-backs still blocked."""
+    fake = await FakeBroker(send_code).start()
+    try:
+        yield fake
+    finally:
+        if release is not None:
+            release.set()
+        await fake.stop()
+
+
+def dropped(caplog) -> list:
+    """The check-backs the producer dropped because its queue was full (it logs each one)."""
+    return [r for r in caplog.records if "check-back queue full" in r.getMessage()]
+
+
 def _rolled_back_once(fake: FakeBroker, txid: str) -> None:
     assert [(e.transaction_id, e.state, e.from_transaction_check) for e in fake.ends] == [
         (txid, TransactionState.ROLLBACK, False)]
@@ -144,12 +162,9 @@ def test_not_stored_half_send_rolls_back_without_local_transaction(code):
     listener = Listener()
 
     async def scenario():
-        fake = await FakeBroker(code).start()
-        try:
-            async with AsyncTransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
-                result = await producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-1")
-        finally:
-            await fake.stop()
+        async with fake_broker(code) as fake, \
+                AsyncTransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
+            result = await producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-1")
         return fake, result
 
     fake, result = asyncio.run(scenario())
@@ -178,13 +193,10 @@ def test_other_refusal_raises_and_sends_no_decision():
     listener = Listener()
 
     async def scenario():
-        fake = await FakeBroker(ResponseCode.MESSAGE_ILLEGAL).start()
-        try:
-            async with AsyncTransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
-                with pytest.raises(BrokerError) as raised:
-                    await producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-2")
-        finally:
-            await fake.stop()
+        async with fake_broker(ResponseCode.MESSAGE_ILLEGAL) as fake, \
+                AsyncTransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
+            with pytest.raises(BrokerError) as raised:
+                await producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-2")
         return fake, raised.value
 
     fake, error = asyncio.run(scenario())
@@ -203,18 +215,14 @@ def test_check_backs_run_on_a_bounded_pool():
     listener = Listener()
 
     async def scenario():
-        fake = await FakeBroker().start()
-        try:
-            async with AsyncTransactionProducer(GROUP, fake.address, listener, check_workers=2) as producer:
-                fake.send_checks(CHECKS)
-                assert await listener.wait_for(lambda: listener.running >= 2, 10), "2 check-backs never ran at once"
-                # A larger pool would start a third while the first two block: give it the chance.
-                assert not await listener.wait_for(lambda: listener.running > 2, 0.3)
-                listener.release.set()
-                await until(lambda: len(fake.ends) == len(CHECKS), "every check-back answered")
-        finally:
+        async with fake_broker(release=listener.release) as fake, \
+                AsyncTransactionProducer(GROUP, fake.address, listener, check_workers=2):
+            fake.send_checks(CHECKS)
+            assert await listener.wait_for(lambda: listener.running >= 2, 10), "2 check-backs never ran at once"
+            # A larger pool would start a third while the first two block: give it the chance.
+            assert not await listener.wait_for(lambda: listener.running > 2, 0.3)
             listener.release.set()
-            await fake.stop()
+            await until(lambda: len(fake.ends) == len(CHECKS), "every check-back answered")
         return fake
 
     fake = asyncio.run(scenario())
@@ -230,23 +238,15 @@ def test_check_backs_beyond_the_queue_are_dropped(caplog):
     listener = Listener()
     caplog.set_level(logging.WARNING, logger="txbroker.client.transaction")
 
-    def dropped():
-        return [r for r in caplog.records if "check-back queue full" in r.getMessage()]
-
     async def scenario():
-        fake = await FakeBroker().start()
-        try:
-            async with AsyncTransactionProducer(GROUP, fake.address, listener, check_workers=4,
-                                                check_queue=3) as producer:
-                fake.send_checks(CHECKS)
-                # Run (blocked, holding their slots) or dropped: every check is accounted for.
-                await until(lambda: listener.started + len(dropped()) >= len(CHECKS), "every check run or dropped")
-                assert (listener.started, len(dropped())) == (3, 5)
-                listener.release.set()
-                await until(lambda: len(fake.ends) == 3, "the accepted check-backs answered")
-        finally:
+        async with fake_broker(release=listener.release) as fake, \
+                AsyncTransactionProducer(GROUP, fake.address, listener, check_workers=4, check_queue=3):
+            fake.send_checks(CHECKS)
+            # Run (blocked, holding their slots) or dropped: every check is accounted for.
+            await until(lambda: listener.started + len(dropped(caplog)) >= len(CHECKS), "every check run or dropped")
+            assert (listener.started, len(dropped(caplog))) == (3, 5)
             listener.release.set()
-            await fake.stop()
+            await until(lambda: len(fake.ends) == 3, "the accepted check-backs answered")
         return fake
 
     fake = asyncio.run(scenario())
@@ -254,7 +254,7 @@ def test_check_backs_beyond_the_queue_are_dropped(caplog):
     assert len(fake.ends) == 3
     assert all(e.from_transaction_check for e in fake.ends)
     answered = {e.transaction_id for e in fake.ends}
-    assert answered | {r.getMessage().split("dropping the check of ")[1].split()[0] for r in dropped()} == set(CHECKS)
+    assert answered | {r.getMessage().split("dropping the check of ")[1].split()[0] for r in dropped(caplog)} == set(CHECKS)
 
 
 def test_async_check_backs_have_the_same_bounds(caplog):
@@ -275,21 +275,13 @@ def test_async_check_backs_have_the_same_bounds(caplog):
             finally:
                 seen["running"] -= 1
 
-    def dropped():
-        return [r for r in caplog.records if "check-back queue full" in r.getMessage()]
-
     async def scenario():
-        fake = await FakeBroker().start()
-        try:
-            async with AsyncTransactionProducer(GROUP, fake.address, AsyncListener(), check_workers=2,
-                                                check_queue=3):
-                fake.send_checks(CHECKS)
-                await until(lambda: seen["running"] == 2 and len(dropped()) == 5, "2 running, 5 dropped")
-                release.set()
-                await until(lambda: len(fake.ends) == 3, "the accepted check-backs answered")
-        finally:
+        async with fake_broker(release=release) as fake, \
+                AsyncTransactionProducer(GROUP, fake.address, AsyncListener(), check_workers=2, check_queue=3):
+            fake.send_checks(CHECKS)
+            await until(lambda: seen["running"] == 2 and len(dropped(caplog)) == 5, "2 running, 5 dropped")
             release.set()
-            await fake.stop()
+            await until(lambda: len(fake.ends) == 3, "the accepted check-backs answered")
         return fake
 
     fake = asyncio.run(scenario())
