@@ -1,11 +1,13 @@
 """The `txbroker` command, as an operator on call would use it."""
 
+import argparse
 import json
 
 import pytest
 
 from conftest import run_cli, wait_until
 from txbroker.client import LocalTransactionState as S, Message, TransactionListener, TransactionProducer
+from txbroker.cli.main import build_parser
 from txbroker.client.admin import AdminClient
 
 
@@ -64,10 +66,6 @@ def test_every_command_has_help(command):
 
 def test_every_command_and_option_explains_itself():
     """Walking the real parser: each command has a description, each argument a help text."""
-    import argparse
-
-    from txbroker.cli.main import build_parser
-
     unexplained = []
 
     def walk(parser, path):
@@ -111,7 +109,7 @@ def test_topic_create_refuses_invalid_names(broker):
         r = run_cli("topic", "create", name, *admin, check=False)
         assert r.returncode == 1 and r.stdout == ""
         assert r.stderr.startswith("txbroker topic: invalid topic name") and "1-127 characters" in r.stderr
-    assert "127 queues" not in run_cli("topic", "create", "y" * 127, *admin).stdout
+    assert run_cli("topic", "create", "y" * 127, *admin).returncode == 0
     listing = run_cli("topic", "list", *admin).stdout
     assert "y" * 127 in listing
     assert "bad" not in listing and "x" * 100 not in listing

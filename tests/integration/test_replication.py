@@ -9,6 +9,7 @@ import pytest
 
 from conftest import wait_until
 from support import txload
+from support.listeners import Decided
 from support.txload import Ledger, run_load
 from txbroker.client import (
     AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer,
@@ -66,15 +67,7 @@ def test_slave_holding_a_pending_transaction_refuses_to_end_it_and_changes_nothi
     commits it, records a decision, or moves its log."""
     m = broker_factory(name="master")
     s = slave_of(broker_factory, m, "slave", "--slave-read-enable")
-
-    class Undecided(TransactionListener):
-        def execute_local_transaction(self, msg, arg):
-            return S.UNKNOWN
-
-        def check_local_transaction(self, msg):
-            return S.UNKNOWN
-
-    with TransactionProducer("pg-rep", m.address, Undecided()) as p:
+    with TransactionProducer("pg-rep", m.address, Decided(S.UNKNOWN)) as p:
         r = p.send_message_in_transaction(Message("RepTx", b"half"), None)
     wait_until(caught_up(s, m), what="the slave to hold the half message")
     log_end = info(s)["log_end_offset"]

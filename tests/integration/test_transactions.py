@@ -9,10 +9,9 @@ import pytest
 from conftest import metric, wait_until
 from support.listeners import Decided
 from txbroker.client import (
-    AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener,
-    TransactionProducer,
+    AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer,
+    TransactionListener, TransactionProducer, background,
 )
-from txbroker.client import background
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.client.connection import BrokerClient
 from txbroker.client.errors import BrokerUnavailable
@@ -385,12 +384,10 @@ def test_check_back_goes_only_to_the_same_group_and_spreads_over_producers(broke
         wait_until(lambda: asked["a1"] >= 10 and asked["a2"] >= 10, what="checks spread over both producers of group-a")
         admin = AdminClient(broker.admin_url)
         admin.put("/api/v1/groups/group-a/transaction", {"check_interval_ms": 3_600_000})  # no more checks
-        counted = [0]
-
-        def settled():  # every check the broker counted reached exactly one producer
-            counted[0] = sum(admin.get(f"/api/v1/transactions/{t}")["checks"] for t in txids)
-            return asked["a1"] + asked["a2"] == counted[0]
-        wait_until(settled, what="the producers' checks adding up to the broker's count")
+        # every check the broker counted reached exactly one producer
+        wait_until(lambda: asked["a1"] + asked["a2"] == sum(admin.get(f"/api/v1/transactions/{t}")["checks"]
+                                                            for t in txids),
+                   what="the producers' checks adding up to the broker's count")
     assert asked["b"] == 0
 
 
