@@ -1,0 +1,127 @@
+"""What SUCCESS means under SYNC replication, as a user checks it: an acknowledged write survives the
+loss of the master, a write the broker could not replicate is neither acknowledged (not even on a
+retry) nor visible to consumers until a slave has it, and a restart does not change that."""
+
+import asyncio
+import signal
+
+import pytest
+
+from conftest import wait_until
+from support import txload
+from txbroker.client import AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer
+from txbroker.client.admin import AdminClient, AdminError
+
+SYNC = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "1000",
+        "--check-interval-ms", "60000")
+
+
+def info(b):
+    return AdminClient(b.admin_url).get("/api/v1/broker")
+
+
+def in_sync(master) -> int:
+    return sum(1 for s in info(master)["replication"]["slaves"] if s["in_sync"])
+
+
+def pair(broker_factory):
+    m = broker_factory(*SYNC, name="master")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "slave", *SYNC, name="slave")
+    wait_until(lambda: in_sync(m) == 1, what="the slave in sync")
+    return m, s
+
+
+def promote(slave, epoch=2):
+    AdminClient(slave.admin_url).post("/api/v1/role", {"role": "master", "epoch": epoch})
+
+
+def transaction(b, txid):
+    try:
+        return AdminClient(b.admin_url).get(f"/api/v1/transactions/{txid}")
+    except AdminError as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def refused(coro) -> str:
+    try:
+        asyncio.run(coro)
+    except BrokerError as e:
+        return e.code_name
+    return "SUCCESS"
+
+
+def test_retried_half_send_is_not_acknowledged_until_a_slave_has_it(broker_factory):
+    """Issue 23, defect 1: the retry of a half send refused SLAVE_NOT_AVAILABLE was answered SUCCESS
+    (duplicate) with no slave up, and the transaction was gone after failover."""
+    m, s = pair(broker_factory)
+    s.kill()
+    wait_until(lambda: in_sync(m) == 0, what="the master to see its slave gone")
+
+    async def prepare():
+        async with AsyncTransactionProducer("pg-dur", m.address, None) as p:
+            await p.prepare([Message("Dur", b"half")], "tx-retried")
+
+    assert refused(prepare()) == "SLAVE_NOT_AVAILABLE"
+    # The retry `prepare` documents as safe: still not replicated, so still not acknowledged.
+    assert refused(prepare()) == "SLAVE_NOT_AVAILABLE"
+
+    s.start()  # the slave comes back and catches up; now the retry is acknowledged, and means it
+    wait_until(lambda: in_sync(m) == 1, what="the slave back in sync")
+    assert refused(prepare()) == "SUCCESS"
+    m.kill()
+    s.kill()
+    s.start()
+    promote(s)
+    assert transaction(s, "tx-retried") is not None, "an acknowledged half message was lost in failover"
+
+
+def test_retried_commit_is_not_acknowledged_until_a_slave_has_it(broker_factory):
+    """The same for END_TRANSACTION: a duplicate commit is acknowledged only once the commit is replicated;
+    until then consumers do not see it."""
+    m, s = pair(broker_factory)
+
+    async def prepare():
+        async with AsyncTransactionProducer("pg-dur", m.address, None) as p:
+            return await p.prepare([Message("DurEnd", b"to-commit")], "tx-end")
+
+    asyncio.run(prepare())
+    s.kill()
+    wait_until(lambda: in_sync(m) == 0, what="the master to see its slave gone")
+
+    async def commit():
+        async with AsyncTransactionProducer("pg-dur", m.address, None) as p:
+            await p.end("tx-end", S.COMMIT)
+
+    assert refused(commit()) == "SLAVE_NOT_AVAILABLE"
+    assert refused(commit()) == "SLAVE_NOT_AVAILABLE"
+    assert txload.visible(m.address, "DurEnd") == {}, "a commit no slave has is visible on the master"
+    s.start()
+    wait_until(lambda: txload.visible(m.address, "DurEnd") == {"to-commit": 1},
+               what="the commit to become visible once the slave has it")
+    assert refused(commit()) == "SUCCESS"
+    m.kill()
+    promote(s)
+    assert txload.visible(s.address, "DurEnd") == {"to-commit": 1}
+
+
+def test_unreplicated_send_stays_invisible_across_a_master_restart(broker_factory):
+    """Consumers see only what a failover keeps (Kafka's high watermark): a send refused
+    SLAVE_NOT_AVAILABLE is not readable on the master, not after a kill -9 and restart either,
+    and becomes readable once a slave has it."""
+    m, s = pair(broker_factory)
+    with Producer("g", m.address) as p:
+        p.send(Message("Hw", b"replicated"))
+        s.kill()
+        wait_until(lambda: in_sync(m) == 0, what="the master to see its slave gone")
+        with pytest.raises(BrokerError) as e:
+            p.send(Message("Hw", b"master-only"))
+        assert e.value.code_name == "SLAVE_NOT_AVAILABLE"
+    assert txload.visible(m.address, "Hw") == {"replicated": 1}
+    m.kill(signal.SIGKILL)
+    m.start()
+    assert txload.visible(m.address, "Hw") == {"replicated": 1}, "a restart made an unreplicated send visible"
+    s.start()
+    wait_until(lambda: txload.visible(m.address, "Hw") == {"replicated": 1, "master-only": 1},
+               what="the send to become visible once the slave has it")
