@@ -39,6 +39,16 @@ LINGER_SECONDS = 1.0  # how long a refused connection stays open for its answer 
 OUTPUT_HIGH_WATER = 4 * 1024 * 1024  # answers queued (not yet handed to the transport) before dispatch waits
 
 
+def _held_reply(reply: Reply, durable: asyncio.Future) -> Reply:
+    """What a reply held until its change was durable becomes, now that it is (or failed)."""
+    err = None if durable.cancelled() else durable.exception()
+    if err is None and not durable.cancelled():
+        return reply
+    if isinstance(err, RequestError):  # e.g. FLUSH_SLAVE_TIMEOUT: stored, but not as promised
+        return Reply(err.code, None, err.remark)
+    return Reply(ResponseCode.SYSTEM_ERROR, None, "the broker could not store the request; it is restarting")
+
+
 class BrokerConnection(asyncio.Protocol):
     def __init__(self, broker):
         self._broker = broker
@@ -204,20 +214,18 @@ class BrokerConnection(asyncio.Protocol):
             task.add_done_callback(lambda t, f=frame, s=started, n=size: self._async_done(f, t, s, n))
             return
         durable = reply.durable
-        if durable is not None and not durable.done():
-            self._track(+1, size)
-            durable.add_done_callback(lambda d, f=frame, r=reply, s=started, n=size: self._durable_done(f, r, d, s, n))
-            return
+        if durable is not None:
+            if not durable.done():
+                self._track(+1, size)
+                durable.add_done_callback(
+                    lambda d, f=frame, r=reply, s=started, n=size: self._durable_done(f, r, d, s, n))
+                return
+            reply = _held_reply(reply, durable)
         self._respond(frame, reply, started)
 
     def _durable_done(self, frame: Frame, reply: Reply, durable: asyncio.Future, started: float, size: int) -> None:
         self._track(-1, size)
-        err = None if durable.cancelled() else durable.exception()
-        if isinstance(err, RequestError):  # e.g. FLUSH_SLAVE_TIMEOUT: stored, but not as promised
-            reply = Reply(err.code, None, err.remark)
-        elif durable.cancelled() or err is not None:
-            reply = Reply(ResponseCode.SYSTEM_ERROR, None, "the broker could not store the request; it is restarting")
-        self._respond(frame, reply, started)
+        self._respond(frame, _held_reply(reply, durable), started)
 
     def _async_done(self, frame: Frame, task: asyncio.Task, started: float, size: int) -> None:
         self._track(-1, size)

@@ -69,8 +69,9 @@ class TransactionService:
                          f"not {req.producer_group!r}")
         lsn = existing.half_lsn
         n = len(existing.destinations) if isinstance(existing, PendingTx) else existing.message_count
+        # Acknowledged only as the first send would have been: once the half message is published.
         return ok(SendResponse(msg_ids=keys.msg_ids(lsn, n), transaction_id=req.transaction_id,
-                               commit_log_offset=lsn, duplicate=True), self._state.durable_future(req.transaction_id))
+                               commit_log_offset=lsn, duplicate=True), self._state.published_future(lsn))
 
     # ---- end ---------------------------------------------------------------------------------
 
@@ -118,7 +119,7 @@ class TransactionService:
         final = TransactionState.COMMIT if f.state == COMMITTED else TransactionState.ROLLBACK
         if wanted in (final, TransactionState.UNKNOWN):
             self._metrics.tx_duplicate_end.inc()
-            return ok(EndTransactionResponse(final, True, f.queue_offsets), self._state.durable_future(txid))
+            return ok(EndTransactionResponse(final, True, f.queue_offsets), self._state.published_future(f.end_lsn))
         if final == TransactionState.COMMIT:
             return error(ResponseCode.TRANSACTION_SHOULD_COMMIT, f"transaction {txid} was already committed; rollback refused")
         return error(ResponseCode.TRANSACTION_SHOULD_ROLLBACK, f"transaction {txid} was already rolled back; commit refused")

@@ -8,6 +8,9 @@ tx/s on a writer thread, 4,261-4,546 inline; batch100-8p-SYNC 112-122k msgs/s ag
 Without fsync the WAL reaches the OS, which survives a process kill but not a machine crash.
 
 A failed write is fatal: memory is ahead of disk, so the broker must stop and recover from disk.
+
+Once written, a batch goes to `written(batch)` (the state machine): it decides when the batch is
+visible and when its requests are answered, which under SYNC replication waits for the slaves.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Batch:
-    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "on_durable")
+    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids")
 
     def __init__(self, future: asyncio.Future) -> None:
         self.wb = WriteBatch(raw_mode=True)
@@ -33,20 +36,18 @@ class Batch:
         self.first_lsn = 0
         self.last_lsn = 0
         self.raw: list[bytes] = []  # the encoded records, in LSN order, for replication
-        self.txids: list[str] = []  # transactions prepared or finished in this batch
-        self.on_durable: list[Callable[[], None]] = []
+        self.txids: list[str] = []  # transactions finished in this batch
 
 
 class GroupCommit:
-    def __init__(self, db, sync: bool, on_durable: Callable[[Batch], None],
-                 on_fatal: Callable[[BaseException], None], observe_flush: Callable[[int, float], None] | None = None):
-        # `hold(batch, complete)`, when set, is told of every locally written batch and calls
-        # complete(batch, error) when it may be answered (SYNC replication waits for slaves there).
-        self.hold: Callable[[Batch, Callable[[Batch, BaseException | None], None]], None] | None = None
+    def __init__(self, db, sync: bool, written: Callable[[Batch], None], on_fatal: Callable[[BaseException], None],
+                 observe_flush: Callable[[int, float], None] | None = None,
+                 before_write: Callable[[Batch], None] | None = None):
         self._db = db
         self._wo = WriteOptions()
         self._wo.sync = sync
-        self._on_durable = on_durable
+        self._written_ok = written
+        self._before_write = before_write
         self._on_fatal = on_fatal
         self._observe = observe_flush
         self._open: Batch | None = None
@@ -78,7 +79,14 @@ class GroupCommit:
             return
         self._written(b, None)
 
+    @property
+    def open_future(self) -> asyncio.Future | None:
+        """The future of the batch still being filled, if one is."""
+        return self._open.future if self._open is not None else None
+
     def _write(self, b: Batch) -> None:
+        if self._before_write is not None:
+            self._before_write(b)
         t0 = time.perf_counter()
         self._db.write(b.wb, self._wo)
         if self._observe is not None:
@@ -93,26 +101,23 @@ class GroupCommit:
             b.future.exception()  # mark retrieved
             self._on_fatal(error)
             return
-        if self.hold is not None:
-            self.hold(b, self.complete)
-        else:
-            self.complete(b, None)
-
-    def complete(self, b: Batch, error: BaseException | None) -> None:
-        """The batch is durable (and replicated as required): make it visible and answer."""
-        self._on_durable(b)
-        for cb in b.on_durable:
-            cb()
-        if b.future.done():
-            return
-        if error is None:
-            b.future.set_result(None)
-        else:
-            b.future.set_exception(error)
-            b.future.exception()  # answered through the connection; no "never retrieved" noise
+        self._written_ok(b)
 
     async def drain(self) -> None:
-        """Wait until everything added so far is durable."""
+        """Wait until everything added so far is written to the local disk (not replicated)."""
         b = self._open
-        if b is not None:
-            await asyncio.shield(b.future)
+        while b is not None and self._open is b:  # its write is already scheduled on the loop
+            await asyncio.sleep(0)
+        if self._failed is not None:
+            raise RuntimeError("store is stopped after a failed write") from self._failed
+
+
+def answer(future: asyncio.Future, error: BaseException | None = None) -> None:
+    """Resolve a batch's (or a waiter's) future: the requests waiting on it are answered."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+        future.exception()  # answered through the connection; no "never retrieved" noise

@@ -2,13 +2,21 @@
 
 `append(record)` is the only way state changes. It writes the record and everything derived from
 it into the open group-commit batch and updates memory at once, so later requests in the same
-batch see it; readers only see what is durable (`visible_end`). A replica applies the records it
-receives through the same `apply` code, so master and slaves derive identical state.
+batch see it. A replica applies the records it receives through the same `apply` code, so master
+and slaves derive identical state.
+
+Readers see only what is *published* (`visible_end`, `durable_lsn`): written to the local disk and,
+on a master under SYNC replication, held by the slaves it needs. A write the slaves do not have is
+answered SLAVE_NOT_AVAILABLE or FLUSH_SLAVE_TIMEOUT and stays unpublished until they have it, so no
+consumer reads what a failover can take away (Kafka's high watermark). Such a master records the
+published LSN in every batch (meta `published`); after a restart what lies beyond it is published
+again only once a slave has it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -17,7 +25,7 @@ from typing import Callable
 from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
 from txbroker.store.db import Database, last_item_with_prefix, last_key, open_database
-from txbroker.store.group_commit import Batch, GroupCommit
+from txbroker.store.group_commit import Batch, GroupCommit, answer
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
     CheckRecord, EndRecord, EpochRecord, FinishedTx, HalfRecord, NormalRecord, ParkRecord, PendingTx, Record,
@@ -27,6 +35,10 @@ from txbroker.store.records import (
 log = logging.getLogger(__name__)
 
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+PUBLISHED_KEY = b"published"
+# Past this many unpublished batches (slaves away for long) new ones are merged into the last, so
+# memory stays bounded; what is merged is published together.
+MAX_UNPUBLISHED = 1024
 
 
 class StateMachine:
@@ -39,19 +51,23 @@ class StateMachine:
         self._h_log, self._h_cq, self._h_pending, self._h_tx, self._h_meta = (
             h["log"], h["cq"], h["pending"], h["tx"], h["meta"])
         self._h_offsets, self._h_keys = h["offsets"], h["keys"]
-        self.writer = GroupCommit(self.db.db, sync_flush, self._made_durable, on_fatal, observe_flush)
-        self.writer.hold = self._written_locally
-        # Replication sets this to hold a written batch's answer until slaves have it.
-        self.replication_hold = None
+        self.writer = GroupCommit(self.db.db, sync_flush, self._written_locally, on_fatal, observe_flush,
+                                  self._before_write)
+        # A SYNC replication leader sets these: `replication_hold(batch)` answers a written batch when
+        # the slaves have it (and publishes it through `publish_through`); `replication_wait(lsn)`
+        # gives a future for a record written earlier but not yet published.
+        self.replication_hold: Callable[[Batch], None] | None = None
+        self.replication_wait: Callable[[int], asyncio.Future] | None = None
+        # Written but not yet published, in LSN order: [last LSN, {queue prefix: visible end}].
+        self._unpublished: collections.deque[list] = collections.deque()
+        self._published_marked = False  # the meta `published` key exists on disk
         self.epochs: list[tuple[int, int]] = []  # (epoch, first LSN of that epoch), ascending
         self.topics: dict[str, int] = {}
         self.pending: dict[str, PendingTx] = {}
         self._queue_end: dict[bytes, int] = {}  # next offset to assign, per queue prefix
         self.visible_end: dict[bytes, int] = {}  # offsets below this are durable and readable
         self._waiters: dict[bytes, list[asyncio.Future]] = {}
-        # Transactions changed by a batch not yet on disk: their batch, and (if finished) the outcome
-        # that the tx column family will hold once it is.
-        self._unsettled: dict[str, asyncio.Future] = {}
+        # Transactions finished by the batch not yet on disk: the outcome the tx column family will hold.
         self._finishing: dict[str, FinishedTx] = {}
         self.next_lsn = 1
         self.durable_lsn = 0  # written, and replicated as required: visible to readers
@@ -79,6 +95,10 @@ class StateMachine:
         for topic, count in list(self.topics.items()) + [(TRANS_CHECK_MAX_TIME_TOPIC, 1)]:
             for q in range(count):
                 self._load_queue_end(keys.queue_prefix(topic, q))
+        published = self.db.meta.get(PUBLISHED_KEY)
+        if published is not None:
+            self._published_marked = True
+            self._hide_unpublished(keys.lsn_from_key(published))
         parked = sum(1 for p in self.pending.values() if p.state == PARKED)
         log.info("recovered store %s: next LSN %d, epoch %d, %d topics, %d pending transactions (%d parked)",
                  self.path, self.next_lsn, self.epoch, len(self.topics), len(self.pending) - parked, parked)
@@ -93,6 +113,39 @@ class StateMachine:
             if e > epoch:
                 return start - 1
         return self.next_lsn - 1
+
+    def _hide_unpublished(self, published: int) -> None:
+        """After a restart: records beyond the recorded `published` LSN stay unreadable until a
+        slave has them (or the broker learns its log is shared, see `publish_all`)."""
+        if published >= self.durable_lsn:
+            return
+        hidden = 0
+        for k, raw in self.db.log.items(from_key=keys.lsn_key(published + 1)):
+            lsn = keys.lsn_from_key(k)
+            ends: dict[bytes, int] = {}
+            for prefix, offset in self._queue_entries(decode_record(raw)):
+                if self._queue_end.get(prefix) is None:
+                    self._load_queue_end(prefix)
+                if offset < self.visible_end[prefix]:
+                    self.visible_end[prefix] = offset
+                ends[prefix] = max(ends.get(prefix, 0), offset + 1)
+            self._unpublished.append([lsn, ends])
+            hidden += 1
+        self.durable_lsn = published
+        log.warning("%d records after LSN %d were never confirmed by a slave: unreadable until one has them",
+                    hidden, published)
+
+    def _queue_entries(self, record: Record) -> list[tuple[bytes, int]]:
+        """The (queue prefix, offset) entries a record makes readable."""
+        kind = type(record)
+        if kind is NormalRecord:
+            return [(keys.queue_prefix(m.topic, m.queue_id), o) for m, o in zip(record.messages, record.queue_offsets)]
+        if kind is EndRecord and record.queue_offsets:
+            half = decode_record(self.db.log[keys.lsn_key(record.half_lsn)])
+            return [(keys.queue_prefix(m.topic, m.queue_id), o) for m, o in zip(half.messages, record.queue_offsets)]
+        if kind is ParkRecord:
+            return [(keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0), o) for o in record.queue_offsets]
+        return []
 
     def _load_queue_end(self, prefix: bytes) -> int:
         last = last_item_with_prefix(self.db.cq, prefix)
@@ -134,12 +187,33 @@ class StateMachine:
         b.raw.append(raw)
         return b.future
 
-    def _written_locally(self, b: Batch, complete) -> None:
+    def _before_write(self, b: Batch) -> None:
+        if self.replication_wait is not None:
+            b.wb.put(PUBLISHED_KEY, keys.lsn_key(self.durable_lsn), self._h_meta)
+            self._published_marked = True
+        elif self._published_marked:  # no longer a SYNC master: everything written is published
+            b.wb.delete(PUBLISHED_KEY, self._h_meta)
+            self._published_marked = False
+
+    def _written_locally(self, b: Batch) -> None:
         self.local_durable_lsn = b.last_lsn
-        if self.replication_hold is not None:
-            self.replication_hold(b, complete)
+        finishing = self._finishing
+        for txid in b.txids:  # now in the tx column family
+            finishing.pop(txid, None)
+        unpublished = self._unpublished
+        if len(unpublished) >= MAX_UNPUBLISHED:
+            last = unpublished[-1]
+            last[0] = b.last_lsn
+            for prefix, end in b.visible.items():
+                if last[1].get(prefix, -1) < end:
+                    last[1][prefix] = end
         else:
-            complete(b, None)
+            unpublished.append([b.last_lsn, b.visible])
+        if self.replication_hold is not None:
+            self.replication_hold(b)
+        else:
+            self.publish_through(b.last_lsn)
+            answer(b.future)
 
     def _apply(self, record: Record, lsn: int, b: Batch) -> None:
         kind = type(record)
@@ -195,8 +269,6 @@ class StateMachine:
         )
         self.pending[r.transaction_id] = p
         b.wb.put(r.transaction_id.encode(), encode(p), self._h_pending)
-        self._unsettled[r.transaction_id] = b.future
-        b.txids.append(r.transaction_id)
 
     def _apply_end(self, r: EndRecord, lsn: int, b: Batch) -> None:
         p = self.pending.pop(r.transaction_id)
@@ -214,7 +286,6 @@ class StateMachine:
         )
         b.wb.put(tid, encode(done), self._h_tx)
         self._finishing[r.transaction_id] = done
-        self._unsettled[r.transaction_id] = b.future
         b.txids.append(r.transaction_id)
 
     def _index(self, b: Batch, lsn: int, destinations, offsets) -> None:
@@ -255,23 +326,40 @@ class StateMachine:
         v = self.db.offsets.get(keys.offset_key(group, topic, queue_id))
         return keys.lsn_from_key(v) if v is not None else None
 
-    def _made_durable(self, b: Batch) -> None:
-        self.durable_lsn = b.last_lsn
-        unsettled, finishing = self._unsettled, self._finishing
-        for txid in b.txids:
-            if unsettled.get(txid) is b.future:
-                del unsettled[txid]
-                finishing.pop(txid, None)
+    def publish_through(self, lsn: int) -> None:
+        """Make what is written up to `lsn` readable, and wake the readers waiting for it."""
+        unpublished = self._unpublished
         visible_end = self.visible_end
         waiters = self._waiters
-        for prefix, end in b.visible.items():
-            if visible_end.get(prefix, 0) < end:
-                visible_end[prefix] = end
-            ws = waiters.pop(prefix, None)
-            if ws:
-                for w in ws:
-                    if not w.done():
-                        w.set_result(None)
+        while unpublished and unpublished[0][0] <= lsn:
+            last, visible = unpublished.popleft()
+            self.durable_lsn = last
+            for prefix, end in visible.items():
+                if visible_end.get(prefix, 0) < end:
+                    visible_end[prefix] = end
+                ws = waiters.pop(prefix, None)
+                if ws:
+                    for w in ws:
+                        if not w.done():
+                            w.set_result(None)
+        if lsn > self.durable_lsn and lsn <= self.local_durable_lsn:
+            self.durable_lsn = lsn
+
+    def publish_all(self) -> None:
+        """The whole local log is published (this broker leads without SYNC replication, or its
+        master confirmed that it holds the same log)."""
+        self.publish_through(self.local_durable_lsn)
+
+    def published_future(self, lsn: int) -> asyncio.Future | None:
+        """None if record `lsn` is published; else a future that resolves when it is (or fails as
+        the write that stored it would now). A retried request waits on this before SUCCESS."""
+        if lsn <= self.durable_lsn:
+            return None
+        if lsn > self.local_durable_lsn:
+            return self.writer.open_future
+        if self.replication_wait is not None:
+            return self.replication_wait(lsn)
+        return None  # not leading: the request was refused before it got here
 
     # ---- truncation (a returning old master rejoins as a slave) ------------------------------
 
@@ -298,7 +386,7 @@ class StateMachine:
         self._queue_end.clear()
         self.visible_end.clear()
         self.epochs.clear()
-        self._unsettled.clear()
+        self._unpublished.clear()
         self._finishing.clear()
         self.next_lsn = 1
         replayed = 0
@@ -339,10 +427,6 @@ class StateMachine:
             return f
         v = self.db.tx.get(transaction_id.encode())
         return decode_finished(v) if v is not None else None
-
-    def durable_future(self, transaction_id: str) -> asyncio.Future | None:
-        """The batch that last changed this transaction, if it is not on disk yet."""
-        return self._unsettled.get(transaction_id)
 
     def queue_end(self, topic: str, queue_id: int) -> int:
         """Next offset to assign (master's view, may be ahead of what is durable)."""

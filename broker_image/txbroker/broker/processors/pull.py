@@ -36,7 +36,8 @@ class PullProcessor:
         wanted = self._tags(req.tags) if req.tags else None
         n = min(max(req.max_messages, 1), MAX_PULL)
         msgs, nxt, end = self._reader.read_queue(req.topic, req.queue_id, req.offset, n)
-        if req.offset > end:
+        if req.offset > end and req.offset > self._state.queue_end(req.topic, req.queue_id):
+            # (beyond what is readable but not beyond what is stored: unpublished records, wait for them)
             return error(ResponseCode.PULL_OFFSET_MOVED,
                          f"offset {req.offset} is beyond the end of queue {req.topic}:{req.queue_id} ({end})")
         if not msgs and req.max_wait_ms > 0:

@@ -95,6 +95,7 @@ class ReplicationFollower:
             conn.close()
             await state.truncate_after(welcome.truncate_after)
             return True
+        state.publish_all()  # the master holds our log too: nothing in it can be taken away now
         self.connected = True
         self.last_error = ""
         log.info("replicating from %s (epoch %d) from LSN %d", self.master, welcome.master_epoch, req.next_lsn)

@@ -5,7 +5,8 @@ Otherwise (new subscriber, or a slave too slow to take pushes) a catch-up task r
 disk and streams it until the slave is caught up. SYNC mode answers a batch when `sync_replicas`
 slaves have acknowledged it; with fewer slaves in sync it answers SLAVE_NOT_AVAILABLE at once,
 and FLUSH_SLAVE_TIMEOUT if the acknowledgements do not come in time. In both cases the write is
-stored on the master (as in RocketMQ) but not promised to survive a failover.
+stored on the master but not promised to survive a failover, so it is not published (readable)
+until the slaves do have it; a retried request for it waits for that too (`wait`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from txbroker.broker.replies import RequestError, error, ok
 from txbroker.protocol.bodies import ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.store import keys
-from txbroker.store.group_commit import Batch
+from txbroker.store.group_commit import Batch, answer
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class ReplicationLeader:
         self.sync_replicas = cfg.sync_replicas
         self.timeout = cfg.replication_timeout_ms / 1000
         self.feeds: dict[object, ReplicaFeed] = {}
-        self._held: collections.deque = collections.deque()  # (batch, complete, deadline)
+        # Batches written and not yet published, in LSN order: [future, last LSN, deadline, answered].
+        self._held: collections.deque[list] = collections.deque()
+        self._waits: list[list] = []  # retried requests waiting for a record: [future, LSN, deadline]
         self._timer: asyncio.TimerHandle | None = None
         self.active = False
 
@@ -59,12 +62,19 @@ class ReplicationLeader:
     def attach(self) -> None:
         self.active = True
         self._state.replication_hold = self.hold
+        if self.sync:
+            self._state.replication_wait = self.wait
+        else:
+            self._state.publish_all()
 
     def detach(self, reason: str) -> None:
-        """Stop leading (demoted or fenced): answer what is held, drop the slaves."""
+        """Stop leading (demoted or fenced): refuse what is not answered, drop the slaves. What is
+        not published stays so: the new master decides whether it exists."""
         self.active = False
         self._state.replication_hold = None
-        self._fail_held(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, reason))
+        self._state.replication_wait = None
+        self._refuse(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, reason))
+        self._held.clear()
         for feed in list(self.feeds.values()):
             self.remove(feed.conn)
             feed.conn.close()
@@ -112,13 +122,13 @@ class ReplicationLeader:
             return
         if req.durable_lsn > feed.acked_lsn:
             feed.acked_lsn = req.durable_lsn
-            if self._held:
-                self._release()
+            self._release()
 
     # ---- shipping ----------------------------------------------------------------------------------
 
-    def hold(self, b: Batch, complete) -> None:
-        """Called for every batch written locally: push it to live slaves; answer now or when acknowledged."""
+    def hold(self, b: Batch) -> None:
+        """Called for every batch written locally: push it to live slaves. ASYNC: publish and answer
+        it now. SYNC: when they acknowledge it; without slaves in sync, refuse it at once."""
         if b.raw:
             epoch = self._state.epoch
             msg = None
@@ -132,21 +142,27 @@ class ReplicationLeader:
                         msg = ReplicaRecords(b.first_lsn, b.raw, epoch)
                     feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, msg)
                     feed.next_lsn = b.last_lsn + 1
-        if not self.sync or not b.raw:
-            if self._held:
-                self._held.append((b, complete, 0.0))
-                self._release()
-            else:
-                complete(b, None)
+        if not self.sync:
+            self._state.publish_through(b.last_lsn)
+            answer(b.future)
             return
+        self._held.append([b.future, b.last_lsn, time.monotonic() + self.timeout, False])
         if self.in_sync() < self.sync_replicas:
-            self._fail_held(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark()))
-            complete(b, RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark()))
-            return
-        self._held.append((b, complete, time.monotonic() + self.timeout))
-        if self._timer is None:
+            self._refuse(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark()))
+        elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
         self._release()
+
+    def wait(self, lsn: int) -> asyncio.Future:
+        """A future for record `lsn`, written earlier and not yet published: it resolves when the
+        slaves have it, or fails as a new write would now."""
+        if self.in_sync() < self.sync_replicas:
+            raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark())
+        fut = asyncio.get_running_loop().create_future()
+        self._waits.append([fut, lsn, time.monotonic() + self.timeout])
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
+        return fut
 
     def in_sync(self) -> int:
         return sum(1 for f in self.feeds.values() if f.live)
@@ -155,32 +171,70 @@ class ReplicationLeader:
         return (f"SYNC replication needs {self.sync_replicas} slave(s) in sync, {self.in_sync()} connected and caught up: "
                 f"stored on the master only")
 
-    def _release(self) -> None:
+    def replicated_lsn(self) -> int:
+        """The highest LSN that `sync_replicas` slaves have acknowledged."""
+        need = self.sync_replicas
+        if not need:
+            return self._state.local_durable_lsn
         acked = sorted((f.acked_lsn for f in self.feeds.values()), reverse=True)
-        need = self.sync_replicas if self.sync else 0
-        replicated = acked[need - 1] if need and len(acked) >= need else (2**63 if not need else -1)
+        return acked[need - 1] if len(acked) >= need else 0
+
+    def _release(self) -> None:
+        if not self.sync:
+            return
+        replicated = self.replicated_lsn()
+        state = self._state
+        if replicated > state.durable_lsn:
+            state.publish_through(replicated)
         held = self._held
-        while held and (held[0][0].last_lsn <= replicated or held[0][2] == 0.0):
-            b, complete, _ = held.popleft()
-            complete(b, None)
+        while held and held[0][1] <= replicated:
+            fut, _lsn, _deadline, answered = held.popleft()
+            if not answered:
+                answer(fut)
+        if self._waits:
+            still = []
+            for w in self._waits:
+                if w[1] <= replicated:
+                    answer(w[0])
+                else:
+                    still.append(w)
+            self._waits = still
 
     def _expire(self) -> None:
         self._timer = None
         now = time.monotonic()
-        held = self._held
-        while held and held[0][2] and held[0][2] <= now:
-            b, complete, _ = held.popleft()
-            complete(b, RequestError(ResponseCode.FLUSH_SLAVE_TIMEOUT,
-                                     f"no acknowledgement from {self.sync_replicas} slave(s) within "
-                                     f"{self.timeout:.1f}s: stored on the master only"))
-        self._release()
-        if held:
-            self._timer = asyncio.get_running_loop().call_later(max(held[0][2] - now, 0.001), self._expire)
+        timeout = RequestError(ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                               f"no acknowledgement from {self.sync_replicas} slave(s) within "
+                               f"{self.timeout:.1f}s: stored on the master only")
+        nxt = None
+        for entry in self._held:  # in LSN order, so deadline order
+            if entry[3]:
+                continue
+            if entry[2] > now:
+                nxt = entry[2]
+                break
+            entry[3] = True
+            answer(entry[0], timeout)
+        still = []
+        for w in self._waits:
+            if w[2] <= now:
+                answer(w[0], timeout)
+            else:
+                still.append(w)
+                nxt = w[2] if nxt is None else min(nxt, w[2])
+        self._waits = still
+        if nxt is not None:
+            self._timer = asyncio.get_running_loop().call_later(max(nxt - now, 0.001), self._expire)
 
-    def _fail_held(self, err: RequestError) -> None:
-        while self._held:
-            b, complete, _ = self._held.popleft()
-            complete(b, err)
+    def _refuse(self, err: RequestError) -> None:
+        """Answer every request still waiting with `err`; what they wrote stays held until published."""
+        for entry in self._held:
+            if not entry[3]:
+                entry[3] = True
+                answer(entry[0], err)
+        for w in self._waits:
+            answer(w[0], err)
+        self._waits = []
 
     async def _catch_up(self, feed: ReplicaFeed) -> None:
         state = self._state
@@ -190,8 +244,7 @@ class ReplicationLeader:
                 end = state.local_durable_lsn
                 if feed.next_lsn > end:
                     feed.live = True
-                    if self._held:
-                        self._release()
+                    self._release()
                     return
                 records: list[bytes] = []
                 size = 0
