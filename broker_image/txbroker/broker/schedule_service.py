@@ -49,8 +49,13 @@ class ScheduleService:
         self._task: asyncio.Task | None = None
         self._running = False
 
-    def schedule(self, msg: Message, delay_level: int) -> int:
-        """Store `msg` (its real topic and queue already set) to become visible after the level's delay."""
+    def delay_of(self, delay_level: int) -> int:
+        """Milliseconds of a delay level (clamped to the levels there are)."""
+        return self.levels_ms[min(max(delay_level, 1), len(self.levels_ms)) - 1]
+
+    def schedule(self, msg: Message, delay_level: int, send_back: bytes = b"") -> tuple[int, asyncio.Future]:
+        """Store `msg` (its real topic and queue already set) to become visible after the level's
+        delay; returns the delay and the write's durability future."""
         level = min(max(delay_level, 1), len(self.levels_ms))
         delay = self.levels_ms[level - 1]
         props = dict(msg.properties)
@@ -60,9 +65,9 @@ class ScheduleService:
         state = self._b.state
         queue = level - 1
         offset = state.reserve_offsets(keys.queue_prefix(SCHEDULE_TOPIC, queue), 1)
-        state.append(NormalRecord(now_ms(), [Message(SCHEDULE_TOPIC, msg.body, msg.tags, msg.keys, props, queue)],
-                                  [offset]))
-        return delay
+        _lsn, durable = state.append(NormalRecord(
+            now_ms(), [Message(SCHEDULE_TOPIC, msg.body, msg.tags, msg.keys, props, queue)], [offset], send_back))
+        return delay, durable
 
     def start(self) -> None:
         if self._task is None:

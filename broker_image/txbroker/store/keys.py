@@ -73,3 +73,8 @@ def offset_key(group: str, topic: str, queue_id: int) -> bytes:
 
 def key_index_prefix(topic: str, key: str) -> bytes:
     return topic.encode() + b"\x00" + key.encode() + b"\x00"
+
+
+def send_back_key(group: str, msg_id: str, reconsume_times: int) -> bytes:
+    """Meta key of a consumer group's send-back of one message after its Nth failure."""
+    return b"sendback/%s\x00%s\x00%d" % (group.encode(), msg_id.encode(), reconsume_times)

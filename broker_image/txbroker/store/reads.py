@@ -8,7 +8,7 @@ from txbroker.protocol.bodies import (
     PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, MessageExt,
 )
 from txbroker.store import keys
-from txbroker.store.records import HalfRecord, NormalRecord, Record, decode_record
+from txbroker.store.records import COMMITTED, HalfRecord, NormalRecord, Record, decode_record
 from txbroker.store.state import StateMachine
 
 
@@ -36,10 +36,7 @@ class MessageReader:
     def read_queue(self, topic: str, queue_id: int, offset: int, max_messages: int) -> tuple[list[MessageExt], int, int]:
         """Durable messages of one queue from `offset`; returns (messages, next offset, queue end)."""
         prefix = keys.queue_prefix(topic, queue_id)
-        end = self._state.visible_end.get(prefix)
-        if end is None:
-            self._state.queue_end(topic, queue_id)
-            end = self._state.visible_end.get(prefix, 0)
+        end = self._state.readable_end(topic, queue_id)
         stop = min(end, offset + max_messages)
         if offset >= stop:
             return [], offset, end
@@ -94,6 +91,27 @@ class MessageReader:
         ext.properties = {**m.properties, PROPERTY_TRANSACTION_PREPARED: "true",
                           PROPERTY_PRODUCER_GROUP: rec.producer_group}
         return ext, rec
+
+    def readable(self, msg_id: str, topic: str) -> MessageExt | None:
+        """The message with this id if a consumer of `topic` could read it: stored in that topic and
+        published (for a transactional message: committed). None for anything else, half messages
+        included. Raises ValueError for a malformed id."""
+        lsn, idx = keys.parse_msg_id(msg_id)
+        rec = self.record(lsn)
+        kind = type(rec)
+        if kind is NormalRecord and idx < len(rec.messages):
+            offset = rec.queue_offsets[idx]
+        elif kind is HalfRecord and idx < len(rec.messages):
+            done = self._state.finished(rec.transaction_id)
+            if done is None or done.state != COMMITTED or done.half_lsn != lsn:
+                return None
+            offset = done.queue_offsets[idx]
+        else:
+            return None
+        m = rec.messages[idx]
+        if m.topic != topic or offset >= self._state.readable_end(topic, m.queue_id):
+            return None
+        return self.view(lsn, idx, topic, m.queue_id, offset)
 
     def half_message(self, lsn: int) -> tuple[MessageExt, int] | None:
         """First message of a half record (what a check-back shows the producer) and the count."""

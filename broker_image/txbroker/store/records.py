@@ -12,6 +12,8 @@ On-disk format, version 2 (STORE_FORMAT_VERSION, kept under meta key b"format"):
   offsets        group 0x00 topic 0x00 u16 BE queue       u64 BE next offset to consume
   keys           topic 0x00 key 0x00 u64 BE LSN u32 BE index  u64 BE queue offset
   meta           b"format" | b"topic/<name>" | b"config/group/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
+                 | b"published" -> u64 BE LSN (a SYNC master: readable up to there)
+                 | b"sendback/" group 0x00 message id 0x00 reconsume count -> u64 BE LSN of the copy
 
 A half message batch is stored once (HalfRecord, "under RMQ_SYS_TRANS_HALF_TOPIC"); committing it
 writes queue-index entries that point at that same record plus the op record (EndRecord, "in
@@ -45,11 +47,14 @@ class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
 
 
 class NormalRecord(Struct, tag="N", array_like=True, omit_defaults=True):
-    """Plain messages, visible at once; queue_offsets[i] is messages[i]'s place in its queue."""
+    """Plain messages, visible at once; queue_offsets[i] is messages[i]'s place in its queue.
+    `send_back` names the consumer's send-back this record stores (see keys.send_back_key), so a
+    retried one stores nothing new. (A broker that predates the field ignores it.)"""
 
     born_ms: int
     messages: list[Message]
     queue_offsets: list[int]
+    send_back: bytes = b""
 
 
 class EndRecord(Struct, tag="E", array_like=True, omit_defaults=True):

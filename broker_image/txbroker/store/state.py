@@ -69,6 +69,7 @@ class StateMachine:
         self._waiters: dict[bytes, list[asyncio.Future]] = {}
         # Transactions finished by the batch not yet on disk: the outcome the tx column family will hold.
         self._finishing: dict[str, FinishedTx] = {}
+        self._unwritten_send_backs: dict[bytes, int] = {}  # likewise, send-backs: key -> LSN
         self.next_lsn = 1
         self.durable_lsn = 0  # written, and replicated as required: visible to readers
         self.local_durable_lsn = 0  # written to the local disk (what replication can ship)
@@ -200,6 +201,8 @@ class StateMachine:
         finishing = self._finishing
         for txid in b.txids:  # now in the tx column family
             finishing.pop(txid, None)
+        if self._unwritten_send_backs:
+            self._unwritten_send_backs.clear()
         unpublished = self._unpublished
         if len(unpublished) >= MAX_UNPUBLISHED:
             last = unpublished[-1]
@@ -227,6 +230,9 @@ class StateMachine:
             keyed = [(i, m.keys) for i, m in enumerate(msgs) if m.keys]
             if keyed:
                 self._index_keys(b, lsn, [(m.topic, m.queue_id) for m in msgs], record.queue_offsets, keyed)
+            if record.send_back:
+                b.wb.put(record.send_back, keys.lsn_key(lsn), self._h_meta)
+                self._unwritten_send_backs[record.send_back] = lsn
         elif kind is OffsetRecord:
             put = b.wb.put
             for topic, queue, offset in record.offsets:
@@ -322,6 +328,23 @@ class StateMachine:
                 b.wb.put(keys.key_index_prefix(topic, key) + keys.cq_value(lsn, i), keys.lsn_key(offsets[i]),
                          self._h_keys)
 
+    def send_back_lsn(self, key: bytes) -> int | None:
+        """Where the send-back `key` was stored, if it was."""
+        lsn = self._unwritten_send_backs.get(key)
+        if lsn is not None:
+            return lsn
+        v = self.db.meta.get(key)
+        return keys.lsn_from_key(v) if v is not None else None
+
+    def readable_end(self, topic: str, queue_id: int) -> int:
+        """Offsets below this are published: readers may see them."""
+        prefix = keys.queue_prefix(topic, queue_id)
+        end = self.visible_end.get(prefix)
+        if end is None:
+            self.queue_end(topic, queue_id)
+            end = self.visible_end.get(prefix, 0)
+        return end
+
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         v = self.db.offsets.get(keys.offset_key(group, topic, queue_id))
         return keys.lsn_from_key(v) if v is not None else None
@@ -381,6 +404,9 @@ class StateMachine:
             cf.delete_range(b"", b"\xff" * 16)
         db.meta.delete_range(b"epoch/", b"epoch0")
         db.meta.delete_range(b"topic/", b"topic0")
+        db.meta.delete_range(b"sendback/", b"sendback0")
+        db.meta.delete(PUBLISHED_KEY)
+        self._published_marked = False
         self.topics.clear()
         self.pending.clear()
         self._queue_end.clear()
@@ -388,6 +414,7 @@ class StateMachine:
         self.epochs.clear()
         self._unpublished.clear()
         self._finishing.clear()
+        self._unwritten_send_backs.clear()
         self.next_lsn = 1
         replayed = 0
         for k, raw in db.log.items():

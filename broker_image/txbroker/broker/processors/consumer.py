@@ -93,32 +93,38 @@ class SendBackProcessor:
         b = self._b
         b.role.require_master()
         try:
-            got = b.reader.by_id(req.msg_id)
+            m = b.reader.readable(req.msg_id, req.topic)
         except ValueError as e:
             return error(ResponseCode.MESSAGE_ILLEGAL, str(e))
-        if got is None:
-            return error(ResponseCode.QUERY_NOT_FOUND, f"no message with id {req.msg_id}")
-        m = got[0]
+        if m is None:  # a half or rolled-back message, or one of another topic, is nobody's to retry
+            return error(ResponseCode.QUERY_NOT_FOUND, f"no message {req.msg_id} that a consumer can read in topic {req.topic}")
+        group = req.consumer_group
+        dead = req.reconsume_times >= req.max_reconsume_times
+        target = DLQ_PREFIX + group if dead else RETRY_PREFIX + group
+        level = FIRST_RETRY_LEVEL + req.reconsume_times
+        # Keyed on (group, message, failure count): a send-back whose answer was lost, sent again,
+        # stores nothing new; a later failure of the same message is a new retry.
+        once = keys.send_back_key(group, req.msg_id, req.reconsume_times)
+        stored = b.state.send_back_lsn(once)
+        if stored is not None:
+            delay = 0 if dead else b.schedule.delay_of(level)
+            return ok(SendBackResponse(target, delay), b.state.published_future(stored))
         props = {k: v for k, v in m.properties.items()
                  if k not in (PROPERTY_TRANSACTION_PREPARED, PROPERTY_PRODUCER_GROUP)}
         props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, req.msg_id)
         if not req.topic.startswith(RETRY_PREFIX):
             props[PROPERTY_RETRY_TOPIC] = req.topic
         props[PROPERTY_RECONSUME_TIME] = str(req.reconsume_times + 1)
-        group = req.consumer_group
-        if req.reconsume_times >= req.max_reconsume_times:
-            dlq = DLQ_PREFIX + group
-            if dlq not in b.state.topics:
-                b.topics.create(dlq, 1)
-            offset = b.state.reserve_offsets(keys.queue_prefix(dlq, 0), 1)
-            _lsn, durable = b.state.append(NormalRecord(now_ms(), [Message(dlq, m.body, m.tags, m.keys, props, 0)], [offset]))
-            return ok(SendBackResponse(dlq, 0), durable)
-        retry = RETRY_PREFIX + group
-        if retry not in b.state.topics:
-            b.topics.create(retry, 1)
+        if target not in b.state.topics:
+            b.topics.create(target, 1)
+        msg = Message(target, m.body, m.tags, m.keys, props, 0)
+        if dead:
+            offset = b.state.reserve_offsets(keys.queue_prefix(target, 0), 1)
+            _lsn, durable = b.state.append(NormalRecord(now_ms(), [msg], [offset], once))
+            return ok(SendBackResponse(target, 0), durable)
         schedule: ScheduleService = b.schedule
-        delay = schedule.schedule(Message(retry, m.body, m.tags, m.keys, props, 0), FIRST_RETRY_LEVEL + req.reconsume_times)
-        return ok(SendBackResponse(retry, delay), b.state.writer.batch().future)
+        delay, durable = schedule.schedule(msg, level, once)
+        return ok(SendBackResponse(target, delay), durable)
 
 
 class LockQueuesProcessor:
