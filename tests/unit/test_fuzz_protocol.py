@@ -40,6 +40,8 @@ def strategy_for(tp, name: str = ""):
         return struct_strategy(tp)
     if origin is list:
         return st.lists(strategy_for(tp.__args__[0], name), max_size=4)
+    if origin is tuple:
+        return st.tuples(*(strategy_for(t, name) for t in tp.__args__))
     if origin is dict:
         return st.dictionaries(strategy_for(tp.__args__[0]), strategy_for(tp.__args__[1]), max_size=3)
     if tp is str:

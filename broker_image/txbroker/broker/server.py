@@ -205,6 +205,7 @@ class Broker:
 
     async def promote(self, epoch: int) -> None:
         """Become master at `epoch`, which must be above every epoch this broker has seen."""
+        self._refuse_while_truncating()
         if epoch <= self.state.epoch:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"promotion needs an epoch above the current {self.state.epoch}, got {epoch}")
@@ -225,6 +226,7 @@ class Broker:
 
     async def demote(self, master: str, epoch: int) -> None:
         """Become a slave of `master`, which leads at `epoch` (not below ours)."""
+        self._refuse_while_truncating()
         if epoch < self.state.epoch:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"the new master's epoch {epoch} is below this broker's {self.state.epoch}")
@@ -238,6 +240,11 @@ class Broker:
         self.follower = ReplicationFollower(self, master)
         self.follower.start()
         log.warning("now a slave of %s (epoch %d)", master, epoch)
+
+    def _refuse_while_truncating(self) -> None:
+        if self.state.truncating:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               "this broker is truncating its log to rejoin its master; change its role when done")
 
     def fence(self, epoch: int, why: str) -> None:
         """A higher epoch exists: stop acting as master at once (no split brain)."""

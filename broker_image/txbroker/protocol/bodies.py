@@ -231,6 +231,9 @@ class ReplicaSubscribe(Struct, array_like=True, omit_defaults=True):
     next_lsn: int  # first record the slave needs
     epoch: int  # the highest epoch in the slave's log
     address: str = ""  # the slave's own data-plane address, for status
+    # Every (epoch, first LSN) of the slave's log: the master finds the last one both logs share
+    # and so where they part (KIP-101/279). A slave that sends none is compared by `epoch` alone.
+    epochs: list[tuple[int, int]] = []
 
 
 class ReplicaWelcome(Struct, array_like=True, omit_defaults=True):

@@ -75,6 +75,14 @@ def key_index_prefix(topic: str, key: str) -> bytes:
     return topic.encode() + b"\x00" + key.encode() + b"\x00"
 
 
+def key_entries(lsn: int, destinations, keyed):
+    """The key-index keys of record `lsn`'s keyed messages: (key, message index) pairs."""
+    for i, text in keyed:
+        topic = destinations[i][0]
+        for key in text.split():
+            yield key_index_prefix(topic, key) + cq_value(lsn, i), i
+
+
 def send_back_key(group: str, msg_id: str, reconsume_times: int) -> bytes:
     """Meta key of a consumer group's send-back of one message after its Nth failure."""
     return b"sendback/%s\x00%s\x00%d" % (group.encode(), msg_id.encode(), reconsume_times)

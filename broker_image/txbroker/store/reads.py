@@ -17,6 +17,7 @@ class MessageReader:
         self._state = state
         self._cache: OrderedDict[int, Record] = OrderedDict()
         self._cache_size = cache_records
+        state.on_truncate.append(self._cache.clear)  # a truncated LSN may come back with another record
 
     def record(self, lsn: int) -> Record | None:
         cache = self._cache

@@ -26,6 +26,7 @@ from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
 from txbroker.store.db import Database, last_item_with_prefix, last_key, open_database
 from txbroker.store.group_commit import Batch, GroupCommit, answer
+from txbroker.store.truncation import truncate
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
     CheckRecord, EndRecord, EpochRecord, FinishedTx, HalfRecord, NormalRecord, ParkRecord, PendingTx, Record,
@@ -73,6 +74,8 @@ class StateMachine:
         self.next_lsn = 1
         self.durable_lsn = 0  # written, and replicated as required: visible to readers
         self.local_durable_lsn = 0  # written to the local disk (what replication can ship)
+        self.truncating = False
+        self.on_truncate: list[Callable[[], None]] = []  # caches of records to drop after a truncation
         self._recover()
         self.recovery_seconds = time.perf_counter() - t0
 
@@ -82,6 +85,22 @@ class StateMachine:
         last = last_key(self.db.log)
         self.next_lsn = (keys.lsn_from_key(last) + 1) if last else 1
         self.durable_lsn = self.local_durable_lsn = self.next_lsn - 1
+        self._load_memory()
+        published = self.db.meta.get(PUBLISHED_KEY)
+        if published is not None:
+            self._published_marked = True
+            self._hide_unpublished(keys.lsn_from_key(published))
+        parked = sum(1 for p in self.pending.values() if p.state == PARKED)
+        log.info("recovered store %s: next LSN %d, epoch %d, %d topics, %d pending transactions (%d parked)",
+                 self.path, self.next_lsn, self.epoch, len(self.topics), len(self.pending) - parked, parked)
+
+    def _load_memory(self) -> None:
+        """What memory holds of the store (epochs, topics, pending transactions, queue ends), from disk."""
+        self.epochs.clear()
+        self.topics.clear()
+        self.pending.clear()
+        self._queue_end.clear()
+        self.visible_end.clear()
         for k, v in self.db.meta.items(from_key=b"epoch/"):
             if not k.startswith(b"epoch/"):
                 break
@@ -96,13 +115,6 @@ class StateMachine:
         for topic, count in list(self.topics.items()) + [(TRANS_CHECK_MAX_TIME_TOPIC, 1)]:
             for q in range(count):
                 self._load_queue_end(keys.queue_prefix(topic, q))
-        published = self.db.meta.get(PUBLISHED_KEY)
-        if published is not None:
-            self._published_marked = True
-            self._hide_unpublished(keys.lsn_from_key(published))
-        parked = sum(1 for p in self.pending.values() if p.state == PARKED)
-        log.info("recovered store %s: next LSN %d, epoch %d, %d topics, %d pending transactions (%d parked)",
-                 self.path, self.next_lsn, self.epoch, len(self.topics), len(self.pending) - parked, parked)
 
     @property
     def epoch(self) -> int:
@@ -147,6 +159,19 @@ class StateMachine:
         if kind is ParkRecord:
             return [(keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0), o) for o in record.queue_offsets]
         return []
+
+    def shared_end(self, their_epochs: list[tuple[int, int]], their_last: int) -> int:
+        """The last LSN up to which another broker's log (its epochs and last LSN) equals ours.
+
+        Epoch numbers are never reused, so two logs that hold epoch E beginning at the same LSN
+        hold the same records of E as far as both go; past the last such epoch they differ."""
+        ours = dict(self.epochs)
+        for i in range(len(their_epochs) - 1, -1, -1):
+            epoch, start = their_epochs[i]
+            if ours.get(epoch) == start:
+                their_end = their_epochs[i + 1][1] - 1 if i + 1 < len(their_epochs) else their_last
+                return min(self.epoch_end(epoch), their_end)
+        return 0
 
     def _load_queue_end(self, prefix: bytes) -> int:
         last = last_item_with_prefix(self.db.cq, prefix)
@@ -322,11 +347,8 @@ class StateMachine:
 
     def _index_keys(self, b: Batch, lsn: int, destinations, offsets, keyed) -> None:
         """Key-index entries (lookup by message key) for the keyed messages of a visible record."""
-        for i, text in keyed:
-            topic = destinations[i][0]
-            for key in text.split():
-                b.wb.put(keys.key_index_prefix(topic, key) + keys.cq_value(lsn, i), keys.lsn_key(offsets[i]),
-                         self._h_keys)
+        for key, i in keys.key_entries(lsn, destinations, keyed):
+            b.wb.put(key, keys.lsn_key(offsets[i]), self._h_keys)
 
     def send_back_lsn(self, key: bytes) -> int | None:
         """Where the send-back `key` was stored, if it was."""
@@ -387,52 +409,24 @@ class StateMachine:
     # ---- truncation (a returning old master rejoins as a slave) ------------------------------
 
     async def truncate_after(self, last_kept: int) -> int:
-        """Drop log records after `last_kept` and rebuild all derived state from the log.
-
-        Derived state cannot be un-applied record by record, so it is rebuilt by replaying the kept
-        log: slow for a long log, but it runs only when a deposed master rejoins with records the
-        new master never had. Returns how many records were dropped.
-        """
-        await self.writer.drain()
-        dropped = self.next_lsn - 1 - last_kept
-        log.warning("truncating the log after LSN %d (%d records the new master does not have); "
-                    "rebuilding derived state from the log", last_kept, dropped)
-        db = self.db
-        if dropped > 0:
-            db.log.delete_range(keys.lsn_key(last_kept + 1), keys.lsn_key(2**64 - 1))
-        for cf in (db.cq, db.pending, db.tx, db.offsets, db.keys):
-            cf.delete_range(b"", b"\xff" * 16)
-        db.meta.delete_range(b"epoch/", b"epoch0")
-        db.meta.delete_range(b"topic/", b"topic0")
-        db.meta.delete_range(b"sendback/", b"sendback0")
-        db.meta.delete(PUBLISHED_KEY)
-        self._published_marked = False
-        self.topics.clear()
-        self.pending.clear()
-        self._queue_end.clear()
-        self.visible_end.clear()
-        self.epochs.clear()
+        """Drop the log records after `last_kept` and what was derived from them; see truncation.py.
+        Returns how many records were dropped."""
+        self.truncating = True
+        try:
+            await self.writer.drain()
+            dropped = truncate(self, last_kept)
+        finally:
+            self.truncating = False
+        self.next_lsn = last_kept + 1
+        self.durable_lsn = self.local_durable_lsn = last_kept
         self._unpublished.clear()
         self._finishing.clear()
         self._unwritten_send_backs.clear()
-        self.next_lsn = 1
-        replayed = 0
-        for k, raw in db.log.items():
-            lsn = keys.lsn_from_key(k)
-            if lsn > last_kept:
-                break
-            b = self.writer.batch()
-            self._apply(decode_record(raw), lsn, b)
-            b.last_lsn = lsn
-            self.next_lsn = lsn + 1
-            replayed += 1
-            if replayed % 10_000 == 0:
-                await self.writer.drain()
-                log.info("rebuild: %d records replayed", replayed)
-        await self.writer.drain()
-        self.durable_lsn = self.local_durable_lsn = self.next_lsn - 1
-        log.warning("rebuild done: %d records replayed, log end %d", replayed, self.next_lsn - 1)
-        return max(dropped, 0)
+        self._published_marked = False
+        self._load_memory()
+        for forget in self.on_truncate:
+            forget()
+        return dropped
 
     # ---- waiting for visibility (long polling) -------------------------------------------------
 

@@ -83,7 +83,7 @@ class ReplicationFollower:
             await authenticate(conn, Credentials(*creds), 10.0)
         state = self._state
         req = ReplicaSubscribe(self._broker.config.broker_name, state.next_lsn, state.epoch,
-                               self._broker.config.listen)
+                               self._broker.config.listen, list(state.epochs))
         frame = await conn.call(RequestCode.REPLICATION_SUBSCRIBE, encode(req), 10.0)
         if frame.code != ResponseCode.SUCCESS:
             self.last_error = f"{code_name(frame.code)}: {_error.decode(frame.body).remark}"

@@ -91,7 +91,8 @@ class ReplicationLeader:
         if req.next_lsn < 1:
             return error(ResponseCode.MESSAGE_ILLEGAL, f"next_lsn must be at least 1, got {req.next_lsn}")
         last = req.next_lsn - 1
-        shared_end = state.epoch_end(req.epoch) if req.epoch < state.epoch else state.next_lsn - 1
+        shared_end = state.shared_end(req.epochs, last) if req.epochs else (
+            state.epoch_end(req.epoch) if req.epoch < state.epoch else state.next_lsn - 1)
         if last > shared_end:
             log.warning("slave %s has records %d..%d this master does not share (its epoch %d, ours %d): "
                         "it must truncate after %d", req.slave_name, shared_end + 1, last, req.epoch, state.epoch,

@@ -1,0 +1,136 @@
+"""Truncating the log: a rejoining broker drops the records its new master never had.
+
+Everything happens in one WriteBatch: the log records after the kept LSN go, and with them what
+they derived (queue-index and key-index entries, send-back keys, epochs), and the state they
+changed is derived again from the kept log, only where they changed it:
+- transactions they touched: from each one's half record on, replaying only that transaction's
+  records (a long-pending transaction makes this walk longer, nothing else does);
+- consumer offsets and topics they set: the latest kept record that set each, walking back.
+A kill at any point leaves the store as it was before the truncation or after it, never between,
+so recovery has nothing to finish (no marker, no resumable state); the caller reloads memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from rocksdict import WriteBatch
+
+from txbroker.store import keys
+from txbroker.store.db import sync_write_options
+from txbroker.store.group_commit import Batch
+from txbroker.store.records import (
+    CheckRecord, EndRecord, EpochRecord, HalfRecord, NormalRecord, OffsetRecord, ParkRecord, ResumeRecord,
+    TopicRecord, decode_finished, decode_pending, decode_record,
+)
+
+if TYPE_CHECKING:
+    from txbroker.store.state import StateMachine
+
+log = logging.getLogger(__name__)
+
+_TX_RECORDS = (HalfRecord, EndRecord, ParkRecord, ResumeRecord)
+
+
+def truncate(state: "StateMachine", last_kept: int) -> int:
+    """Drop records after `last_kept` and their effects, atomically; returns how many were dropped."""
+    db, h = state.db, state.db.handles
+    dropped = [(keys.lsn_from_key(k), decode_record(raw)) for k, raw in db.log.items(from_key=keys.lsn_key(last_kept + 1))]
+    if not dropped:
+        return 0
+    log.warning("truncating the log after LSN %d: %d records the master does not have", last_kept, len(dropped))
+    scratch = Batch(None)  # the state machine's own apply code writes into this batch
+    wb: WriteBatch = scratch.wb
+    wb.delete_range(keys.lsn_key(last_kept + 1), keys.lsn_key(2**64 - 1), h["log"])
+    txids: set[str] = set()
+    offsets: set[tuple[str, str, int]] = set()
+    topics: set[str] = set()
+    for lsn, r in dropped:
+        for prefix, offset in state._queue_entries(r):
+            wb.delete(keys.cq_key(prefix, offset), h["cq"])
+        kind = type(r)
+        if kind is NormalRecord:
+            keyed = [(i, m.keys) for i, m in enumerate(r.messages) if m.keys]
+            for key, _i in keys.key_entries(lsn, [(m.topic, m.queue_id) for m in r.messages], keyed):
+                wb.delete(key, h["keys"])
+            if r.send_back:
+                wb.delete(r.send_back, h["meta"])
+        elif kind is EndRecord:
+            txids.add(r.transaction_id)
+            if r.queue_offsets:  # a commit indexed its messages' keys under the half record's LSN
+                half = decode_record(db.log[keys.lsn_key(r.half_lsn)])
+                keyed = [(i, m.keys) for i, m in enumerate(half.messages) if m.keys]
+                for key, _i in keys.key_entries(r.half_lsn, [(m.topic, m.queue_id) for m in half.messages], keyed):
+                    wb.delete(key, h["keys"])
+        elif kind in _TX_RECORDS:
+            txids.add(r.transaction_id)
+        elif kind is CheckRecord:
+            txids.update(r.transaction_ids)
+        elif kind is OffsetRecord:
+            offsets.update((r.consumer_group, t, q) for t, q, _ in r.offsets)
+        elif kind is TopicRecord:
+            topics.add(r.name)
+        elif kind is EpochRecord:
+            wb.delete(b"epoch/" + keys.lsn_key(r.epoch), h["meta"])
+    _rederive_transactions(state, scratch, txids, last_kept)
+    _rederive_latest(state, wb, offsets, topics, last_kept)
+    wb.delete(b"published", h["meta"])
+    db.db.write(wb, sync_write_options())
+    log.warning("truncated %d records after LSN %d (%d transactions, %d consumer offsets, %d topics re-derived)",
+                len(dropped), last_kept, len(txids), len(offsets), len(topics))
+    return len(dropped)
+
+
+def _rederive_transactions(state: "StateMachine", scratch: Batch, txids: set[str], last_kept: int) -> None:
+    """Each touched transaction's entry again, from its kept records (none: it is gone)."""
+    if not txids:
+        return
+    db, h = state.db, state.db.handles
+    first = last_kept + 1
+    for txid in txids:
+        key = txid.encode()
+        scratch.wb.delete(key, h["pending"])
+        scratch.wb.delete(key, h["tx"])
+        state.pending.pop(txid, None)
+        stored = db.pending.get(key)
+        half_lsn = decode_pending(stored).half_lsn if stored is not None else None
+        if half_lsn is None and (stored := db.tx.get(key)) is not None:
+            half_lsn = decode_finished(stored).half_lsn
+        if half_lsn is not None:
+            first = min(first, half_lsn)
+    for k, raw in state.db.log.items(from_key=keys.lsn_key(first)):
+        lsn = keys.lsn_from_key(k)
+        if lsn > last_kept:
+            break
+        r = decode_record(raw)
+        kind = type(r)
+        if kind in _TX_RECORDS and r.transaction_id in txids:
+            state._apply(r, lsn, scratch)
+        elif kind is CheckRecord and not txids.isdisjoint(r.transaction_ids):
+            state._apply(CheckRecord([t for t in r.transaction_ids if t in txids], r.check_ms), lsn, scratch)
+
+
+def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics: set[str], last_kept: int) -> None:
+    """Consumer offsets and topics as the latest kept record set them (walking the log back)."""
+    if not offsets and not topics:
+        return
+    h = state.db.handles
+    offsets, topics = set(offsets), set(topics)
+    it = state.db.log.iter()
+    it.seek_for_prev(keys.lsn_key(last_kept))
+    while it.valid() and (offsets or topics):
+        r = decode_record(it.value())
+        if type(r) is OffsetRecord:
+            for topic, queue, offset in r.offsets:
+                if (r.consumer_group, topic, queue) in offsets:
+                    offsets.discard((r.consumer_group, topic, queue))
+                    wb.put(keys.offset_key(r.consumer_group, topic, queue), keys.lsn_key(offset), h["offsets"])
+        elif type(r) is TopicRecord and r.name in topics:
+            topics.discard(r.name)
+            wb.put(b"topic/" + r.name.encode(), str(r.queue_count).encode(), h["meta"])
+        it.prev()
+    for group, topic, queue in offsets:  # set only by dropped records
+        wb.delete(keys.offset_key(group, topic, queue), h["offsets"])
+    for name in topics:
+        wb.delete(b"topic/" + name.encode(), h["meta"])

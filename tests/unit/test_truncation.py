@@ -1,0 +1,130 @@
+"""Truncation on a real store (issue 23, defect 5): after dropping the records past any LSN, the store
+holds exactly what a store that only ever had the kept records holds, in every column family; and
+it gets there in one write, so a kill cannot leave it between."""
+
+import asyncio
+import random
+
+import pytest
+
+from txbroker.protocol.bodies import Message
+from txbroker.protocol.codes import TransactionState
+from txbroker.store import keys
+from txbroker.store.db import COLUMN_FAMILIES
+from txbroker.store.records import (
+    CheckRecord, EndRecord, EpochRecord, HalfRecord, NormalRecord, OffsetRecord, ParkRecord, ResumeRecord,
+    TopicRecord,
+)
+from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
+
+
+def history(seed: int, s: StateMachine, n: int = 120) -> None:
+    """A random mix of every record kind, appended as the broker's services append them."""
+    rnd = random.Random(seed)
+    reserve = s.reserve_offsets
+    s.append(EpochRecord(1, "a", 0))
+    for i in range(n):
+        pending = [p for p in s.pending.values()]
+        what = rnd.choice(["half", "half", "end", "end", "normal", "check", "park", "resume", "offset", "topic",
+                           "epoch"])
+        if what == "half":
+            msgs = [Message(rnd.choice("TU"), f"h{i}-{j}".encode(), keys=rnd.choice(["", f"k{i}"]),
+                            queue_id=rnd.randrange(2)) for j in range(rnd.randint(1, 3))]
+            s.append(HalfRecord(f"tx{i}", "g", i, msgs))
+        elif what == "end" and pending:
+            p = rnd.choice(pending)
+            commit = rnd.random() < 0.7
+            offsets = [reserve(keys.queue_prefix(*d), 1) for d in p.destinations] if commit else []
+            s.append(EndRecord(p.transaction_id, p.half_lsn,
+                               TransactionState.COMMIT if commit else TransactionState.ROLLBACK, i, offsets))
+        elif what == "normal":
+            topic, q = rnd.choice("TU"), rnd.randrange(2)
+            msgs = [Message(topic, f"n{i}-{j}".encode(), keys=f"k{i}", queue_id=q) for j in range(rnd.randint(1, 3))]
+            start = reserve(keys.queue_prefix(topic, q), len(msgs))
+            s.append(NormalRecord(i, msgs, list(range(start, start + len(msgs))),
+                                  keys.send_back_key("cg", f"m{i}", 0) if rnd.random() < 0.3 else b""))
+        elif what == "check" and pending:
+            s.append(CheckRecord([p.transaction_id for p in rnd.sample(pending, min(3, len(pending)))], i))
+        elif what == "park" and [p for p in pending if p.state == "PREPARED"]:
+            p = rnd.choice([p for p in pending if p.state == "PREPARED"])
+            s.append(ParkRecord(p.transaction_id, i, [reserve(keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0), 1)
+                                                      for _ in p.destinations]))
+        elif what == "resume" and [p for p in pending if p.state == "PARKED"]:
+            s.append(ResumeRecord(rnd.choice([p for p in pending if p.state == "PARKED"]).transaction_id, i))
+        elif what == "offset":
+            s.append(OffsetRecord(rnd.choice(["cg", "cg2"]), [(rnd.choice("TU"), rnd.randrange(2), rnd.randrange(9))]))
+        elif what == "topic":
+            s.append(TopicRecord(rnd.choice(["T", "U", f"New{i % 3}"]), rnd.randint(2, 4)))
+        elif what == "epoch":
+            s.append(EpochRecord(s.epoch + 1, "a", i))
+
+
+def contents(s: StateMachine) -> dict:
+    db = s.db
+    out = {name: dict(getattr(db, name).items()) for name in COLUMN_FAMILIES}
+    out["meta"].pop(b"format", None)
+    return out
+
+
+def memory(s: StateMachine) -> dict:
+    return {"pending": {k: (p.checks, p.state) for k, p in s.pending.items()}, "topics": dict(s.topics),
+            "epochs": list(s.epochs), "next_lsn": s.next_lsn, "ends": {t: [s.queue_end(t, q) for q in range(2)]
+                                                                        for t in ("T", "U")}}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_truncation_leaves_what_a_store_of_the_kept_records_holds(tmp_path, seed):
+    async def main():
+        full = StateMachine(str(tmp_path / "full"), False, lambda e: None)
+        history(seed, full)
+        await full.writer.drain()
+        last_kept = random.Random(seed).randrange(1, full.next_lsn - 1)
+        reference = StateMachine(str(tmp_path / "ref"), False, lambda e: None)
+        for k, raw in full.db.log.items():
+            if keys.lsn_from_key(k) > last_kept:
+                break
+            reference.apply_replicated(keys.lsn_from_key(k), raw)
+        await reference.writer.drain()
+
+        log_end = full.next_lsn - 1
+        assert await full.truncate_after(last_kept) == log_end - last_kept
+        assert contents(full) == contents(reference)
+        assert memory(full) == memory(reference)
+        await full.close()
+        reopened = StateMachine(str(tmp_path / "full"), False, lambda e: None)
+        assert memory(reopened) == memory(reference)
+        await reopened.close()
+        await reference.close()
+
+    asyncio.run(main())
+
+
+def test_a_failed_truncation_write_changes_nothing(tmp_path):
+    """The one write is the whole truncation: if it does not happen (a kill), the store is as it was."""
+    class Killed(Exception):
+        pass
+
+    class KilledAtWrite:
+        def __init__(self, db):
+            self._db = db
+
+        def write(self, *_args):
+            raise Killed
+
+        def __getattr__(self, name):
+            return getattr(self._db, name)
+
+    async def main():
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        history(3, s)
+        await s.writer.drain()
+        before = contents(s)
+        real = s.db.db
+        s.db.db = KilledAtWrite(real)
+        with pytest.raises(Killed):
+            await s.truncate_after(5)
+        s.db.db = real
+        assert contents(s) == before
+        await s.close()
+
+    asyncio.run(main())
