@@ -1,0 +1,154 @@
+"""Push consumer faults against real brokers: a batch whose listener fails as the consumer shuts down
+is not lost, and a queue the broker refuses for a while is consumed again once it stops refusing
+(issue 23, defects 7 and 8)."""
+
+import asyncio
+import logging
+import threading
+
+from conftest import metric, wait_until, write_credentials
+from txbroker.client import (
+    AsyncPushConsumer, ConsumeOrderlyStatus, ConsumeStatus, Credentials, Message, Producer, PushConsumer,
+)
+from txbroker.client.admin import AdminClient
+
+FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, offset_commit_interval=0.2, long_poll_ms=500)
+ADMIN = Credentials("admin", "admin-secret")
+APP = Credentials("app", "app-secret")
+
+
+class Collect:
+    def __init__(self):
+        self.seen = []
+        self.lock = threading.Lock()
+
+    def __call__(self, msgs, ctx):
+        with self.lock:
+            self.seen.extend(m.body.decode() for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    def bodies(self):
+        with self.lock:
+            return list(self.seen)
+
+
+def one_queue_topic(b, name, credentials=None):
+    """A topic of one queue, so that every message of the test is on the queue the test disturbs."""
+    AdminClient(b.admin_url, credentials=credentials).post("/api/v1/topics", {"name": name, "queues": 1})
+
+
+def send(b, topic, *bodies, credentials=None):
+    with Producer("pg", b.address, credentials=credentials) as p:
+        p.send([Message(topic, body.encode()) for body in bodies])
+
+
+# ---- defect 7: a batch failing at shutdown ----------------------------------------------------------
+
+def test_batch_that_fails_as_shutdown_begins_is_consumed_after_a_restart(broker_factory):
+    b = broker_factory("--message-delay-level", " ".join(["100ms"] * 18))
+    one_queue_topic(b, "Jobs")
+    send(b, "Jobs", "j0", "j1", "slow", "j3")
+    first_run = set()
+
+    async def run_until_shutdown():
+        in_listener, app_stopping = asyncio.Event(), asyncio.Event()
+
+        async def listener(msgs, ctx):
+            for m in msgs:
+                if m.body == b"slow":
+                    in_listener.set()
+                    await app_stopping.wait()  # the application is going down: leave it for later
+                    return ConsumeStatus.RECONSUME_LATER
+                first_run.add(m.body.decode())
+            return ConsumeStatus.CONSUME_SUCCESS
+
+        c = await AsyncPushConsumer("jobs-cg", b.address, "Jobs", listener, **FAST).start()
+        await asyncio.wait_for(in_listener.wait(), 15)
+        stopping = asyncio.ensure_future(c.shutdown())
+        await asyncio.sleep(0)  # let shutdown begin: the listener gives up once it has
+        app_stopping.set()
+        await stopping
+
+    asyncio.run(run_until_shutdown())
+    assert "slow" not in first_run
+    again = Collect()
+    with PushConsumer("jobs-cg", b.address, "Jobs", again, **FAST):
+        wait_until(lambda: "slow" in again.bodies(), 20, what="the failed message after the restart")
+    assert first_run | set(again.bodies()) == {"j0", "j1", "slow", "j3"}
+
+
+# ---- defect 8: a queue refused for a while ------------------------------------------------------------
+
+def users(app_topics, app_groups):
+    return {"admin": {"admin": True},
+            "app": {"topics": app_topics, "producer_groups": ["pg"], "consumer_groups": app_groups}}
+
+
+def reload_credentials(b, path, content):
+    """Rewrite the broker's credentials file and wait until it has read it (it polls the file)."""
+    def reloads():
+        return AdminClient(b.admin_url, credentials=ADMIN).get("/api/v1/broker")["security"]["auth"]["reloads"]
+    before = reloads()
+    write_credentials(path, content)
+    wait_until(lambda: reloads() > before, what="the credentials reload")
+
+
+def test_queue_refused_for_a_while_is_consumed_again_and_the_failures_are_counted(broker_factory, tmp_path, caplog):
+    # An operator's ACL edit takes SUB on the topic away from the consumer's key for a moment.
+    # Looking the route up needs either right, so only the queue's pulls are refused.
+    creds = write_credentials(tmp_path / "credentials.toml", users(["Jobs=PUB|SUB"], ["jobs-cg"]))
+    b = broker_factory("--auth-file", str(creds))
+    one_queue_topic(b, "Jobs", ADMIN)
+    got = Collect()
+    with PushConsumer("jobs-cg", b.address, "Jobs", got, credentials=APP, **FAST) as consumer:
+        send(b, "Jobs", "before", credentials=APP)
+        wait_until(lambda: "before" in got.bodies(), what="the first message")
+
+        refused_before = metric(b, "txbroker_access_denied_total", right="sub")
+        reload_credentials(b, creds, users(["Jobs=PUB"], ["jobs-cg"]))
+        wait_until(lambda: metric(b, "txbroker_access_denied_total", right="sub") >= refused_before + 3, 30,
+                   what="the consumer to keep trying the refused queue (three refused pulls)")
+        reload_credentials(b, creds, users(["Jobs=PUB|SUB"], ["jobs-cg"]))
+
+        send(b, "Jobs", "after", credentials=APP)
+        wait_until(lambda: "after" in got.bodies(), 30, what="a message sent after the refusals ended")
+        assert consumer.stats.queue_errors >= 3
+    assert got.bodies() == ["before", "after"]
+    # Not one line per refused pull: one when the queue starts failing (then a count of the repeats
+    # now and then, not reached here), one when it works again.
+    about_queue = [r for r in caplog.records if r.levelno >= logging.WARNING and "Jobs:0" in r.getMessage()]
+    assert 1 <= len(about_queue) <= 2, [r.getMessage() for r in about_queue]
+
+
+def test_orderly_queue_whose_offset_commit_is_refused_goes_on(broker_factory, tmp_path):
+    # The consumer group's right is taken away while a message is in the listener: the commit that
+    # follows it is refused (then the pulls too, until the right comes back).
+    creds = write_credentials(tmp_path / "credentials.toml", users(["Seq=PUB|SUB"], ["seq-cg"]))
+    b = broker_factory("--auth-file", str(creds))
+    one_queue_topic(b, "Seq", ADMIN)
+    consumed, in_listener, go_on = [], threading.Event(), threading.Event()
+
+    def orderly(msgs, ctx):
+        for m in msgs:
+            if m.body == b"first":
+                in_listener.set()
+                go_on.wait(15)
+            consumed.append(m.body.decode())
+        return ConsumeOrderlyStatus.SUCCESS
+
+    # Nothing else of this consumer's needs the group's right while the message is in the listener.
+    quiet = dict(heartbeat_interval=3600, rebalance_interval=3600, offset_commit_interval=3600, long_poll_ms=500)
+    with PushConsumer("seq-cg", b.address, "Seq", orderly, orderly=True, credentials=APP, **quiet) as consumer:
+        send(b, "Seq", "first", credentials=APP)
+        assert in_listener.wait(15)
+        refused_before = metric(b, "txbroker_access_denied_total", right="consumer_group")
+        reload_credentials(b, creds, users(["Seq=PUB|SUB"], []))
+        go_on.set()
+        wait_until(lambda: metric(b, "txbroker_access_denied_total", right="consumer_group") > refused_before,
+                   what="the offset commit to be refused")
+        reload_credentials(b, creds, users(["Seq=PUB|SUB"], ["seq-cg"]))
+
+        send(b, "Seq", "second", credentials=APP)
+        wait_until(lambda: "second" in consumed, 30, what="a message sent after the refusal ended")
+        assert consumer.stats.queue_errors >= 1
+    assert consumed == ["first", "second"]
