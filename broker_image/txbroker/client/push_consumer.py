@@ -13,6 +13,10 @@ while held; SUSPEND_CURRENT_QUEUE_A_MOMENT retries the same messages after a pau
 is reordered or skipped.
 
 Broadcasting: every member consumes every queue; offsets are kept in a local file.
+
+A failed request of a queue's loop (a pull refused or timed out, an offset commit) is retried after
+a pause that doubles up to 10 s; it is logged once, then as a count of repeats every minute, and
+counted in `consumer.stats`.
 """
 
 from __future__ import annotations
@@ -68,6 +72,47 @@ class ConsumeFrom(enum.Enum):
 
 
 @dataclass
+class ConsumerStats:
+    """Counters a user can read: the client has no metrics registry of its own."""
+
+    queue_errors: int = 0  # failed requests of a queue's loop (pull, offset commit, ...), each retried
+    send_back_errors: int = 0  # failed send-backs of messages the listener did not consume, each retried
+
+
+class _Retrying:
+    """Backoff and logging for something retried until it works. A broker refusing every request
+    must not fill the log: one warning when the failures start, then a count every `report_every`
+    seconds, and one when it works again."""
+
+    def __init__(self, what: str, first_delay: float = 0.5, max_delay: float = 10.0, report_every: float = 60.0):
+        self.what = what
+        self.first_delay, self.max_delay, self.report_every = first_delay, max_delay, report_every
+        self.failures = 0  # in a row
+        self._unreported = 0
+        self._reported_at = 0.0
+
+    def failed(self, error: Exception) -> float:
+        """Count and perhaps log a failure; returns the pause before the next try."""
+        self.failures += 1
+        now = time.monotonic()
+        if self.failures == 1:
+            log.warning("%s failed: %s; retrying", self.what, error)
+            self._reported_at, self._unreported = now, 0
+        else:
+            self._unreported += 1
+            if now - self._reported_at >= self.report_every:
+                log.warning("%s failed %d more times in the last %.0f s (%d in a row); last: %s", self.what,
+                            self._unreported, now - self._reported_at, self.failures, error)
+                self._reported_at, self._unreported = now, 0
+        return min(self.first_delay * 2 ** min(self.failures - 1, 16), self.max_delay)
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.warning("%s works again after %d failures", self.what, self.failures)
+            self.failures = 0
+
+
+@dataclass
 class ConsumeContext:
     topic: str
     queue_id: int
@@ -108,7 +153,8 @@ class AsyncPushConsumer:
                  pull_batch_size: int = 32, max_reconsume_times: int = 16, heartbeat_interval: float = 10.0,
                  rebalance_interval: float = 20.0, offset_commit_interval: float = 5.0,
                  suspend_current_queue_time_ms: int = 1000, lock_lease_ms: int = 60_000, long_poll_ms: int = 15_000,
-                 offset_store_dir: str | None = None, request_timeout: float = 10.0, credentials=None, tls=None):
+                 offset_store_dir: str | None = None, request_timeout: float = 10.0, await_termination_ms: int = 30_000,
+                 credentials=None, tls=None):
         if not group:
             raise ValueError("a push consumer needs a consumer group")
         parse_tags(tags)  # raises TagExpressionError naming the bad expression
@@ -131,8 +177,13 @@ class AsyncPushConsumer:
         self._slots = asyncio.Semaphore(consume_threads)
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._tasks: list[asyncio.Task] = []
+        self._consuming: set[asyncio.Task] = set()  # batches handed to the listener (concurrent mode)
+        self.await_termination_s = await_termination_ms / 1000
         self._rebalance_now = asyncio.Event()
         self._running = False
+        self._closed = False
+        self.stats = ConsumerStats()
+        self._send_back_retrying = _Retrying(f"consumer {group}: sending messages back")
         self._offset_file = (os.path.join(offset_store_dir or os.path.expanduser("~/.txbroker/offsets"),
                                           f"{group}.json") if message_model is MessageModel.BROADCASTING else None)
 
@@ -149,17 +200,26 @@ class AsyncPushConsumer:
         return self
 
     async def shutdown(self) -> None:
-        """Stop pulling, let in-flight messages finish, commit offsets, release locks, leave the group."""
+        """Stop pulling, let in-flight messages finish (at most `await_termination_ms`), commit offsets,
+        release locks, leave the group."""
         self._running = False
         self._rebalance_now.set()
         for t in self._tasks:
             await stop_task(t)
+        for q in list(self._queues.values()):
+            q.stopped = True
+            await stop_task(q.task)
+        # A batch the listener fails now must still go back to the broker before the commit below
+        # moves past it; one still running when the wait ends keeps its offset held.
+        if self._consuming:
+            await asyncio.wait(set(self._consuming), timeout=self.await_termination_s)
         for q in list(self._queues.values()):
             await self._drop(q)
         try:
             await self.client.request(RequestCode.UNREGISTER_CLIENT, ConsumerListRequest(self.group), retry=False)
         except ClientError:
             pass
+        self._closed = True
         await self.client.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -275,41 +335,50 @@ class AsyncPushConsumer:
     # ---- pulling and consuming ---------------------------------------------------------------------
 
     async def _consume_queue(self, q: _Queue) -> None:
-        tags = "" if q.topic.startswith(RETRY_PREFIX) else self.tags
+        # Nothing else would ever read this queue again if its loop ended: every failure is retried.
+        retrying = _Retrying(f"consumer {self.group}: queue {q.topic}:{q.queue_id}")
         while self._running and not q.stopped:
-            if self.orderly and not await self._hold_lock(q):
-                await asyncio.sleep(min(self.lease_ms / 3000, 1.0))
-                continue
             try:
-                r: PullResponse = await self.client.request(
-                    RequestCode.PULL_MESSAGE,
-                    PullRequest(q.topic, q.queue_id, q.next_pull, self.pull_batch, self.long_poll_ms, self.group, tags),
-                    PullResponse, timeout=self.client.request_timeout + self.long_poll_ms / 1000)
-            except BrokerError as e:
-                if e.code == ResponseCode.PULL_OFFSET_MOVED:
-                    log.warning("consumer %s: %s; starting %s:%d at its end", self.group, e.remark, q.topic, q.queue_id)
-                    q.next_pull = q.consumed_to = (await self._start_offsets_at_end(q))
-                    continue
-                raise
+                await self._pull_and_consume(q)
             except ClientError as e:
-                log.warning("consumer %s: pull %s:%d failed: %s", self.group, q.topic, q.queue_id, e)
-                await asyncio.sleep(1.0)
-                continue
-            if q.stopped:
-                return  # not ours any more: another member consumes from the committed offset
-            msgs = [self._present(m) for m in r.messages]
-            if not msgs:
-                q.next_pull = r.next_offset
-                continue
-            if self.orderly:
-                await self._consume_orderly(q, msgs)
+                self.stats.queue_errors += 1
+                await asyncio.sleep(retrying.failed(e))
             else:
-                for i in range(0, len(msgs), self.batch_max):
-                    batch = msgs[i:i + self.batch_max]
-                    q.in_flight.update(m.queue_offset for m in batch)
-                    await self._slots.acquire()
-                    asyncio.ensure_future(self._consume_concurrently(q, batch))
+                retrying.succeeded()
+
+    async def _pull_and_consume(self, q: _Queue) -> None:
+        if self.orderly and not await self._hold_lock(q):
+            await asyncio.sleep(min(self.lease_ms / 3000, 1.0))
+            return
+        tags = "" if q.topic.startswith(RETRY_PREFIX) else self.tags
+        try:
+            r: PullResponse = await self.client.request(
+                RequestCode.PULL_MESSAGE,
+                PullRequest(q.topic, q.queue_id, q.next_pull, self.pull_batch, self.long_poll_ms, self.group, tags),
+                PullResponse, timeout=self.client.request_timeout + self.long_poll_ms / 1000)
+        except BrokerError as e:
+            if e.code != ResponseCode.PULL_OFFSET_MOVED:
+                raise
+            log.warning("consumer %s: %s; starting %s:%d at its end", self.group, e.remark, q.topic, q.queue_id)
+            q.next_pull = q.consumed_to = (await self._start_offsets_at_end(q))
+            return
+        if q.stopped:
+            return  # not ours any more: another member consumes from the committed offset
+        msgs = [self._present(m) for m in r.messages]
+        if not msgs:
             q.next_pull = r.next_offset
+            return
+        if self.orderly:
+            await self._consume_orderly(q, msgs)
+        else:
+            for i in range(0, len(msgs), self.batch_max):
+                batch = msgs[i:i + self.batch_max]
+                q.in_flight.update(m.queue_offset for m in batch)
+                await self._slots.acquire()
+                task = asyncio.ensure_future(self._consume_concurrently(q, batch))
+                self._consuming.add(task)
+                task.add_done_callback(self._consuming.discard)
+        q.next_pull = r.next_offset
 
     async def _start_offsets_at_end(self, q: _Queue) -> int:
         r: QueryOffsetsResponse = await self.client.request(
@@ -348,14 +417,17 @@ class AsyncPushConsumer:
         if self.model is MessageModel.BROADCASTING:
             log.warning("consumer %s: broadcasting mode has no retries; message %s dropped", self.group, m.msg_id)
             return
-        while self._running:
+        # Until the client closes, not while running: a batch failing as shutdown begins still goes
+        # back. The offset stays held (in flight) until the broker has the message.
+        while not self._closed:
             try:
                 await self.client.request(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackRequest(
                     self.group, m.msg_id, q.topic, m.reconsume_times, self.max_reconsume_times))
+                self._send_back_retrying.succeeded()
                 return
-            except ClientError as e:  # keep the offset held until the broker has it back
-                log.warning("consumer %s: send-back of %s failed (%s); retrying", self.group, m.msg_id, e)
-                await asyncio.sleep(1.0)
+            except ClientError as e:
+                self.stats.send_back_errors += 1
+                await asyncio.sleep(self._send_back_retrying.failed(e))
 
     async def _consume_orderly(self, q: _Queue, msgs: list[MessageExt]) -> None:
         i = 0
@@ -461,6 +533,10 @@ class PushConsumer:
     @property
     def assigned(self) -> list[tuple[str, int]]:
         return self._async.assigned if self._async else []
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self._async.stats if self._async else ConsumerStats()
 
     def shutdown(self) -> None:
         if self._async is not None:
