@@ -53,6 +53,9 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     replication_mode: Literal["SYNC", "ASYNC"] = "ASYNC"
     sync_replicas: int = 1
     replication_timeout_ms: int = 3_000  # then FLUSH_SLAVE_TIMEOUT
+    # An idle replication link carries a heartbeat this often; a link silent for
+    # SILENT_HEARTBEATS of them (a paused or cut-off peer sends no FIN) is dropped by either side.
+    replication_heartbeat_ms: int = 1_000
     slave_read_enable: bool = False  # a slave serves pulls of replicated messages
     auto_create_topic: bool = True
     default_queue_count: int = 4
@@ -100,6 +103,8 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"max_message_size must be between 1 KiB and 64 MiB, got {self.max_message_size}")
         if not 1 <= self.sync_replicas <= 8:
             raise ConfigError(f"sync_replicas must be between 1 and 8, got {self.sync_replicas}")
+        if self.replication_heartbeat_ms < 10:
+            raise ConfigError(f"replication_heartbeat_ms must be at least 10, got {self.replication_heartbeat_ms}")
         if self.replication_timeout_ms < 10:
             raise ConfigError(f"replication_timeout_ms must be at least 10, got {self.replication_timeout_ms}")
         self._validate_security()

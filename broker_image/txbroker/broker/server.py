@@ -187,6 +187,8 @@ class Broker:
         await self._watcher.stop()
         await self.check_service.stop()
         await self.schedule.stop()
+        if self.leader.active:
+            self.leader.detach("the broker is stopping")
         if self._housekeeping is not None:
             self._housekeeping.cancel()
         if self.follower is not None:

@@ -29,6 +29,9 @@ def register(sub) -> None:
     p.add_argument("--sync-replicas", type=int, help="slaves that must acknowledge a SYNC write (default 1)")
     p.add_argument("--replication-timeout-ms", type=int,
                    help="wait this long for slave acknowledgements, then answer FLUSH_SLAVE_TIMEOUT (default 3000)")
+    p.add_argument("--replication-heartbeat-ms", type=int,
+                   help="the master sends a heartbeat on an idle replication link this often; either side drops "
+                        "a link silent for 5 heartbeats, e.g. a paused or cut-off peer (default 1000)")
     p.add_argument("--slave-read-enable", action="store_true", default=None,
                    help="as a slave, serve pulls of replicated messages")
     p.add_argument("--message-delay-level",
@@ -72,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         "max_message_size": args.max_message_size, "reject_transaction_message": args.reject_transaction_message,
         "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
         "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,
-        "replication_timeout_ms": args.replication_timeout_ms, "slave_read_enable": args.slave_read_enable,
+        "replication_timeout_ms": args.replication_timeout_ms,
+        "replication_heartbeat_ms": args.replication_heartbeat_ms, "slave_read_enable": args.slave_read_enable,
         "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
         "auth_file": args.auth_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
         "tls_client_ca": args.tls_client_ca, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name,

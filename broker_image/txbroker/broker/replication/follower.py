@@ -18,6 +18,7 @@ from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import ErrorBody, ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
 from txbroker.protocol.framing import Frame
+from txbroker.broker.replication.leader import SILENT_HEARTBEATS
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class ReplicationFollower:
         self._conn: Connection | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._heard = 0.0  # loop time of the master's last push or heartbeat
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -99,7 +101,24 @@ class ReplicationFollower:
         self.connected = True
         self.last_error = ""
         log.info("replicating from %s (epoch %d) from LSN %d", self.master, welcome.master_epoch, req.next_lsn)
-        await conn.closed.wait()
+        return await self._watch(conn)
+
+    async def _watch(self, conn: Connection) -> bool:
+        """Until the link closes, or the master goes silent (paused or cut off: no FIN comes)."""
+        loop = asyncio.get_running_loop()
+        beat = self._broker.config.replication_heartbeat_ms / 1000
+        self._heard = loop.time()
+        while not conn.closed.is_set():
+            try:
+                await asyncio.wait_for(conn.closed.wait(), beat)
+            except asyncio.TimeoutError:
+                silent = loop.time() - self._heard
+                if silent > SILENT_HEARTBEATS * beat:
+                    self.last_error = f"the master was silent for {silent:.1f}s (paused or cut off?)"
+                    log.warning("replication from %s: %s; reconnecting", self.master, self.last_error)
+                    conn.close()
+                    self.connected = False
+                    return False
         log.warning("replication connection to %s closed", self.master)
         return False
 
@@ -107,6 +126,7 @@ class ReplicationFollower:
         if frame.code != RequestCode.REPLICATION_PUSH:
             return
         conn = self._conn
+        self._heard = asyncio.get_running_loop().time()
         try:
             batch = _records.decode(frame.body)
             if batch.master_epoch < self._state.epoch:
@@ -124,6 +144,9 @@ class ReplicationFollower:
         if fut is not None:
             last = batch.first_lsn + len(batch.records) - 1
             fut.add_done_callback(lambda f, c=conn, n=last: self._ack(c, f, n))
+        elif not batch.records:  # a heartbeat: answer it, so the master knows this slave is alive
+            conn.send_oneway(RequestCode.REPLICATION_ACK,
+                             encode(ReplicaAck(self._state.local_durable_lsn, self._state.epoch)))
 
     def _ack(self, conn: Connection, fut: asyncio.Future, lsn: int) -> None:
         if fut.cancelled() or fut.exception() is not None:

@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
+SILENT_HEARTBEATS = 5  # a link silent this many heartbeat intervals is dead (no FIN comes from a paused peer)
 
 
 class ReplicaFeed:
-    __slots__ = ("conn", "name", "address", "next_lsn", "acked_lsn", "live", "task", "since")
+    __slots__ = ("conn", "name", "address", "next_lsn", "acked_lsn", "live", "task", "since", "heard", "sent")
 
     def __init__(self, conn, name: str, address: str, next_lsn: int):
         self.conn = conn
@@ -40,6 +41,7 @@ class ReplicaFeed:
         self.live = False
         self.task: asyncio.Task | None = None
         self.since = time.time()
+        self.heard = self.sent = time.monotonic()  # the slave's last acknowledgement; our last push
 
 
 class ReplicationLeader:
@@ -50,6 +52,8 @@ class ReplicationLeader:
         self.sync = cfg.replication_mode == "SYNC"
         self.sync_replicas = cfg.sync_replicas
         self.timeout = cfg.replication_timeout_ms / 1000
+        self.heartbeat = cfg.replication_heartbeat_ms / 1000
+        self._heartbeats: asyncio.Task | None = None
         self.feeds: dict[object, ReplicaFeed] = {}
         # Batches written and not yet published, in LSN order: [future, last LSN, deadline, answered].
         self._held: collections.deque[list] = collections.deque()
@@ -62,6 +66,7 @@ class ReplicationLeader:
     def attach(self) -> None:
         self.active = True
         self._state.replication_hold = self.hold
+        self._heartbeats = asyncio.ensure_future(self._beat())
         if self.sync:
             self._state.replication_wait = self.wait
         else:
@@ -71,6 +76,9 @@ class ReplicationLeader:
         """Stop leading (demoted or fenced): refuse what is not answered, drop the slaves. What is
         not published stays so: the new master decides whether it exists."""
         self.active = False
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            self._heartbeats = None
         self._state.replication_hold = None
         self._state.replication_wait = None
         self._refuse(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, reason))
@@ -101,6 +109,11 @@ class ReplicationLeader:
         old = self.feeds.pop(conn, None)
         if old is not None and old.task is not None:
             old.task.cancel()
+        for other in [f for f in self.feeds.values() if f.name == req.slave_name]:
+            # its earlier link has not closed (a partition hides the FIN): one slave counts once
+            log.warning("slave %s subscribed on a new connection; dropping its earlier one", req.slave_name)
+            self.remove(other.conn)
+            other.conn.close()
         feed = self.feeds[conn] = ReplicaFeed(conn, req.slave_name, req.address, req.next_lsn)
         feed.task = asyncio.ensure_future(self._catch_up(feed))
         log.info("slave %s (%s) subscribed from LSN %d; log end %d", req.slave_name, req.address or conn.peer,
@@ -121,6 +134,7 @@ class ReplicationLeader:
         if req.epoch > self._state.epoch:
             self._broker.fence(req.epoch, f"slave {feed.name} acknowledged at epoch {req.epoch}")
             return
+        feed.heard = time.monotonic()
         if req.durable_lsn > feed.acked_lsn:
             feed.acked_lsn = req.durable_lsn
             self._release()
@@ -143,6 +157,7 @@ class ReplicationLeader:
                         msg = ReplicaRecords(b.first_lsn, b.raw, epoch)
                     feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, msg)
                     feed.next_lsn = b.last_lsn + 1
+                    feed.sent = time.monotonic()
         if not self.sync:
             self._state.publish_through(b.last_lsn)
             answer(b.future)
@@ -258,9 +273,27 @@ class ReplicationLeader:
                         break
                 feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, ReplicaRecords(feed.next_lsn, records, state.epoch))
                 feed.next_lsn += len(records)
+                feed.sent = time.monotonic()
                 await feed.conn.drained()
         except asyncio.CancelledError:
             pass
+
+    async def _beat(self) -> None:
+        """Heartbeats on idle links, and dropping links whose slave has gone silent."""
+        silent = SILENT_HEARTBEATS * self.heartbeat
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            now = time.monotonic()
+            for feed in list(self.feeds.values()):
+                if now - feed.heard > silent:
+                    log.warning("slave %s silent for %.1fs (paused or cut off?): dropping its link", feed.name,
+                                now - feed.heard)
+                    self.remove(feed.conn)
+                    feed.conn.close()
+                elif now - feed.sent >= self.heartbeat:
+                    feed.conn.send_oneway(RequestCode.REPLICATION_PUSH,
+                                          ReplicaRecords(feed.next_lsn, [], self._state.epoch))
+                    feed.sent = now
 
     def status(self) -> list[dict]:
         end = self._state.next_lsn - 1
