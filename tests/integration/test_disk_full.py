@@ -1,0 +1,90 @@
+"""A broker whose disk fills (issue 23, suspected defect: are requests of a failed write answered
+SUCCESS?): it stops (exit 70) rather than run ahead of its disk, answers no request of the failed
+write SUCCESS, and everything it did acknowledge is there when it starts again with room."""
+
+import asyncio
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import wait_until
+from support import txload
+from txbroker.client import BrokerError, BrokerUnavailable, Message, Producer, RequestTimeout
+from txbroker.store.records import HalfRecord
+from txbroker.store.state import StateMachine
+
+EXIT_STORE_FAILED = 70
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MiB filesystem of the test's own (tmpfs), unmounted afterwards."""
+    where = tmp_path / "small"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(where)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here (needs root): {r.stderr.strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_full_disk_stops_the_broker_and_loses_nothing_acknowledged(broker_factory, small_disk, tmp_path):
+    b = broker_factory("--flush-disk-type", "SYNC", name="full")
+    b.stop()
+    b.data_dir = small_disk / "data"
+    b.start()
+    acked, refused = [], []
+    body = b"x" * 60_000
+    with Producer("g", b.address, request_timeout=5) as p:
+        for i in range(2_000):
+            try:
+                p.send(Message("Fill", body + str(i).encode()))
+                acked.append(i)
+            except (BrokerError, BrokerUnavailable, RequestTimeout) as e:
+                refused.append((i, str(e)))
+                if b.proc.poll() is not None or len(refused) > 20:
+                    break
+    assert refused, "the disk never filled"
+    assert b.proc.wait(30) == EXIT_STORE_FAILED
+    assert "RocksDB write failed" in b.log()
+    # More room: the same data on a larger disk.
+    roomy = tmp_path / "roomy"
+    shutil.copytree(small_disk / "data", roomy)
+    b.data_dir = roomy
+    b.start()
+    seen = txload.visible(b.address, "Fill")
+    kept = {int(text[len(body):]) for text in seen}
+    assert set(acked) <= kept, f"acknowledged and lost: {sorted(set(acked) - kept)[:5]}"
+
+
+def test_no_retried_request_is_answered_success_after_a_failed_write(tmp_path):
+    """After the write of a batch fails, a retry of a request that batch held (a duplicate half send
+    or END) finds nothing durable: it must not answer SUCCESS."""
+
+    class DiskFull(OSError):
+        pass
+
+    async def main():
+        fatal = []
+        s = StateMachine(str(tmp_path), True, fatal.append)
+        lsn, durable = s.append(HalfRecord("t1", "g", 1, [Message("T", b"a")]))
+        real = s.writer._db
+
+        class Full:
+            def write(self, *_a):
+                raise DiskFull("No space left on device")
+
+        s.writer._db = Full()
+        with pytest.raises(DiskFull):
+            await durable
+        assert fatal, "the broker was not told to stop"
+        with pytest.raises(Exception) as e:
+            fut = s.published_future(lsn)
+            if fut is not None:
+                await fut
+        assert "failed write" in str(e.value)
+        s.writer._db = real
+        await s.close()
+
+    asyncio.run(main())
