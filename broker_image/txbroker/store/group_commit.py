@@ -81,7 +81,9 @@ class GroupCommit:
 
     @property
     def open_future(self) -> asyncio.Future | None:
-        """The future of the batch still being filled, if one is."""
+        """The future of the batch still being filled, if one is; raises after a failed write."""
+        if self._failed is not None:
+            raise RuntimeError("store is stopped after a failed write") from self._failed
         return self._open.future if self._open is not None else None
 
     def _write(self, b: Batch) -> None:
