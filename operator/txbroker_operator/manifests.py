@@ -59,8 +59,11 @@ def transaction_settings(spec: Mapping[str, Any]) -> dict[str, int]:
 def broker_toml(spec: Mapping[str, Any]) -> str:
     """The broker's config file. Transaction defaults are also pushed live through the admin API, so
     a change to them reaches running brokers at once and restarted ones through this file."""
+    retention = spec.get("retention") or {}
     lines = [f'replication_mode = "{spec.get("replication", "ASYNC")}"',
              f'flush_disk_type = "{spec.get("flush", "ASYNC")}"',
+             f'retention_ms = {int(retention.get("hours", 72)) * 3_600_000}',
+             f'retention_bytes = {int(retention.get("bytes", 0))}',
              "", "[transaction]"]
     lines += [f"{k} = {v}" for k, v in transaction_settings(spec).items()]
     return "\n".join(lines) + "\n"
@@ -75,7 +78,7 @@ def config_map(name: str, namespace: str, spec: Mapping[str, Any]) -> dict:
 def pod_spec_hash(spec: Mapping[str, Any]) -> str:
     """What a running pod cannot pick up without a restart. Transaction defaults are left out: they
     are applied live."""
-    relevant = {k: spec.get(k) for k in ("image", "imagePullPolicy", "replication", "flush", "resources",
+    relevant = {k: spec.get(k) for k in ("image", "imagePullPolicy", "replication", "flush", "retention", "resources",
                                          "podTemplate", "storage", "authSecretRef", "tls")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 

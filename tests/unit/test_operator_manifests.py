@@ -88,3 +88,10 @@ def test_placement_resources_and_storage_roll_the_pods():
                    {"resources": {"limits": {"memory": "2Gi"}}},
                    {"storage": {"size": "1Gi"}}):
         assert manifests.pod_spec_hash({**SPEC, **change}) != base, change
+
+
+def test_retention_goes_to_the_broker_config_and_rolls_the_pods():
+    toml = manifests.broker_toml({"retention": {"hours": 2, "bytes": 5_000_000}})
+    assert "retention_ms = 7200000" in toml and "retention_bytes = 5000000" in toml
+    assert "retention_ms = 259200000" in manifests.broker_toml({})  # 72 h, the broker's own default
+    assert manifests.pod_spec_hash({"retention": {"hours": 2}}) != manifests.pod_spec_hash({})

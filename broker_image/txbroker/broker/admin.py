@@ -159,6 +159,7 @@ class AdminApp:
             "consumer_groups": b.consumers.groups(),
             "recovery_seconds": round(b.state.recovery_seconds, 4), "fenced_by": b.role.fenced_by,
             "local_durable_offset": b.state.local_durable_lsn, "replication": b.replication_status(),
+            "log_start_offset": b.state.log_complete_from,
             "security": {"auth": b.auth.status() if b.auth is not None else None, "tls": b.tls.data is not None,
                          "client_certificates": bool(b.config.tls_client_ca)},
             "limits": {"max_connections": b.config.max_connections, "max_unacked_bytes": b.config.max_unacked_bytes,

@@ -57,6 +57,12 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     # SILENT_HEARTBEATS of them (a paused or cut-off peer sends no FIN) is dropped by either side.
     replication_heartbeat_ms: int = 1_000
     slave_read_enable: bool = False  # a slave serves pulls of replicated messages
+    # Retention (store/retention.py): records older than retention_ms go (RocketMQ's fileReservedTime,
+    # 72 h), and the oldest go while the log holds more than retention_bytes (0: no size limit);
+    # checked every retention_check_interval_ms.
+    retention_ms: int = 72 * 3_600_000
+    retention_bytes: int = 0
+    retention_check_interval_ms: int = 60_000
     auto_create_topic: bool = True
     default_queue_count: int = 4
     max_message_size: int = 4 * 1024 * 1024
@@ -103,6 +109,12 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"max_message_size must be between 1 KiB and 64 MiB, got {self.max_message_size}")
         if not 1 <= self.sync_replicas <= 8:
             raise ConfigError(f"sync_replicas must be between 1 and 8, got {self.sync_replicas}")
+        if self.retention_ms < 1:
+            raise ConfigError(f"retention_ms must be at least 1, got {self.retention_ms}")
+        if self.retention_bytes < 0:
+            raise ConfigError(f"retention_bytes must be 0 (no size limit) or more, got {self.retention_bytes}")
+        if self.retention_check_interval_ms < 10:
+            raise ConfigError(f"retention_check_interval_ms must be at least 10, got {self.retention_check_interval_ms}")
         if self.replication_heartbeat_ms < 10:
             raise ConfigError(f"replication_heartbeat_ms must be at least 10, got {self.replication_heartbeat_ms}")
         if self.replication_timeout_ms < 10:

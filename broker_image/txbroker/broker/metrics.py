@@ -36,6 +36,12 @@ class BrokerMetrics:
                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
         self.flush_seconds = Histogram("txbroker_flush_seconds", "Duration of one group-commit write",
                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.retention_deleted = Counter("txbroker_retention_deleted_records",
+                                         "Log records deleted by retention", registry=r)
+        self.log_start = Gauge("txbroker_log_start_offset", "The log holds every record from this LSN on", registry=r)
+        self.log_bytes = Gauge("txbroker_log_retained_bytes",
+                               "Bytes of log records written since the retention cutoff (about the log's size)",
+                               registry=r)
         self.loop_lag = Histogram("txbroker_event_loop_lag_seconds", "How late the broker's event loop ran a 1 s timer",
                                   buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.connections = Gauge("txbroker_connections", "Open data-plane connections", registry=r)

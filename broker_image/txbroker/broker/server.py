@@ -23,6 +23,7 @@ from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.replication.follower import ReplicationFollower
 from txbroker.broker.replication.leader import ReplicationLeader
 from txbroker.broker.replies import RequestError
+from txbroker.broker.retention_service import RetentionService
 from txbroker.broker.role import MASTER, SLAVE, RoleState
 from txbroker.broker.schedule_service import ScheduleService, parse_delay_levels
 from txbroker.broker.settings import SettingsBook
@@ -63,6 +64,7 @@ class Broker:
         self.producers = ProducerRegistry(config.producer_expiry_ms)
         self.consumers = ConsumerRegistry(config.consumer_expiry_ms)
         self.schedule = ScheduleService(self, levels)
+        self.retention = RetentionService(self)
         self._housekeeping: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics,
                                                config.reject_transaction_message)
@@ -107,6 +109,7 @@ class Broker:
             self.follower = ReplicationFollower(self, self.config.master)
             self.follower.start()
         self._housekeeping = loop.create_task(self._housekeep())
+        self.retention.start()
         self.ready = True
         pending, parked = self.transactions.counts()
         log.info("broker %s started as %s at epoch %d in %.3fs (store recovered in %.3fs): data %s, admin %s, "
@@ -187,6 +190,7 @@ class Broker:
         await self._watcher.stop()
         await self.check_service.stop()
         await self.schedule.stop()
+        await self.retention.stop()
         if self.leader.active:
             self.leader.detach("the broker is stopping")
         if self._housekeeping is not None:

@@ -32,6 +32,13 @@ def register(sub) -> None:
     p.add_argument("--replication-heartbeat-ms", type=int,
                    help="the master sends a heartbeat on an idle replication link this often; either side drops "
                         "a link silent for 5 heartbeats, e.g. a paused or cut-off peer (default 1000)")
+    p.add_argument("--retention-ms", type=int,
+                   help="delete log records older than this; pending transactions' half messages stay "
+                        "(default 259200000, 72 h, RocketMQ's fileReservedTime)")
+    p.add_argument("--retention-bytes", type=int,
+                   help="also delete the oldest records while the log holds more than this (default 0: no limit)")
+    p.add_argument("--retention-check-interval-ms", type=int,
+                   help="how often retention runs, and the resolution of its cutoff (default 60000)")
     p.add_argument("--slave-read-enable", action="store_true", default=None,
                    help="as a slave, serve pulls of replicated messages")
     p.add_argument("--message-delay-level",
@@ -76,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
         "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
         "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,
         "replication_timeout_ms": args.replication_timeout_ms,
-        "replication_heartbeat_ms": args.replication_heartbeat_ms, "slave_read_enable": args.slave_read_enable,
+        "replication_heartbeat_ms": args.replication_heartbeat_ms, "retention_ms": args.retention_ms,
+        "retention_bytes": args.retention_bytes, "retention_check_interval_ms": args.retention_check_interval_ms,
+        "slave_read_enable": args.slave_read_enable,
         "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
         "auth_file": args.auth_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
         "tls_client_ca": args.tls_client_ca, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name,

@@ -359,8 +359,7 @@ class AsyncPushConsumer:
         except BrokerError as e:
             if e.code != ResponseCode.PULL_OFFSET_MOVED:
                 raise
-            log.warning("consumer %s: %s; starting %s:%d at its end", self.group, e.remark, q.topic, q.queue_id)
-            q.next_pull = q.consumed_to = (await self._start_offsets_at_end(q))
+            q.next_pull = q.consumed_to = await self._moved(q, e.remark)
             return
         if q.stopped:
             return  # not ours any more: another member consumes from the committed offset
@@ -379,6 +378,18 @@ class AsyncPushConsumer:
                 self._consuming.add(task)
                 task.add_done_callback(self._consuming.discard)
         q.next_pull = r.next_offset
+
+    async def _moved(self, q: _Queue, why: str) -> int:
+        """Where to go on after PULL_OFFSET_MOVED: below the queue's first stored message (retention
+        deleted what was before it), to that message, as RocketMQ does; beyond its end, to its end."""
+        s: SearchOffsetResponse = await self.client.request(
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, SearchOffsetRequest(q.topic, q.queue_id, 0), SearchOffsetResponse)
+        if q.next_pull < s.offset:
+            log.warning("consumer %s: %s; going on at %s:%d's first message (%d)", self.group, why, q.topic,
+                        q.queue_id, s.offset)
+            return s.offset
+        log.warning("consumer %s: %s; starting %s:%d at its end", self.group, why, q.topic, q.queue_id)
+        return await self._start_offsets_at_end(q)
 
     async def _start_offsets_at_end(self, q: _Queue) -> int:
         r: QueryOffsetsResponse = await self.client.request(

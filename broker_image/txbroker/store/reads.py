@@ -45,6 +45,8 @@ class MessageReader:
         append = out.append
         view = self.view
         for first, lsn, index, count in self._runs(prefix, offset, stop):
+            if self.record(lsn) is None:  # deleted by retention behind a record it keeps
+                continue
             for off in range(max(first, offset), min(first + count, stop)):
                 append(view(lsn, index + off - first, topic, queue_id, off))
         return out, (out[-1].queue_offset + 1) if out else offset, end

@@ -26,6 +26,7 @@ from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
 from txbroker.store.db import Database, last_item_with_prefix, last_key, open_database
 from txbroker.store.group_commit import Batch, GroupCommit, answer
+from txbroker.store import retention
 from txbroker.store.truncation import truncate
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
@@ -72,6 +73,9 @@ class StateMachine:
         self._finishing: dict[str, FinishedTx] = {}
         self._unwritten_send_backs: dict[bytes, int] = {}  # likewise, send-backs: key -> LSN
         self.next_lsn = 1
+        self.log_bytes = 0  # bytes of records written, counted from the first retention mark (retention.py)
+        self.log_complete_from = 1  # retention deleted records before this LSN (some needed ones stay)
+        self._queue_start: dict[bytes, int] = {}  # first offset still stored, per queue prefix
         self.durable_lsn = 0  # written, and replicated as required: visible to readers
         self.local_durable_lsn = 0  # written to the local disk (what replication can ship)
         self.truncating = False
@@ -86,6 +90,7 @@ class StateMachine:
         self.next_lsn = (keys.lsn_from_key(last) + 1) if last else 1
         self.durable_lsn = self.local_durable_lsn = self.next_lsn - 1
         self._load_memory()
+        self._count_log_bytes()
         published = self.db.meta.get(PUBLISHED_KEY)
         if published is not None:
             self._published_marked = True
@@ -94,6 +99,16 @@ class StateMachine:
         log.info("recovered store %s: next LSN %d, epoch %d, %d topics, %d pending transactions (%d parked)",
                  self.path, self.next_lsn, self.epoch, len(self.topics), len(self.pending) - parked, parked)
 
+    def _count_log_bytes(self) -> None:
+        """The byte count retention measures sizes with: the last mark's, plus the records after it."""
+        last_mark = last_item_with_prefix(self.db.meta, retention.MARK_PREFIX)
+        if last_mark is None:
+            return
+        mark = retention.decode_mark(last_mark[1])
+        self.log_bytes = mark.log_bytes + sum(len(raw) for _k, raw in self.db.log.items(from_key=keys.lsn_key(mark.lsn)))
+        complete = self.db.meta.get(retention.COMPLETE_KEY)
+        self.log_complete_from = keys.lsn_from_key(complete) if complete is not None else 1
+
     def _load_memory(self) -> None:
         """What memory holds of the store (epochs, topics, pending transactions, queue ends), from disk."""
         self.epochs.clear()
@@ -101,6 +116,7 @@ class StateMachine:
         self.pending.clear()
         self._queue_end.clear()
         self.visible_end.clear()
+        self._queue_start.clear()
         for k, v in self.db.meta.items(from_key=b"epoch/"):
             if not k.startswith(b"epoch/"):
                 break
@@ -205,6 +221,7 @@ class StateMachine:
         b = self.writer.batch()
         self.next_lsn = lsn + 1
         b.wb.put(keys.lsn_key(lsn), raw, self._h_log)
+        self.log_bytes += len(raw)
         self._apply(record, lsn, b)
         if not b.records:
             b.first_lsn = lsn
@@ -357,6 +374,24 @@ class StateMachine:
             return lsn
         v = self.db.meta.get(key)
         return keys.lsn_from_key(v) if v is not None else None
+
+    def queue_start(self, topic: str, queue_id: int) -> int:
+        """The first offset of a queue still stored (retention deletes from the front)."""
+        prefix = keys.queue_prefix(topic, queue_id)
+        start = self._queue_start.get(prefix)
+        if start is None:
+            it = self.db.cq.iter()
+            it.seek(prefix)
+            start = keys.cq_offset(it.key()) if it.valid() and it.key().startswith(prefix) else self.queue_end(
+                topic, queue_id)
+            self._queue_start[prefix] = start
+        return start
+
+    def forget_before(self, lsn: int, queues: set[bytes]) -> None:
+        """Retention deleted what it could before `lsn`: queue starts of `queues` moved."""
+        self.log_complete_from = max(self.log_complete_from, lsn)
+        for prefix in queues:
+            self._queue_start.pop(prefix, None)
 
     def readable_end(self, topic: str, queue_id: int) -> int:
         """Offsets below this are published: readers may see them."""

@@ -157,7 +157,8 @@ class SearchOffsetProcessor:
         conn.access.require_topic(req.topic, SUB)
         self._b.topics.require(req.topic, req.queue_id)
         read = self._b.reader.read_queue
-        lo, hi = 0, read(req.topic, req.queue_id, 0, 0)[2]
+        lo = self._b.state.queue_start(req.topic, req.queue_id)  # retention deleted what was before
+        hi = read(req.topic, req.queue_id, lo, 0)[2]
         while lo < hi:
             mid = (lo + hi) // 2
             msgs = read(req.topic, req.queue_id, mid, 1)[0]

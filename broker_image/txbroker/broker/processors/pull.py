@@ -33,6 +33,11 @@ class PullProcessor:
         self._topics.require(req.topic, req.queue_id)
         if req.offset < 0:
             return error(ResponseCode.PULL_OFFSET_MOVED, f"offset {req.offset} is negative")
+        start = self._state.queue_start(req.topic, req.queue_id)
+        if req.offset < start:
+            return error(ResponseCode.PULL_OFFSET_MOVED,
+                         f"offset {req.offset} is before the start of queue {req.topic}:{req.queue_id} ({start}): "
+                         f"older messages were deleted by retention")
         wanted = self._tags(req.tags) if req.tags else None
         n = min(max(req.max_messages, 1), MAX_PULL)
         msgs, nxt, end = self._reader.read_queue(req.topic, req.queue_id, req.offset, n)

@@ -1,0 +1,72 @@
+"""The retention pass: every `retention_check_interval_ms`, on every broker (each deletes its own
+old records), take a mark and delete what retention allows (store/retention.py says what is kept).
+A master never deletes what a connected slave has not acknowledged; a slave that returns needing
+deleted records is refused at subscription, naming what it must do."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from txbroker.lifecycle import stop_task
+from txbroker.store import retention
+
+log = logging.getLogger(__name__)
+
+
+class RetentionService:
+    def __init__(self, broker):
+        self._b = broker
+        cfg = broker.config
+        self.retention_ms = cfg.retention_ms
+        self.retention_bytes = cfg.retention_bytes
+        self.interval = cfg.retention_check_interval_ms / 1000
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        await stop_task(self._task)
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.run_once()
+            except Exception:  # a failed pass is retried at the next; it must not end retention
+                log.exception("retention pass failed; trying again in %.0fs", self.interval)
+
+    def _limit(self) -> int:
+        """Records from here on stay: unpublished ones, and those a connected slave lacks."""
+        state, leader = self._b.state, self._b.leader
+        limit = state.durable_lsn + 1
+        if leader.active and leader.feeds:
+            limit = min(limit, min(f.acked_lsn for f in leader.feeds.values()) + 1)
+        return limit
+
+    async def run_once(self) -> int:
+        state, metrics = self._b.state, self._b.metrics
+        now = int(time.time() * 1000)
+        retention.take_mark(state, now)
+        mark = retention.choose_cutoff(retention.marks(state), now, self.retention_ms, self.retention_bytes,
+                                       state.log_bytes, self._limit())
+        deleted = 0
+        if mark is not None and mark.lsn > state.log_complete_from:
+            t0 = time.perf_counter()
+            deleted = await retention.delete_before(state, mark)
+            metrics.retention_deleted.inc(deleted)
+            log.info("retention: deleted %d records before LSN %d (written %s ago) in %.2fs; %d kept for "
+                     "transactions pending then", deleted, mark.lsn, _age(now - mark.ms), time.perf_counter() - t0,
+                     len(mark.pending))
+        metrics.log_start.set(state.log_complete_from)
+        metrics.log_bytes.set(state.log_bytes - (mark.log_bytes if mark is not None else 0))
+        return deleted
+
+
+def _age(ms: int) -> str:
+    s = ms / 1000
+    return f"{s:.1f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"

@@ -1,0 +1,102 @@
+"""Retention by age and size (issue 23, point 9): old records go, what is still needed stays (the
+half messages of pending transactions, whenever they are decided), a consumer below a queue's new
+start is told PULL_OFFSET_MOVED and a push consumer goes on at the first stored message."""
+
+import asyncio
+import threading
+
+import pytest
+
+from conftest import metric, run_cli, wait_until
+from support import txload
+from txbroker.client import (
+    AsyncTransactionProducer, BrokerError, ConsumeStatus, LocalTransactionState as S, Message, Producer, PullConsumer,
+    PushConsumer,
+)
+from txbroker.client.admin import AdminClient
+
+FAST = dict(heartbeat_interval=0.5, rebalance_interval=1.0, offset_commit_interval=0.2, long_poll_ms=300)
+
+
+def info(b):
+    return AdminClient(b.admin_url).get("/api/v1/broker")
+
+
+def deleted(b) -> float:
+    return metric(b, "txbroker_retention_deleted_records_total")
+
+
+def prepare(b, txid, body, topic="Tx"):
+    async def go():
+        async with AsyncTransactionProducer("ret-pg", b.address, None) as p:
+            await p.prepare([Message(topic, body)], txid)
+    asyncio.run(go())
+
+
+def end(b, txid, state):
+    async def go():
+        async with AsyncTransactionProducer("ret-pg", b.address, None) as p:
+            return await p.end(txid, state)
+    return asyncio.run(go())
+
+
+def test_retention_deletes_old_records_and_keeps_pending_half_messages(broker_factory):
+    b = broker_factory("--retention-ms", "300", "--retention-check-interval-ms", "100", "--check-interval-ms", "600000")
+    run_cli("topic", "create", "Plain", "--queues", "1", "--admin", b.admin_url)
+    prepare(b, "stays-pending", b"pending-body")
+    prepare(b, "decided-later", b"later-body")
+    with Producer("p", b.address) as p:
+        for i in range(20):
+            p.send(Message("Plain", f"old-{i}".encode()))
+    first_plain = info(b)["log_end_offset"]
+    wait_until(lambda: info(b)["log_start_offset"] > first_plain, what="retention to pass the old messages")
+    assert deleted(b) >= 20
+    with PullConsumer(b.address) as c, pytest.raises(BrokerError) as e:
+        c.pull("Plain", 0, 0)
+    assert e.value.code_name == "PULL_OFFSET_MOVED" and "retention" in e.value.remark
+    # Both half messages outlived the retention window: deciding them now shows their bodies.
+    assert end(b, "decided-later", S.COMMIT).state == S.COMMIT.value
+    wait_until(lambda: info(b)["log_start_offset"] > info(b)["log_end_offset"] - 3,
+               what="retention to pass the commit too")
+    assert end(b, "stays-pending", S.COMMIT).state == S.COMMIT.value
+    assert txload.visible(b.address, "Tx") == {"later-body": 1, "pending-body": 1}
+    b.restart()
+    assert txload.visible(b.address, "Tx") == {"later-body": 1, "pending-body": 1}
+
+
+def test_push_consumer_below_the_retained_start_goes_on_at_the_first_stored_message(broker_factory):
+    b = broker_factory("--retention-ms", "300", "--retention-check-interval-ms", "100")
+    run_cli("topic", "create", "Kept", "--queues", "1", "--admin", b.admin_url)
+    with Producer("p", b.address) as p:
+        for i in range(10):
+            p.send(Message("Kept", f"old-{i}".encode()))
+        wait_until(lambda: info(b)["log_start_offset"] > 10, what="retention to delete the old messages")
+        for i in range(5):
+            p.send(Message("Kept", f"fresh-{i}".encode()))
+    got, lock = [], threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            got.extend(m.body.decode() for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    with PushConsumer("kept-cg", b.address, "Kept", listener, **FAST):  # from the first message: offset 0
+        wait_until(lambda: len(got) >= 5, what="the fresh messages")
+    assert sorted(got) == [f"fresh-{i}" for i in range(5)]
+
+
+def test_size_limit_keeps_the_log_bounded(broker_factory):
+    """Under a steady load the log stays near --retention-bytes (plus one interval's writes)."""
+    b = broker_factory("--retention-bytes", "200000", "--retention-check-interval-ms", "100")
+    body = b"y" * 10_000
+    written = 0
+    with Producer("p", b.address) as p:
+        def load_until_deleted():
+            nonlocal written
+            for _ in range(5):
+                p.send(Message("Big", body))
+                written += len(body)
+            return deleted(b) >= 100
+        wait_until(load_until_deleted, 60, what="retention by size to delete 100 records")
+    retained = metric(b, "txbroker_log_retained_bytes")
+    assert written > 1_000_000 and 0 < retained < 600_000, (written, retained)
