@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from broker.common import RESULTS_DIR, BrokerProcess, host_speed_ms, machine_info  # noqa: E402
+from broker.common import RESULTS_DIR, BrokerProcess, RandomBodies, host_speed_ms, machine_info  # noqa: E402
 from txbroker.client import AsyncProducer, Message  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def du(path: str) -> int:
 
 
 async def steady_load(address: str, rate: int, seconds: float, on_tick) -> int:
-    body = os.urandom(1024)
+    bodies = RandomBodies(1024)  # incompressible, as a real payload mostly is
     sent = 0
     async with AsyncProducer("bench", address) as p:
         t0 = time.monotonic()
@@ -46,7 +46,7 @@ async def steady_load(address: str, rate: int, seconds: float, on_tick) -> int:
         while (elapsed := time.monotonic() - t0) < seconds:
             due = int(elapsed * rate)
             while sent < due:
-                await p.send([Message("Steady", body) for _ in range(50)])
+                await p.send([Message("Steady", bodies.next()) for _ in range(50)])
                 sent += 50
             if elapsed >= next_tick:
                 on_tick(elapsed, sent)
