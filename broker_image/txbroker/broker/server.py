@@ -30,7 +30,11 @@ from txbroker.broker.settings import SettingsBook
 from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transactions import TransactionService, now_ms
-from txbroker.protocol.codes import ResponseCode
+from txbroker.client.connection import Connection, ConnectionLost
+from txbroker.client.errors import ClientError
+from txbroker.client.security import Credentials, authenticate
+from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, decoder, encode
+from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.store.reads import MessageReader
 from txbroker.store.records import EpochRecord
 from txbroker.store.state import StateMachine
@@ -66,6 +70,7 @@ class Broker:
         self.schedule = ScheduleService(self, levels)
         self.retention = RetentionService(self)
         self._housekeeping: asyncio.Task | None = None
+        self._checking_master: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics,
                                                config.reject_transaction_message)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
@@ -246,6 +251,32 @@ class Broker:
         self.follower = ReplicationFollower(self, master)
         self.follower.start()
         log.warning("now a slave of %s (epoch %d)", master, epoch)
+
+    def check_newer_master(self, address: str, epoch: int, told_by: str) -> None:
+        """Someone says `address` leads at `epoch`, above ours: ask it, and fence if it does. (Not
+        taken on trust: a client's word alone must not depose a master.)"""
+        if self._checking_master is not None and not self._checking_master.done():
+            return
+        self._checking_master = asyncio.ensure_future(self._check_newer_master(address, epoch, told_by))
+
+    async def _check_newer_master(self, address: str, epoch: int, told_by: str) -> None:
+        conn = Connection(address, ssl_context=self.tls.replication,
+                          server_hostname=self.config.tls_server_name or None)
+        try:
+            await conn.open(3.0)
+            if self.replication_credentials is not None:
+                await authenticate(conn, Credentials(*self.replication_credentials), 3.0)
+            frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(f"broker-{self.config.broker_name}")),
+                                    3.0)
+            if frame.code != ResponseCode.SUCCESS:
+                return
+            hb = decoder(HeartbeatResponse).decode(frame.body)
+            if hb.role == MASTER and hb.epoch > self.state.epoch:
+                self.fence(hb.epoch, f"{address} leads at epoch {hb.epoch} ({told_by} said so, and it does)")
+        except (ClientError, ConnectionLost, OSError, asyncio.TimeoutError) as e:
+            log.info("could not check %s's claim to lead at epoch %d (%s said so): %s", address, epoch, told_by, e)
+        finally:
+            conn.close()
 
     def _refuse_while_truncating(self) -> None:
         if self.state.truncating:

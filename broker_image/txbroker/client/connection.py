@@ -18,13 +18,17 @@ import time
 from typing import Callable
 
 
-from txbroker.client.errors import BrokerError, BrokerUnavailable, RequestTimeout, TlsHandshakeError, broker_error
+from txbroker.client.errors import (
+    BrokerError, BrokerUnavailable, ClientError, RequestTimeout, TlsHandshakeError, broker_error,
+)
+from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.security import as_credentials, as_tls, authenticate, tls_error
 from txbroker.protocol.bodies import BODY_ERRORS, ErrorBody, HeartbeatRequest, HeartbeatResponse, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import FLAG_ONEWAY, Frame, FrameDecoder, FrameError, encode_frame
 
 log = logging.getLogger(__name__)
+_warnings = RepeatedWarnings(log)
 
 MAX_FRAME = 64 * 1024 * 1024
 _error_decoder = decoder(ErrorBody)
@@ -161,6 +165,7 @@ class Connection:
 
     def close(self) -> None:
         if self._transport is not None:
+            self._flush_out()  # what was sent before closing still leaves (the transport flushes it)
             self._transport.close()
 
 
@@ -185,6 +190,12 @@ class BrokerClient:
     `require_master` passes over slaves, and on a "not master" answer (a slave's
     SLAVE_NOT_AVAILABLE, a deposed master's CONTROLLER_FENCED_MASTER_EPOCH) finds the master and
     retries, within the deadline, the requests that are safe to repeat.
+
+    A master can be deposed without knowing it (paused or cut off while a slave was promoted): it
+    answers nothing, or SLAVE_NOT_AVAILABLE because its slaves left. So when a repeatable request
+    waits longer than SUSPECT_AFTER, or such a master refuses it, the client asks the other
+    addresses; one that leads at a higher epoch takes the request (and the old master is told,
+    so that it checks and fences itself).
     """
 
     def __init__(self, brokers, *, client_id: str = "", producer_groups: list[str] | None = None,
@@ -202,6 +213,9 @@ class BrokerClient:
         self.connect_timeout = connect_timeout
         self._on_request = on_request
         self._conn: Connection | None = None
+        self._conn_epoch = 0  # the epoch the connected broker led at when it answered our heartbeat
+        self.newest_master: tuple[int, str] = (0, "")  # (epoch, address): the newest master seen
+        self._probed_at = 0.0
         self._connecting: asyncio.Future | None = None
         self._index = 0
         self._closed = False
@@ -232,11 +246,15 @@ class BrokerClient:
                 if self.credentials is not None:
                     await authenticate(conn, self.credentials, self.connect_timeout)
                 hb = await self._heartbeat(conn)
+                if hb.role == "master":
+                    self._saw_master(hb.epoch, address)
                 if self.require_master and hb.role != "master":
                     if hb.master and hb.master not in self.addresses:
                         self.addresses.append(hb.master)  # the slave says where the master is
                     raise _NotMaster(f"{hb.role} at epoch {hb.epoch}")
-                self._conn = conn
+                if self.require_master and hb.epoch < self.newest_master[0]:
+                    raise _NotMaster(f"master at epoch {hb.epoch}, deposed by epoch {self.newest_master[0]}")
+                self._conn, self._conn_epoch = conn, hb.epoch
                 return conn
             except (BrokerError, TlsHandshakeError):
                 conn.close()  # refused credentials, a group they may not act for, TLS: the same on every try
@@ -269,10 +287,16 @@ class BrokerClient:
                 delay = min(delay * 2, 2.0)
         raise BrokerUnavailable("client is closed")
 
-    async def _heartbeat(self, conn: Connection) -> HeartbeatResponse:
-        frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(self.client_id, self.producer_groups,
-                                                                     self.consumer_groups)),
-                                self.connect_timeout)
+    def _heartbeat_body(self) -> bytes:
+        epoch, address = self.newest_master
+        return encode(HeartbeatRequest(self.client_id, self.producer_groups, self.consumer_groups, epoch, address))
+
+    def _saw_master(self, epoch: int, address: str) -> None:
+        if epoch > self.newest_master[0]:
+            self.newest_master = (epoch, address)
+
+    async def _heartbeat(self, conn: Connection, timeout: float | None = None) -> HeartbeatResponse:
+        frame = await conn.call(RequestCode.HEARTBEAT, self._heartbeat_body(), timeout or self.connect_timeout)
         if frame.code in (ResponseCode.UNAUTHORIZED, ResponseCode.NO_PERMISSION, ResponseCode.TLS_REQUIRED):
             # wrong or missing credentials, or a group these credentials may not act for: final
             raise broker_error(conn.address, "HEARTBEAT", frame.code, _remark(frame))
@@ -297,10 +321,14 @@ class BrokerClient:
         deadline = time.monotonic() + timeout
         payload = encode(body)
         name = RequestCode(code).name
+        watch = retry and self.require_master and len(self.addresses) > 1
         while True:
             conn = await self.connection(deadline)
             try:
-                frame = await conn.call(code, payload, max(deadline - time.monotonic(), 0.01))
+                call = conn.call(code, payload, max(deadline - time.monotonic(), 0.01))
+                frame = await (self._answer_or_newer_master(conn, call) if watch else call)
+                if frame is None:  # moved to a newer master: send it there
+                    continue
             except ConnectionLost as e:
                 fatal = e.fatal(conn.address, name)
                 if fatal is not None:
@@ -312,15 +340,65 @@ class BrokerClient:
             if frame.code == ResponseCode.SUCCESS:
                 break
             remark = _remark(frame)
-            if (retry and self.require_master and frame.code in _NOT_MASTER
-                    and time.monotonic() < deadline and not await self._still_master(conn)):
-                log.info("%s: %s is no longer master (%s); looking for the master", name, conn.address, remark)
+            if (retry and self.require_master and frame.code in _NOT_MASTER and time.monotonic() < deadline
+                    and (not await self._still_master(conn) or await self._move_to_newer_master(conn, now=True))):
+                _warnings.warning("not master", "%s: %s is not the master (%s); looking for the master", name,
+                                  conn.address, remark)
                 self._drop(conn)
                 continue
             raise broker_error(conn.address, name, frame.code, remark)
         if response_type is None:
             return None
         return decoder(response_type).decode(frame.body)
+
+    async def _answer_or_newer_master(self, conn: Connection, call) -> Frame | None:
+        """The answer to `call`; or None if, while it was not coming, a newer master turned up."""
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait((task,), timeout=SUSPECT_AFTER)
+                if done:
+                    return task.result()
+                if await self._move_to_newer_master(conn):
+                    return None
+        finally:
+            if not task.done():  # moved on, or the caller gave up: the answer no longer matters
+                task.cancel()
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _move_to_newer_master(self, conn: Connection, now: bool = False) -> bool:
+        """Ask the other addresses (at most once per SUSPECT_AFTER unless `now`) for a master at a
+        higher epoch than `conn`'s broker; if one leads, go there and tell the old master."""
+        if not now and time.monotonic() - self._probed_at < SUSPECT_AFTER:
+            return False
+        self._probed_at = time.monotonic()
+        others = [a for a in self.addresses if a != conn.address]
+        answers = await asyncio.gather(*(self._probe(a) for a in others))
+        for address, hb in zip(others, answers):
+            if hb is not None and hb.role == "master":
+                self._saw_master(hb.epoch, address)
+        epoch, address = self.newest_master
+        if epoch <= self._conn_epoch or address == conn.address:
+            return False
+        _warnings.warning("newer master", "%s leads at epoch %d, above %s's %d: moving there", address, epoch,
+                          conn.address, self._conn_epoch)
+        conn.send_oneway(RequestCode.HEARTBEAT, self._heartbeat_body())  # the old master checks and fences itself
+        self._drop(conn)
+        self._index = self.addresses.index(address)
+        return True
+
+    async def _probe(self, address: str) -> HeartbeatResponse | None:
+        conn = Connection(address, ssl_context=self._ssl,
+                          server_hostname=self.tls.server_hostname if self.tls is not None else None)
+        try:
+            await conn.open(SUSPECT_AFTER)
+            if self.credentials is not None:
+                await authenticate(conn, self.credentials, SUSPECT_AFTER)
+            return await self._heartbeat(conn, SUSPECT_AFTER)
+        except (ClientError, ConnectionLost, OSError, asyncio.TimeoutError):
+            return None
+        finally:
+            conn.close()
 
     async def _still_master(self, conn: Connection) -> bool:
         """SLAVE_NOT_AVAILABLE also answers a SYNC write on a master without slaves: ask which it is."""
@@ -350,6 +428,9 @@ class _NotMaster(Exception):
 
 
 _NOT_MASTER = (ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH)
+# A repeatable request unanswered this long makes the client ask the other addresses whether a
+# newer master leads (a deposed master may be paused, or cut off, and never answer).
+SUSPECT_AFTER = 1.0
 _heartbeat_decoder = decoder(HeartbeatResponse)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient, Connection
 from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.producer import as_list, new_client_id
 from txbroker.protocol.bodies import (
     CheckTransactionStateRequest, EndTransactionRequest, EndTransactionResponse, HeartbeatRequest, Message,
@@ -32,6 +33,7 @@ from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
 from txbroker.protocol.framing import Frame
 
 log = logging.getLogger(__name__)
+_warnings = RepeatedWarnings(log)
 
 _NOT_STORED_CODES = (ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE)
 _check_decoder = decoder(CheckTransactionStateRequest)
@@ -175,14 +177,15 @@ class AsyncTransactionProducer:
             r = await self.end(sent.transaction_id, state, sent.commit_log_offset)
             result.queue_offsets = r.queue_offsets
         except ClientError as e:
-            log.warning("END_TRANSACTION %s for %s not delivered (%s); check-back will resolve it",
-                        state.name, sent.transaction_id, e)
+            _warnings.warning("END_TRANSACTION not delivered",
+                              "END_TRANSACTION %s for %s not delivered (%s); check-back will resolve it",
+                              state.name, sent.transaction_id, e)
             result.end_error = str(e)
         return result
 
     async def _not_stored(self, e: BrokerError, txid: str, msgs) -> TransactionSendResult:
-        log.warning("half message not safely stored (%s): rolling back without running the local transaction",
-                    e.code_name)
+        _warnings.warning("half message not safely stored", "half message not safely stored (%s): rolling back "
+                          "without running the local transaction", e.code_name)
         result = TransactionSendResult(e.code_name, txid, [], LocalTransactionState.ROLLBACK)
         try:
             await self.end(txid, LocalTransactionState.ROLLBACK)
@@ -248,9 +251,11 @@ class AsyncTransactionProducer:
             await self.end(req.transaction_id, state, req.commit_log_offset, from_check=True)
         except BrokerError as e:
             # Already decided the other way, or gone: the broker keeps its decision; say so.
-            log.warning("check-back answer %s for %s refused: %s", state.name, req.transaction_id, e)
+            _warnings.warning("check-back answer refused", "check-back answer %s for %s refused: %s", state.name,
+                              req.transaction_id, e)
         except ClientError as e:
-            log.warning("check-back answer for %s not delivered: %s", req.transaction_id, e)
+            _warnings.warning("check-back answer not delivered", "check-back answer for %s not delivered: %s",
+                              req.transaction_id, e)
 
 
 class TransactionProducer:

@@ -97,6 +97,9 @@ class HeartbeatRequest(Struct, array_like=True, omit_defaults=True):
     client_id: str
     producer_groups: list[str] = field(default_factory=list)
     consumer_groups: list[str] = field(default_factory=list)
+    # The newest master this client knows of: a master at a lower epoch checks it and fences itself.
+    master_epoch: int = 0
+    master_address: str = ""
 
 
 class ConsumerListRequest(Struct, array_like=True):
