@@ -143,7 +143,9 @@ class InProcessBroker:
     or left unauthenticated (the admission and SASL paths)."""
 
     def __init__(self, auth: bool = True):
-        logging.getLogger("txbroker").setLevel(logging.CRITICAL)  # refusals are expected here
+        # Refusals are expected here; the level goes back on close (other tests in the process read logs).
+        self._log_level = logging.getLogger("txbroker").level
+        logging.getLogger("txbroker").setLevel(logging.CRITICAL)
         self.dir = tempfile.mkdtemp(prefix="txbroker-fuzz-")
         overrides = {"data_dir": self.dir + "/data", "listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0",
                      "max_message_size": 4096, "max_unacked_bytes": 1 << 20, "log_level": "CRITICAL"}
@@ -224,6 +226,7 @@ class InProcessBroker:
         self.run(self.broker.stop())
         self.loop.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        logging.getLogger("txbroker").setLevel(self._log_level)
 
 
 def check_answers(answers) -> None:

@@ -4,16 +4,23 @@ retry) nor visible to consumers until a slave has it, and a restart does not cha
 
 import asyncio
 import signal
+import threading
 
 import pytest
 
-from conftest import wait_until
+from conftest import run_cli, wait_until
 from support import txload
-from txbroker.client import AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer
+from txbroker.client import (
+    AsyncTransactionProducer, BrokerError, ConsumeStatus, LocalTransactionState as S, Message, Producer, PullConsumer,
+    PushConsumer,
+)
 from txbroker.client.admin import AdminClient, AdminError
 
 SYNC = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "1000",
         "--check-interval-ms", "60000")
+
+
+CONSUMER = dict(heartbeat_interval=0.5, rebalance_interval=1.0, offset_commit_interval=0.2, long_poll_ms=300)
 
 
 def info(b):
@@ -125,3 +132,47 @@ def test_unreplicated_send_stays_invisible_across_a_master_restart(broker_factor
     s.start()
     wait_until(lambda: txload.visible(m.address, "Hw") == {"replicated": 1, "master-only": 1},
                what="the send to become visible once the slave has it")
+
+
+def test_consumer_after_an_unclean_failover_skips_nothing_the_new_master_acknowledges(broker_factory):
+    """Issue 23, suspected: after an unclean failover a consumer resumes at offsets the new master
+    reuses for other messages, and skips them. (With master-only writes readable, the consumer read
+    them, moved past them, and then skipped the new master's messages at those offsets.)"""
+    m, s = pair(broker_factory)
+    run_cli("topic", "create", "Reuse", "--queues", "1", "--admin", m.admin_url)
+    wait_until(lambda: info(s)["local_durable_offset"] == info(m)["log_end_offset"], what="the topic on the slave")
+    got, lock = [], threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            got.extend(x.body.decode() for x in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    def caught_up_with_readable():
+        with PullConsumer(m.address) as c:
+            committed, ends = c.committed_offsets("reuse-cg", "Reuse")
+        return committed.get(0) == ends.get(0)
+
+    with PushConsumer("reuse-cg", [m.address, s.address], "Reuse", listener, **CONSUMER):
+        with Producer("g", m.address) as p:
+            for i in range(5):
+                p.send(Message("Reuse", f"a-{i}".encode()))
+            wait_until(lambda: len(got) == 5, what="the replicated messages consumed")
+            s.kill()
+            wait_until(lambda: in_sync(m) == 0, what="the master to see its slave gone")
+            for i in range(5):
+                with pytest.raises(BrokerError):
+                    p.send(Message("Reuse", f"master-only-{i}".encode()))
+        wait_until(caught_up_with_readable, what="the group's offset to reach what the master lets it read")
+        m.kill()
+        s.start()
+        promote(s)
+        m.extra_args = ["--role", "slave", "--master", s.address, "--broker-name", "master", *SYNC]
+        m.start()  # the old master rejoins as a slave (dropping what it alone had): SYNC writes go on
+        wait_until(lambda: in_sync(s) == 1, what="the old master in sync as a slave")
+        with Producer("g", s.address) as p:
+            for i in range(5):
+                p.send(Message("Reuse", f"n-{i}".encode()))
+        wait_until(lambda: {f"n-{i}" for i in range(5)} <= set(got), 30,
+                   what="every message the new master acknowledged to reach the consumer")
+    assert not [x for x in got if x.startswith("master-only")], "a message no slave had was consumed"

@@ -323,7 +323,11 @@ class AsyncPushConsumer:
         key = (q.topic, q.queue_id)
         q.stopped = True
         await stop_task(q.task)
-        await self.commit_offsets([q])
+        try:
+            await self.commit_offsets([q])
+        except ClientError as e:  # at-least-once: whoever takes the queue on starts at the last commit
+            log.warning("consumer %s: offset of %s:%d not committed on leaving it (%s); messages after the last "
+                        "committed offset will be delivered again", self.group, q.topic, q.queue_id, e)
         self._queues.pop(key, None)
         if self.orderly and q.locked_until:
             try:
