@@ -133,12 +133,7 @@ def _forget_derived(state: "StateMachine", wb: WriteBatch, lsn: int, r, touched:
     h = state.db.handles
     kind = type(r)
     if kind is NormalRecord:
-        for prefix, offset in state._queue_entries(r):
-            wb.delete(keys.cq_key(prefix, offset), h["cq"])
-            touched.add(prefix)
-        keyed = [(i, m.keys) for i, m in enumerate(r.messages) if m.keys]
-        for key, _i in keys.key_entries(lsn, [(m.topic, m.queue_id) for m in r.messages], keyed):
-            wb.delete(key, h["keys"])
+        touched |= state.forget_messages(wb, lsn, r.messages, r.queue_offsets)
         if r.send_back:
             wb.delete(r.send_back, h["meta"])
     elif kind is HalfRecord:
@@ -146,13 +141,7 @@ def _forget_derived(state: "StateMachine", wb: WriteBatch, lsn: int, r, touched:
         stored = state.db.tx.get(r.transaction_id.encode())
         done = decode_finished(stored) if stored is not None else None
         if done is not None and done.half_lsn == lsn and done.queue_offsets:
-            for m, offset in zip(r.messages, done.queue_offsets):
-                prefix = keys.queue_prefix(m.topic, m.queue_id)
-                wb.delete(keys.cq_key(prefix, offset), h["cq"])
-                touched.add(prefix)
-            keyed = [(i, m.keys) for i, m in enumerate(r.messages) if m.keys]
-            for key, _i in keys.key_entries(lsn, [(m.topic, m.queue_id) for m in r.messages], keyed):
-                wb.delete(key, h["keys"])
+            touched |= state.forget_messages(wb, lsn, r.messages, done.queue_offsets)
     elif kind is EndRecord:
         stored = state.db.tx.get(r.transaction_id.encode())
         if stored is not None and decode_finished(stored).end_lsn == lsn:

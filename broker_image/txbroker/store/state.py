@@ -164,6 +164,19 @@ class StateMachine:
         log.warning("%d records after LSN %d were never confirmed by a slave: unreadable until one has them",
                     hidden, published)
 
+    def forget_messages(self, wb, lsn: int, messages, offsets) -> set[bytes]:
+        """Put into `wb` the deletion of what made record `lsn`'s messages readable at `offsets`: their
+        queue-index and key-index entries (truncation and retention). Returns the queues touched."""
+        touched = set()
+        for m, offset in zip(messages, offsets):
+            prefix = keys.queue_prefix(m.topic, m.queue_id)
+            wb.delete(keys.cq_key(prefix, offset), self._h_cq)
+            touched.add(prefix)
+        keyed = [(i, m.keys) for i, m in enumerate(messages) if m.keys]
+        for key, _i in keys.key_entries(lsn, [(m.topic, m.queue_id) for m in messages], keyed):
+            wb.delete(key, self._h_keys)
+        return touched
+
     def _queue_entries(self, record: Record) -> list[tuple[bytes, int]]:
         """The (queue prefix, offset) entries a record makes readable."""
         kind = type(record)

@@ -47,22 +47,20 @@ def truncate(state: "StateMachine", last_kept: int) -> int:
     offsets: set[tuple[str, str, int]] = set()
     topics: set[str] = set()
     for lsn, r in dropped:
-        for prefix, offset in state._queue_entries(r):
-            wb.delete(keys.cq_key(prefix, offset), h["cq"])
         kind = type(r)
         if kind is NormalRecord:
-            keyed = [(i, m.keys) for i, m in enumerate(r.messages) if m.keys]
-            for key, _i in keys.key_entries(lsn, [(m.topic, m.queue_id) for m in r.messages], keyed):
-                wb.delete(key, h["keys"])
+            state.forget_messages(wb, lsn, r.messages, r.queue_offsets)
             if r.send_back:
                 wb.delete(r.send_back, h["meta"])
         elif kind is EndRecord:
             txids.add(r.transaction_id)
-            if r.queue_offsets:  # a commit indexed its messages' keys under the half record's LSN
+            if r.queue_offsets:  # a commit indexed its messages under the half record's LSN
                 half = decode_record(db.log[keys.lsn_key(r.half_lsn)])
-                keyed = [(i, m.keys) for i, m in enumerate(half.messages) if m.keys]
-                for key, _i in keys.key_entries(r.half_lsn, [(m.topic, m.queue_id) for m in half.messages], keyed):
-                    wb.delete(key, h["keys"])
+                state.forget_messages(wb, r.half_lsn, half.messages, r.queue_offsets)
+        elif kind is ParkRecord:
+            txids.add(r.transaction_id)
+            for prefix, offset in state._queue_entries(r):
+                wb.delete(keys.cq_key(prefix, offset), h["cq"])
         elif kind in _TX_RECORDS:
             txids.add(r.transaction_id)
         elif kind is CheckRecord:
