@@ -22,19 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from broker.common import RESULTS_DIR, BrokerProcess, RandomBodies, host_speed_ms, machine_info  # noqa: E402
+from broker.common import RESULTS_DIR, BrokerProcess, RandomBodies, du, host_speed_ms, machine_info  # noqa: E402
 from txbroker.client import AsyncProducer, Message  # noqa: E402
-
-
-def du(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
 
 
 async def steady_load(address: str, rate: int, seconds: float, on_tick) -> int:

@@ -28,23 +28,12 @@ import sys
 import time
 import uuid
 
-from common import PYTHON, BrokerProcess, RandomBodies, loadavg, track, untrack
+from common import PYTHON, BrokerProcess, RandomBodies, du, loadavg, track, untrack
 
 GROUPS = 4
 PRODUCERS_PER_GROUP = 2
 TOPIC = "BenchCheck"
 QUEUES = 4
-
-
-def du(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
 
 
 # ---- 1. generate -------------------------------------------------------------------------------

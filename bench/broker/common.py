@@ -124,6 +124,17 @@ def host_speed_ms(iterations: int = 2_000_000) -> float:
     return round(best * 1000, 1)
 
 
+def du(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
