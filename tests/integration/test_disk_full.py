@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 
-from conftest import wait_until
 from support import txload
 from txbroker.client import BrokerError, BrokerUnavailable, Message, Producer, RequestTimeout
 from txbroker.store.records import HalfRecord

@@ -53,7 +53,7 @@ def test_a_slave_counts_once_however_many_connections_it_opened(broker_factory):
     """A slave whose old connection the master has not seen close yet (a partition) subscribes again:
     it must not count as two slaves toward --sync-replicas 2."""
     m = broker_factory("--replication-mode", "SYNC", "--sync-replicas", "2", *LINK, name="master")
-    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *LINK, name="slave")
+    broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *LINK, name="slave")
     wait_until(lambda: [x["in_sync"] for x in info(m)["replication"]["slaves"]] == [True], what="s in sync")
 
     async def second_link_of_s():
