@@ -59,25 +59,76 @@ base_image() {
     fi
 }
 
-wheelhouse() {
-    local stamp="$CACHE/wheels/.constraints"
-    if ! cmp -s "$ROOT/constraints.txt" "$stamp" 2>/dev/null; then
+# The base spark/Dockerfile names (Spark's official image), made from Debian's packages (Java 17,
+# Python 3.11) and the pinned pyspark: its jars and scripts are Spark's binary distribution, laid out
+# as the official image has it (/opt/spark/{bin,jars,python}), user 185, and an entrypoint of ours
+# that keeps the official one's driver/executor contract (testbed/spark-base/entrypoint.sh).
+SPARK_VERSION="$(sed -n 's/^pyspark==//p' "$ROOT/constraints.txt")"
+SPARK_BASE="docker.io/apache/spark:$SPARK_VERSION-python3"
+spark_base_image() {
+    # the recipe: bump "recipe-1" when this function changes what goes in
+    local key; key="$(cat "$HERE/spark-base/entrypoint.sh" <(echo "$SPARK_VERSION recipe-1") | sha256sum | cut -c1-16)"
+    SPARK_BASE_KEY=$key
+    local tar="$CACHE/base-spark-$key.tar"
+    if [[ ! -f "$tar" ]]; then
+        log "making $SPARK_BASE from Debian bookworm packages and pyspark $SPARK_VERSION"
+        local site; site="$("$PY" -c 'import pyspark, os; print(os.path.dirname(os.path.dirname(pyspark.__file__)))')"
+        [[ "$("$PY" -c 'import pyspark; print(pyspark.__version__)')" == "$SPARK_VERSION" ]] ||
+            die "the virtualenv's pyspark is not $SPARK_VERSION (make venv)"
+        local dir; dir="$(mktemp -d)"
+        mmdebstrap --quiet --variant=minbase \
+            --include=python3.11,python3-venv,python3-pip,ca-certificates,passwd,openjdk-17-jre-headless,procps \
+            --customize-hook='chroot "$1" groupadd --system --gid 185 spark' \
+            --customize-hook='chroot "$1" useradd --system --uid 185 --gid 185 --home-dir /opt/spark spark' \
+            bookworm "$dir/rootfs" >/dev/null
+        rm -f "$dir"/rootfs/usr/lib/python3.11/EXTERNALLY-MANAGED
+        ln -sf /usr/bin/python3 "$dir/rootfs/usr/local/bin/python"
+        local spark="$dir/rootfs/opt/spark"
+        mkdir -p "$spark/python/lib" "$spark/work-dir"
+        cp -r "$site/pyspark/jars" "$site/pyspark/bin" "$site/pyspark/sbin" "$spark/"
+        cp -r "$site/pyspark" "$spark/python/pyspark"
+        rm -rf "$spark/python/pyspark/jars" "$spark/python/pyspark/bin" "$spark/python/pyspark/sbin"
+        local py4j; py4j="$("$PY" -c 'import py4j.version; print(py4j.version.__version__)')"
+        (cd "$site" && "$PY" -m zipfile -c "$spark/python/lib/py4j-$py4j-src.zip" py4j)
+        install -m 0755 "$HERE/spark-base/entrypoint.sh" "$dir/rootfs/opt/entrypoint.sh"
+        chown -R 185:185 "$spark/work-dir"
+        tar -C "$dir/rootfs" -cf "$tar.tmp" . && mv "$tar.tmp" "$tar"
+        rm -rf "$dir"
+    fi
+    if [[ "$(buildah inspect --type image --format '{{.FromImageID}}' "$SPARK_BASE" 2>/dev/null)" == "" ]] ||
+            [[ ! -f "$CACHE/.spark-base-$key" ]]; then
+        local ctr; ctr="$(buildah from scratch)"
+        buildah add --quiet "$ctr" "$tar" / >/dev/null
+        buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            --env SPARK_HOME=/opt/spark --env JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+            --workingdir /opt/spark/work-dir --entrypoint '["/opt/entrypoint.sh"]' --user 185 "$ctr"
+        buildah commit --quiet "$ctr" "$SPARK_BASE" >/dev/null
+        buildah rm "$ctr" >/dev/null
+        touch "$CACHE/.spark-base-$key"
+    fi
+}
+
+wheelhouse() {  # rebuilt when constraints.txt or the extras change
+    local stamp="$CACHE/wheels/.constraints" want; want="$(cat "$ROOT/constraints.txt"; echo "extras: operator,spark")"
+    if [[ "$want" != "$(cat "$stamp" 2>/dev/null)" ]]; then
         log "building the wheelhouse from constraints.txt"
         mkdir -p "$CACHE/wheels"
-        "$PY" -m pip wheel --quiet -c "$ROOT/constraints.txt" -w "$CACHE/wheels" "$ROOT[operator]" "setuptools>=77"  # setuptools: the build backend
-        cp "$ROOT/constraints.txt" "$stamp"
+        "$PY" -m pip wheel --quiet -c "$ROOT/constraints.txt" -w "$CACHE/wheels" "$ROOT[operator,spark]" "setuptools>=77"  # setuptools: the build backend
+        echo "$want" > "$stamp"
     fi
     printf '[global]\nno-index = true\nfind-links = /wheels\n' > "$CACHE/pip.conf"
 }
 
-inputs_hash() {  # Dockerfile, then every tracked file under the folders it copies
+inputs_hash() {  # Dockerfile, then every tracked file under the folders it copies, then its base
     local dockerfile=$1; shift
     (cd "$ROOT" && { cat "$dockerfile" constraints.txt; git ls-files -s -- pyproject.toml README.md "$@"; \
-        sha256sum "$CACHE/base-python-3.11.tar"; } | sha256sum | cut -c1-16)
+        if [[ "$dockerfile" == spark/* ]]; then echo "$SPARK_BASE_KEY"; else sha256sum "$CACHE/base-python-3.11.tar"; fi; } \
+        | sha256sum | cut -c1-16)
 }
 
-build() {  # name dockerfile copied-folders...
-    local name=$1 dockerfile=$2; shift 2
+build() {  # name dockerfile [--build-arg A=B] copied-folders...
+    local name=$1 dockerfile=$2 args=(); shift 2
+    [[ "${1:-}" == --build-arg ]] && { args=(--build-arg "$2"); shift 2; }
     local hash; hash="$(inputs_hash "$dockerfile" "$@")"
     local tar="$CACHE/$name-$hash.tar" tag="docker.io/txbroker/$name:$VERSION"
     if [[ -f "$tar" ]]; then log "$tag: cached ($tar)"; echo "$tar"; return; fi
@@ -85,7 +136,7 @@ build() {  # name dockerfile copied-folders...
     local t0=$SECONDS
     buildah bud --quiet --runtime /usr/sbin/runc --pull=never --network host --layers=false \
         -v "$CACHE/wheels:/wheels:ro" -v "$CACHE/pip.conf:/etc/pip.conf:ro" \
-        -f "$ROOT/$dockerfile" -t "$tag" "$ROOT" >/dev/null
+        "${args[@]}" -f "$ROOT/$dockerfile" -t "$tag" "$ROOT" >/dev/null
     rm -f "$CACHE/$name"-*.tar
     buildah push --quiet "$tag" "docker-archive:$tar.tmp:$tag" && mv "$tar.tmp" "$tar"
     log "$tag: built in $((SECONDS - t0)) s, $(du -h "$tar" | cut -f1)"
@@ -98,3 +149,5 @@ base_image
 wheelhouse
 build broker broker_image/Dockerfile broker_image
 build operator operator/Dockerfile broker_image operator spark
+spark_base_image
+build spark spark/Dockerfile --build-arg "SPARK_IMAGE=$SPARK_BASE" broker_image spark

@@ -59,7 +59,7 @@ stamp_ok() { [[ -n "${TXBROKER_K8S_BIN:-}" ]] || [[ "$(cat "$BIN/.stamp-$1" 2>/d
 # The kube binaries share one recipe (version and ldflags) and one stamp; when the stamp matches,
 # only the binaries missing or reporting another version are built (a cache from before
 # kube-controller-manager joined the set gets just that one, not three relinks).
-KUBE_BINS=(kube-apiserver kube-controller-manager kubectl)
+KUBE_BINS=(kube-apiserver kube-controller-manager kubectl kube-scheduler kube-proxy kubelet)
 kube_bin_ok() {
     local out
     [[ -x "$BIN/$1" ]] || return 1
