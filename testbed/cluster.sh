@@ -6,6 +6,7 @@
 #
 #   testbed/cluster.sh up       build what is missing, then start it all (DIR/kubeconfig for kubectl)
 #   testbed/cluster.sh down     stop it all; remove the namespaces it made
+#   testbed/cluster.sh load     build the images that changed and load them into the running node
 #   testbed/cluster.sh exec CMD run CMD inside the cluster's network (pods, Services and the API
 #                               server are reached there; `exec bash` for a shell)
 #   testbed/cluster.sh env      print the exports for a shell run through `exec`
@@ -346,10 +347,7 @@ up() {
         --volumes "$DIR/volumes" --node "$NODE"
 
     wait_for containerd containerd 30 test -S "$SOCK"
-    local tar
-    for tar in "$(pause_image)" $ARCHIVES; do
-        ctr -a "$SOCK" -n k8s.io images import "$tar" >/dev/null
-    done
+    import_images "$(pause_image)" $ARCHIVES
     spawn kubelet "$BIN/kubelet" --config "$DIR/kubelet.yaml" --root-dir "$DIR/kubelet" \
         --kubeconfig "$DIR/kubelet.kubeconfig" --hostname-override "$NODE" --node-ip "$NODE_IP" --v 1
     wait_for "the node to be Ready" kubelet 120 kc wait --for=condition=Ready "node/$NODE" --timeout=2s
@@ -361,6 +359,11 @@ export PATH=$BIN:\$PATH
 EOF
     trap - EXIT
     log "up in network namespace $NETNS: API server https://$NODE_IP:6443, KUBECONFIG=$DIR/kubeconfig; logs in $DIR/logs"
+}
+
+import_images() {  # the node's runtime gets the images (as `kind load docker-image` does)
+    local tar
+    for tar in "$@"; do ctr -a "$SOCK" -n k8s.io images import "$tar" >/dev/null; done
 }
 
 down() {
@@ -388,6 +391,7 @@ case "${1:-}" in
     up) up ;;
     down) down ;;
     build) build; echo "$ARCHIVES" ;;
+    load) ARCHIVES="$(bash "$HERE/images.sh")"; import_images $ARCHIVES ;;
     exec) shift; in_ns "$@" ;;
     env) cat "$DIR/env" 2>/dev/null || die "no cluster is up (testbed/cluster.sh up)" ;;
     *) sed -n '2,19p' "$0" >&2; exit 2 ;;

@@ -121,7 +121,8 @@ wheelhouse() {  # rebuilt when constraints.txt or the extras change
 
 inputs_hash() {  # Dockerfile, then every tracked file under the folders it copies, then its base
     local dockerfile=$1; shift
-    (cd "$ROOT" && { cat "$dockerfile" constraints.txt; git ls-files -s -- pyproject.toml README.md "$@"; \
+    # the working tree's content of the tracked files (what the build copies), not the index's
+    (cd "$ROOT" && { cat "$dockerfile" constraints.txt; git ls-files -z -- pyproject.toml README.md "$@" | xargs -0 sha256sum; \
         if [[ "$dockerfile" == spark/* ]]; then echo "$SPARK_BASE_KEY"; else sha256sum "$CACHE/base-python-3.11.tar"; fi; } \
         | sha256sum | cut -c1-16)
 }

@@ -16,6 +16,11 @@ def pod_name(broker: str, index: int) -> str:
     return f"{broker}-{index}"
 
 
+def pod_index(pod: str) -> int:
+    """The index in a pod_name()."""
+    return int(pod.rsplit("-", 1)[1])
+
+
 def headless_service_name(broker: str) -> str:
     return broker
 

@@ -26,8 +26,8 @@ def condition(type_: str, ok: bool, reason: str, message: str, old: list[dict], 
 
 def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) -> list[dict]:
     """Per broker: role, readiness, log position and (slaves) sync state. What cannot be seen now -
-    a broker that does not answer, slaves' sync state while the master is down - keeps the value
-    last seen: failover decides on it."""
+    a broker that does not answer, slaves' sync state while the master is down, the master whose pod
+    was deleted - keeps the value last seen: failover decides on it."""
     last_seen = {b.get("name"): b for b in old}
     head = members.get(master)
     head_offset = head.info.log_end_offset if head and head.info and head.info.is_master else None
@@ -51,6 +51,12 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
             else:   # the master does not answer: keep what it last said about this slave
                 entry.update({k: before[k] for k in ("lag", "inSync") if k in before})
         out.append(entry)
+    gone = last_seen.get(master)
+    if gone and not any(e["name"] == master for e in out):
+        # the master's pod is being deleted or is gone: its last-seen entry stays, not ready, so
+        # failover knows a master that served is lost (a missing entry means one that never served)
+        out.append({**{k: v for k, v in gone.items() if k != "podIP"}, "ready": False})
+        out.sort(key=lambda e: manifests.pod_index(e["name"]))
     return out
 
 

@@ -19,7 +19,6 @@ lo`, tests/k8s/README.md) the real EndpointSlices are read.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import os
@@ -34,8 +33,9 @@ import pytest
 import yaml
 from k8s_testbed import ROOT, wait_for
 
-from txbroker.client import BrokerError
 from txbroker.client.admin import AdminClient
+
+from support.refusals import end_transaction_refusal  # noqa: F401 - the e2e tests import it from here
 
 CHART = str(ROOT / "helm" / "txbroker")
 IMAGE = "txbroker/broker:test"     # never pulled: the local kubelet runs `txbroker` from PATH
@@ -197,23 +197,3 @@ def _endpoints_by_selector(tb, namespace: str, service: str, port: str, pods: li
 def endpoints_possible(pod: dict) -> bool:
     """Whether the API server accepts this pod's address in EndpointSlices (not loopback)."""
     return not ipaddress.ip_address(pod["status"]["podIP"]).is_loopback
-
-
-def end_transaction_refusal(address: str, group: str) -> BrokerError:
-    """Send END_TRANSACTION (COMMIT of a made-up transaction) to one broker, as a client that does not
-    insist on a master would; return the error it answers with (AssertionError if it accepts)."""
-    from txbroker.client.connection import BrokerClient
-    from txbroker.protocol.bodies import EndTransactionRequest
-    from txbroker.protocol.codes import RequestCode, TransactionState
-
-    async def send():
-        c = BrokerClient(address, require_master=False)
-        try:
-            await c.request(RequestCode.END_TRANSACTION, EndTransactionRequest(group, "t", TransactionState.COMMIT))
-        finally:
-            await c.close()
-    try:
-        asyncio.run(send())
-    except BrokerError as e:
-        return e
-    raise AssertionError(f"{address} accepted END_TRANSACTION")

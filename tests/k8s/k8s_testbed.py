@@ -16,9 +16,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from support.waiting import wait_for  # noqa: F401 - the e2e tests import it from here
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -51,23 +52,6 @@ def build() -> None:
 def bin_dir() -> Path:
     return Path(subprocess.run(["bash", str(TESTBED_SH), "bin"], capture_output=True, text=True,
                                check=True).stdout.strip())
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll `predicate` until it returns something truthy; return that. Fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - keep polling; report the last error
-            last_exc = e
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}"
-                               + (f" (last error: {last_exc!r})" if last_exc else ""))
-        time.sleep(interval)
 
 
 class Testbed:

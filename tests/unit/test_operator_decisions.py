@@ -90,6 +90,23 @@ def test_status_keeps_what_it_cannot_see_now():
     assert {c["type"]: c["status"] for c in st["conditions"]}["Degraded"] == "True"
 
 
+def test_status_keeps_a_master_whose_pod_was_deleted():
+    """`kubectl delete pod <master>`: while its pod terminates and once it is gone, the master keeps
+    its last-seen entry (offset, role), so failover still sees a master that served and promotes;
+    dropping it looked like a new TxBroker whose master never served, and nothing happened."""
+    deleting = member("b-0", 0, None, ready=False, role_label="master")
+    deleting.pod["metadata"]["deletionTimestamp"] = "2026-11-21T10:00:00Z"
+    slaves = {"b-1": member("b-1", 1, info(offset=110)), "b-2": member("b-2", 2, info(offset=118))}
+    body = {"metadata": {"generation": 1}, "spec": {"replicas": 3, "replication": "SYNC"}, "status": LAST_SEEN}
+    for members in ({"b-0": deleting, **slaves}, slaves):     # terminating, then gone
+        st = status.compute(body, members, "b-0", 3, {})
+        assert [b["name"] for b in st["brokers"]] == ["b-0", "b-1", "b-2"]
+        gone = st["brokers"][0]
+        assert (gone["role"], gone["offset"], gone["ready"]) == ("master", 120, False) and "podIP" not in gone
+        p = failover.decide_failover(body["spec"], st, slaves, "b-0", 30)
+        assert isinstance(p, Promote) and p.successor == "b-2"
+
+
 def test_pods_take_their_role_from_their_own_label_and_annotation():
     pod = manifests.broker_pod("b", "ns", {"image": "img"}, 1, "slave", "10.0.0.1:10911")
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["spec"]["containers"][0]["env"]}

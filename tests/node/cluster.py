@@ -1,0 +1,124 @@
+"""The tests' handle on the real one-node cluster that testbed/cluster.sh runs.
+
+The tests run inside the cluster's network namespace (`testbed/cluster.sh exec pytest ...`, as
+`make test` does), so pod IPs, Service IPs and the API server are reached as from a node. Containers
+are containerd's: a container is killed the way the kernel's OOM killer would (SIGKILL to its task),
+and the kubelet restarts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from support.waiting import wait_for  # noqa: F401 - the tests import it from here
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("TXBROKER_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+             / "txbroker")
+DIR = Path(os.environ.get("TXBROKER_CLUSTER_DIR") or CACHE / "cluster")
+VERSION = next(line.split('"')[1] for line in (ROOT / "pyproject.toml").read_text().splitlines()
+               if line.startswith("version = "))
+BROKER_IMAGE = f"txbroker/broker:{VERSION}"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+class ToolError(subprocess.CalledProcessError):
+    """A kubectl/helm/ctr call failed; str() shows its stderr."""
+
+    def __str__(self) -> str:
+        return f"{' '.join(map(str, self.cmd))} exited {self.returncode}:\n{self.stderr}"
+
+
+class Cluster:
+    def __init__(self, directory: Path = DIR):
+        self.dir = directory
+        env_file = directory / "env"
+        if not env_file.exists():
+            raise ClusterError(f"no cluster is up ({env_file} is missing): `make test` brings one up; by hand, "
+                               "`testbed/cluster.sh up`, then `testbed/cluster.sh exec .venv/bin/python -m pytest tests/node`")
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in env_file.read_text().splitlines()
+                       if line.startswith("export "))
+        self.kubeconfig = exports["KUBECONFIG"]
+        self.bin = Path(exports["PATH"].split(":")[0])
+        self.sock = str(directory / "containerd.sock")
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, KUBECONFIG=self.kubeconfig, PATH=f"{self.bin}:{os.environ['PATH']}",
+                    HELM_CACHE_HOME=str(self.dir / "helm/cache"), HELM_CONFIG_HOME=str(self.dir / "helm/config"),
+                    HELM_DATA_HOME=str(self.dir / "helm/data"))
+
+    def run(self, tool: str, *args: str, input: str | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+        cmd = [str(self.bin / tool) if (self.bin / tool).exists() else tool, *args]
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env(), timeout=timeout)
+        if check and r.returncode != 0:
+            raise ToolError(r.returncode, cmd, r.stdout, r.stderr)
+        return r
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess:
+        return self.run("kubectl", *args, **kw)
+
+    def helm(self, *args: str, **kw: Any) -> subprocess.CompletedProcess:
+        return self.run("helm", *args, **kw)
+
+    def check_reachable(self) -> None:
+        r = self.kubectl("get", "--raw", "/readyz", check=False, timeout=15)
+        if r.returncode != 0:
+            raise ClusterError("the API server does not answer; the tests run inside the cluster's network "
+                               "(`testbed/cluster.sh exec .venv/bin/python -m pytest tests/node`):\n" + r.stderr)
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
+        r = self.kubectl(*args, check=False)
+        if r.returncode != 0:
+            if "NotFound" in r.stderr:
+                return None
+            raise ToolError(r.returncode, args, r.stdout, r.stderr)
+        return json.loads(r.stdout)
+
+    def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict]:
+        args = ["get", kind, "-n", namespace, "-o", "json"] + (["-l", selector] if selector else [])
+        return json.loads(self.kubectl(*args).stdout)["items"]
+
+    def apply(self, manifest: dict | str, namespace: str | None = None) -> None:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        self.kubectl("apply", "-f", "-", *(["-n", namespace] if namespace else []), input=text)
+
+    def logs(self, pod: str, namespace: str, container: str | None = None, previous: bool = False) -> str:
+        args = ["logs", pod, "-n", namespace] + (["-c", container] if container else []) + (
+            ["--previous"] if previous else [])
+        return self.kubectl(*args).stdout
+
+    def exec(self, pod: str, namespace: str, *cmd: str, check: bool = False) -> subprocess.CompletedProcess:
+        return self.kubectl("exec", pod, "-n", namespace, "--", *cmd, check=check)
+
+    def kill_container(self, pod: str, namespace: str, container: str | None = None) -> str:
+        """SIGKILL a running container's task, as the OOM killer would; return its container id."""
+        p = self.get("pod", pod, namespace)
+        statuses = [s for s in (p or {}).get("status", {}).get("containerStatuses", [])
+                    if (container is None or s["name"] == container) and "running" in s.get("state", {})]
+        if not statuses:
+            raise LookupError(f"no running container in pod {namespace}/{pod}")
+        cid = statuses[0]["containerID"].split("://", 1)[1]
+        self.run("ctr", "-a", self.sock, "-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", cid)
+        return cid
+
+    def events(self, namespace: str, name: str | None = None) -> list[dict]:
+        items = self.list("events", namespace)
+        return [e for e in items if name is None or e["involvedObject"]["name"] == name]
+
+
+def ready(pod: dict | None) -> bool:
+    return bool(pod) and any(c["type"] == "Ready" and c["status"] == "True"
+                             for c in pod.get("status", {}).get("conditions", []))
+
+
+def condition(obj: dict, kind: str) -> dict | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == kind), None)

@@ -1,0 +1,166 @@
+"""txbroker as a user runs it: the chart's operator in a pod, a TxBroker of three brokers on
+PersistentVolumeClaims, producers and consumers in pods that know the brokers by their Service's
+DNS name, all in containers of the images built from our Dockerfiles, under containerd and runc.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from cluster import BROKER_IMAGE, Cluster, condition, ready, wait_for
+from conftest import OPERATOR_NAMESPACE
+
+from support.refusals import end_transaction_refusal
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+
+def txbroker(name: str, **spec) -> dict:
+    return {"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxBroker", "metadata": {"name": name},
+            "spec": {"image": BROKER_IMAGE, **spec}}
+
+
+def workload_pod(name: str, *args: str, restart: str = "Never") -> dict:
+    """A pod of the broker image running tests/node/workloads/ADDRESS... (mounted from a ConfigMap)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "orders"}},
+            "spec": {"restartPolicy": restart,
+                     "containers": [{"name": "main", "image": BROKER_IMAGE, "command": ["python", *args],
+                                     "volumeMounts": [{"name": "workloads", "mountPath": "/workloads"}]}],
+                     "volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}]}}
+
+
+def consumer_pod(name: str, address: str, topic: str) -> dict:
+    """`txbroker tail` in a pod, as a user reads a topic."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "orders"}},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": BROKER_IMAGE,
+                                     "args": ["tail", "--broker", address, "--topic", topic]}]}}
+
+
+def install_workloads(c: Cluster, namespace: str) -> None:
+    c.kubectl("-n", namespace, "create", "configmap", "workloads", f"--from-file={WORKLOADS / 'tx_producer.py'}")
+
+
+def finished(c: Cluster, namespace: str, pod: str) -> dict | None:
+    p = c.get("pod", pod, namespace)
+    return p if p and p["status"].get("phase") in ("Succeeded", "Failed") else None
+
+
+def consumed_bodies(c: Cluster, namespace: str, address: str, topic: str, pod: str) -> list[str]:
+    """Every committed message of `topic`, read by a consumer pod: its bodies, in order."""
+    c.apply(consumer_pod(pod, address, topic), namespace)
+    p = wait_for(lambda: finished(c, namespace, pod), 120, f"consumer {pod} to finish")
+    out = c.logs(pod, namespace)
+    assert p["status"]["phase"] == "Succeeded", out
+    return [line.rsplit(" ", 1)[1] for line in out.splitlines() if line.strip()]
+
+
+def acked(c: Cluster, namespace: str, pod: str) -> list[str]:
+    return [line.split()[1] for line in c.logs(pod, namespace).splitlines() if line.startswith("ACK ")]
+
+
+def wait_ready(c: Cluster, namespace: str, name: str, replicas: int, timeout: float = 180) -> dict:
+    def check():
+        t = c.get("txb", name, namespace)
+        st = (t or {}).get("status") or {}
+        return st.get("phase") == "Running" and len(st.get("brokers", [])) == replicas and t
+    try:
+        return wait_for(check, timeout, f"TxBroker {name} Ready with {replicas} brokers")
+    except TimeoutError:
+        raise AssertionError(f"{name} not Ready: {json.dumps(c.get('txb', name, namespace), indent=1)[-3000:]}\n"
+                             + c.kubectl("-n", namespace, "get", "pods,pvc", "-o", "wide").stdout
+                             + c.logs(operator_pod(c), OPERATOR_NAMESPACE)[-3000:]) from None
+
+
+def operator_pod(c: Cluster) -> str:
+    return c.list("pods", OPERATOR_NAMESPACE, "app.kubernetes.io/name=txbroker-operator")[0]["metadata"]["name"]
+
+
+def test_the_operator_runs_in_its_pod_as_the_chart_says(operator):
+    c = operator
+    pod = c.get("pod", operator_pod(c), OPERATOR_NAMESPACE)
+    assert ready(pod)
+    assert pod["spec"]["serviceAccountName"] == "txbroker-txbroker-operator"
+    name = pod["metadata"]["name"]
+    # enforced by the runtime, not only written in the spec
+    assert c.exec(name, OPERATOR_NAMESPACE, "id", "-u").stdout.strip() == "65532"
+    touch = c.exec(name, OPERATOR_NAMESPACE, "touch", "/written")
+    assert touch.returncode != 0 and "Read-only file system" in touch.stderr
+    assert c.exec(name, OPERATOR_NAMESPACE, "touch", "/tmp/written").returncode == 0
+    # it reaches the API server through the `kubernetes` Service with its ServiceAccount's token
+    log = c.logs(name, OPERATOR_NAMESPACE)
+    assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_trio_on_volumes_serves_producers_and_consumers_in_pods(operator, namespace):
+    c = operator
+    c.apply(txbroker("trio", replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"}), namespace)
+    t = wait_ready(c, namespace, "trio", 3)
+    assert t["status"]["master"] == "trio-0"
+    # each broker on a claim the node's provisioner bound to a volume
+    claims = c.list("pvc", namespace)
+    assert len(claims) == 3 and all(p["status"]["phase"] == "Bound" for p in claims), claims
+    # `kubectl get txb` as a user reads it
+    table = c.kubectl("-n", namespace, "get", "txb").stdout.splitlines()
+    assert table[0].split()[:5] == ["NAME", "REPLICAS", "MASTER", "EPOCH", "PHASE"]
+    assert table[1].split()[:5] == ["trio", "3", "trio-0", "1", "Running"]
+
+    address = f"trio-master.{namespace}.svc.cluster.local:10911"
+    install_workloads(c, namespace)
+    c.apply(workload_pod("producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "200"), namespace)
+    p = wait_for(lambda: finished(c, namespace, "producer"), 180, "the producer pod to finish")
+    assert p["status"]["phase"] == "Succeeded", c.logs("producer", namespace)
+    sent = acked(c, namespace, "producer")
+    assert len(sent) == 200
+    # a consumer in another pod receives exactly the committed messages, once each
+    got = consumed_bodies(c, namespace, address, "Orders", "consumer")
+    assert sorted(got) == sorted(sent)
+    # the slaves hold them too (SYNC replication), on their own volumes
+    for slave in ("trio-1", "trio-2"):
+        ip = c.get("pod", slave, namespace)["status"]["podIP"]
+        assert Counter(consumed_bodies(c, namespace, f"{ip}:10911", "Orders", f"consumer-{slave}")) == Counter(sent)
+
+
+def test_failover_under_load_when_the_master_pod_is_deleted(operator, namespace):
+    c = operator
+    c.apply(txbroker("fo", replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"},
+                     transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1},
+                     failover={"gracePeriodSeconds": 3}), namespace)
+    wait_ready(c, namespace, "fo", 3)
+    wait_for(lambda: all(b.get("inSync") for b in c.get("txb", "fo", namespace)["status"]["brokers"]
+                         if b["role"] == "slave"), 60, "slaves in sync")
+    address = f"fo-master.{namespace}.svc.cluster.local:10911"
+    install_workloads(c, namespace)
+    c.apply(workload_pod("producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "3000"), namespace)
+    wait_for(lambda: len(acked(c, namespace, "producer")) >= 100, 120, "commits before the failure")
+
+    c.kubectl("-n", namespace, "delete", "pod", "fo-0", "--wait=false")
+    txb = wait_for(lambda: (t := c.get("txb", "fo", namespace)) and t["status"].get("master") not in (None, "fo-0")
+                   and condition(t, "FailedOver") and t, 120, "the operator to promote a slave")
+    new_master = txb["status"]["master"]
+    assert txb["status"]["epoch"] >= 2 and txb["status"]["lastFailover"]["from"] == "fo-0"
+    assert any(e["reason"] == "FailedOver" for e in c.events(namespace, "fo"))
+    # the Service follows the new master, and the producer goes on through the same name
+    new_ip = c.get("pod", new_master, namespace)["status"]["podIP"]
+    wait_for(lambda: [a["ip"] for s in (c.get("endpoints", "fo-master", namespace) or {}).get("subsets", [])
+                      for a in s.get("addresses", [])] == [new_ip], 60, f"fo-master following {new_master}")
+    p = wait_for(lambda: finished(c, namespace, "producer"), 300, "the producer to finish after the failover")
+    assert p["status"]["phase"] == "Succeeded", c.logs("producer", namespace)[-3000:]
+
+    # SYNC replication: every acknowledged commit is on the new master, once; nothing else appears
+    sent = acked(c, namespace, "producer")
+    got = consumed_bodies(c, namespace, address, "Orders", "consumer")
+    assert not [b for b, n in Counter(got).items() if n > 1]
+    assert set(sent) <= set(got), sorted(set(sent) - set(got))[:20]
+    assert set(got) <= {f"m-{i}" for i in range(3000)}
+
+    # the old master's pod comes back on its own volume, as a slave that refuses END_TRANSACTION
+    back = wait_for(lambda: (p := c.get("pod", "fo-0", namespace)) and ready(p) and p, 180, "fo-0 back and ready")
+    assert back["metadata"]["labels"]["txbroker.dev/role"] == "slave"
+    wait_for(lambda: any(b["name"] == "fo-0" and b["role"] == "slave" and b.get("inSync")
+                         for b in c.get("txb", "fo", namespace)["status"]["brokers"]), 120, "fo-0 in sync as a slave")
+    back_ip = back["status"]["podIP"]
+    assert Counter(consumed_bodies(c, namespace, f"{back_ip}:10911", "Orders", "consumer-old")) == Counter(got)
+    assert end_transaction_refusal(f"{back_ip}:10911", "orders-pg").code_name == "SLAVE_NOT_AVAILABLE"
