@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-unit test-node demo demo-broker bench clean help
+.PHONY: venv test test-unit test-e2e demo demo-broker bench clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -22,15 +22,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,operator,spark]'
 	touch $(STAMP)
 
-test: venv  ## run every test (unit, integration with real brokers, e2e), then the real node's
-	$(PY) -m pytest -n $(PYTEST_WORKERS) tests --ignore=tests/node
-	$(MAKE) test-node
+test: venv  ## run every test: unit, integration with real brokers, Spark local mode, then e2e on a real node
+	$(PY) -m pytest -n $(PYTEST_WORKERS) tests --ignore=tests/e2e
+	$(MAKE) test-e2e
 
 # The real node (testbed/cluster.sh): built and started here, the tests run inside its network,
 # and it is stopped whatever the outcome. It never skips: if it cannot start, this fails saying why.
-test-node: venv  ## the tests on a real one-node cluster: our images under containerd, the operator in a pod
+test-e2e: venv  ## the e2e tests on a real one-node cluster: our images under containerd, the operator in a pod
 	bash testbed/cluster.sh up
-	bash testbed/cluster.sh exec $(PY) -m pytest -n 2 -p no:cacheprovider tests/node; \
+	bash testbed/cluster.sh exec $(PY) -m pytest -n 2 -p no:cacheprovider tests/e2e; \
 		rc=$$?; bash testbed/cluster.sh down; exit $$rc
 
 test-unit: venv

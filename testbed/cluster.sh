@@ -31,7 +31,7 @@ POD_CIDR=10.244.0.0/24
 SERVICE_CIDR=10.96.0.0/16
 SOCK="$DIR/containerd.sock"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
-BIN="$(bash "$ROOT/tests/k8s/testbed.sh" bin)"
+BIN="$(bash "$HERE/build.sh" bin)"
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -88,7 +88,7 @@ build_coredns() {  # a CoreDNS with the plugins a cluster's DNS needs (testbed/g
 
 build() {
     need_packages
-    bash "$ROOT/tests/k8s/testbed.sh" build
+    bash "$HERE/build.sh" build
     build_coredns
     ARCHIVES="$(bash "$HERE/images.sh")"   # prints the archive of each image
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from k8s_testbed import ROOT
+from cluster import ROOT
 
 pytestmark = pytest.mark.e2e
 

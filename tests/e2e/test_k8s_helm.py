@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from k8s_testbed import ROOT
+from cluster import ROOT, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -112,8 +112,10 @@ def test_values_schema_refuses_bad_values(testbed, setting, words):
 
 def test_install_upgrade_uninstall(testbed, namespace):
     release = "txb"
+    # the operator watches this namespace only: other tests' TxBrokers on the cluster are not its own
     r = testbed.helm("install", release, CHART, "-n", namespace, "--set", "txbroker.create=true",
-                     "--set", "txbroker.name=demo")
+                     "--set", "txbroker.name=demo", "--set", f"operator.watchNamespaces={{{namespace}}}",
+                     "--set", "operator.resyncSeconds=2")
     assert "STATUS: deployed" in r.stdout
     assert "kubectl -n %s get txb demo" % namespace in r.stdout        # NOTES.txt
     # CRDs from the chart's crds/ (created unless present), the operator and its RBAC, the TxBroker
@@ -121,8 +123,11 @@ def test_install_upgrade_uninstall(testbed, namespace):
     deploy = testbed.get("deployment", "txb-txbroker-operator", namespace)
     assert deploy["spec"]["template"]["spec"]["containers"][0]["image"] == "txbroker/operator:0.1.0"
     assert testbed.get("serviceaccount", "txb-txbroker-operator", namespace) is not None
-    assert testbed.get("clusterrole", "txb-txbroker-operator") is not None
+    assert testbed.get("role", "txb-txbroker-operator", namespace) is not None
     assert testbed.get("txb", "demo", namespace)["spec"]["replicas"] == 1
+    # and it runs: the operator's pod brings the chart's TxBroker up on the node
+    wait_for(lambda: (testbed.get("txb", "demo", namespace).get("status") or {}).get("phase") == "Running", 180,
+             "the chart's TxBroker demo Running")
     sa = f"system:serviceaccount:{namespace}:txb-txbroker-operator"
     can = lambda *a: testbed.kubectl("auth", "can-i", *a, "--as", sa, "-n", namespace, check=False).stdout.strip()  # noqa: E731
     assert can("create", "pods") == "yes"
@@ -142,7 +147,7 @@ def test_install_upgrade_uninstall(testbed, namespace):
 
     testbed.helm("uninstall", release, "-n", namespace, "--wait")
     assert testbed.get("deployment", "txb-txbroker-operator", namespace) is None
-    assert testbed.get("clusterrole", "txb-txbroker-operator") is None
+    assert testbed.get("role", "txb-txbroker-operator", namespace) is None
     assert testbed.get("txb", "demo", namespace) is None
     # Helm never deletes CRDs it installed from crds/
     assert testbed.get("crd", "txbrokers.txbroker.dev") is not None

@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from k8s_testbed import wait_for
+from cluster import wait_for
 from operator_env import (
     addresses, admin, broker_info, condition, end_transaction_refusal, events_for, healthz,
     ready, service_endpoints, start_operator, txbroker, wait_broker,
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def operator(crds, tmp_path_factory):
-    yield from start_operator(crds, tmp_path_factory)
+def operator(crds, worker_id):
+    yield from start_operator(crds, f"txbroker-e2e-{worker_id}")
 
 
 class Commit(TransactionListener):
@@ -382,7 +382,8 @@ def test_a_paused_master_that_returns_is_fenced(operator):
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        # a long GC pause, a VM freeze: the process is alive but silent past the grace period
+        # a long GC pause, a VM freeze: the process is alive but silent past the grace period (and
+        # short of its liveness probe's limit, so the kubelet does not restart it)
         tb.kill_pod("frozen-0", namespace, signal.SIGSTOP)
         try:
             wait_for(lambda: tb.get("txb", "frozen", namespace)["status"]["master"] == "frozen-1", 60,

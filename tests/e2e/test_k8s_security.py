@@ -1,7 +1,7 @@
 """Security on Kubernetes (#9): a TxBroker's credentials and TLS come from Secrets, the operator uses
 them too, rotating either needs no restart, and the NetworkPolicy the operator writes admits only
-labelled clients (its rules are checked; the testbed has no network plugin to enforce them,
-tests/k8s/README.md)."""
+labelled clients (its rules are checked; the node has no policy agent yet to enforce them,
+testbed/README.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import ssl
 
 import pytest
 import trustme
-from k8s_testbed import wait_for
+from cluster import wait_for
 from operator_env import addresses, condition, events_for, start_operator, txbroker, wait_broker
 
 from txbroker.broker.auth import hash_secret
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def operator(crds, tmp_path_factory):
-    yield from start_operator(crds, tmp_path_factory, "txbroker-sec")
+def operator(crds, worker_id):
+    yield from start_operator(crds, f"txbroker-sec-{worker_id}")
 
 
 def credentials_toml(users: dict[str, dict]) -> str:

@@ -1,7 +1,7 @@
 """The chart's Spark job (spark.* values): both forms rendered and checked by a real API server.
 
 - sparkApplication: a SparkApplication (sparkoperator.k8s.io/v1beta2), validated by the Spark
-  operator's real CRD (pinned, fetched through the Go module proxy: tests/k8s/spark_operator_crd.py);
+  operator's real CRD (pinned, fetched through the Go module proxy: tests/e2e/spark_operator_crd.py);
 - sparkSubmit: a Job running spark-submit in cluster mode, pod templates in a ConfigMap;
 - both: the driver's ServiceAccount, Role and RoleBinding, the ledger checker Deployment, the ledger
   and data PVCs, a TxProducerGroup in ledger mode;
@@ -24,7 +24,7 @@ import sys
 
 import pytest
 import yaml
-from k8s_testbed import ROOT, wait_for
+from cluster import ROOT, wait_for
 
 import spark_operator_crd
 
@@ -64,6 +64,11 @@ def as_pod(spec: dict, metadata: dict, name: str) -> dict:
 
 
 def dry_run(testbed, namespace: str, objs: list[dict], check: bool = True) -> subprocess.CompletedProcess:
+    # a pod is admitted only if its ServiceAccount exists (the ServiceAccount admission plugin, as
+    # in any cluster); the chart's own ServiceAccount would be made by the same install, which a dry
+    # run does not do: make the ones the pods name first
+    for sa in {o["spec"].get("serviceAccountName") for o in objs if o.get("kind") == "Pod"} - {None, "default"}:
+        testbed.kubectl("-n", namespace, "create", "serviceaccount", sa, check=False)
     text = "\n---\n".join(json.dumps(o) for o in objs)
     return testbed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text, check=check)
 
@@ -71,12 +76,13 @@ def dry_run(testbed, namespace: str, objs: list[dict], check: bool = True) -> su
 @pytest.fixture(scope="session")
 def spark_crd(testbed):
     """The Spark operator's SparkApplication CRD (pinned version), applied and Established."""
-    try:
-        path = spark_operator_crd.fetch()
-    except spark_operator_crd.GoMissing as e:
-        pytest.skip(f"no SparkApplication CRD to validate against: {e}")
-    # 800 kB: too big for client-side apply's last-applied annotation, so server-side apply
-    testbed.kubectl("apply", "--server-side", "-f", str(path))
+    with testbed.exclusive("spark-crd"):
+        try:
+            path = spark_operator_crd.fetch()
+        except spark_operator_crd.GoMissing as e:
+            pytest.fail(f"no SparkApplication CRD to validate against: {e}", pytrace=False)
+        # 800 kB: too big for client-side apply's last-applied annotation, so server-side apply
+        testbed.kubectl("apply", "--server-side", "-f", str(path))
 
     def established() -> bool:   # (`kubectl wait` fails outright while the CRD has no conditions yet)
         crd = testbed.get("crd", spark_operator_crd.CRD_NAME) or {}

@@ -1,13 +1,15 @@
-"""The tests' handle on the real one-node cluster that testbed/cluster.sh runs.
+"""The e2e tests' handle on the real one-node cluster that testbed/cluster.sh runs.
 
 The tests run inside the cluster's network namespace (`testbed/cluster.sh exec pytest ...`, as
 `make test` does), so pod IPs, Service IPs and the API server are reached as from a node. Containers
-are containerd's: a container is killed the way the kernel's OOM killer would (SIGKILL to its task),
-and the kubelet restarts it.
+are containerd's: a pod's processes are its containers' tasks, killed the way the kernel's OOM killer
+would (SIGKILL), and the kubelet restarts them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -37,6 +39,8 @@ class ToolError(subprocess.CalledProcessError):
 
 
 class Cluster:
+    __test__ = False
+
     def __init__(self, directory: Path = DIR):
         self.dir = directory
         env_file = directory / "env"
@@ -45,19 +49,20 @@ class Cluster:
                                "`testbed/cluster.sh up`, then `testbed/cluster.sh exec .venv/bin/python -m pytest tests/node`")
         exports = dict(line.removeprefix("export ").split("=", 1) for line in env_file.read_text().splitlines()
                        if line.startswith("export "))
-        self.kubeconfig = exports["KUBECONFIG"]
+        self.kubeconfig = Path(exports["KUBECONFIG"])
         self.bin = Path(exports["PATH"].split(":")[0])
         self.sock = str(directory / "containerd.sock")
 
-    def env(self) -> dict[str, str]:
-        return dict(os.environ, KUBECONFIG=self.kubeconfig, PATH=f"{self.bin}:{os.environ['PATH']}",
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for kubectl and helm against the cluster."""
+        return dict(os.environ, KUBECONFIG=str(self.kubeconfig), PATH=f"{self.bin}:{os.environ['PATH']}",
                     HELM_CACHE_HOME=str(self.dir / "helm/cache"), HELM_CONFIG_HOME=str(self.dir / "helm/config"),
-                    HELM_DATA_HOME=str(self.dir / "helm/data"))
+                    HELM_DATA_HOME=str(self.dir / "helm/data"), **extra)
 
     def run(self, tool: str, *args: str, input: str | None = None, check: bool = True,
-            timeout: float = 120) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
         cmd = [str(self.bin / tool) if (self.bin / tool).exists() else tool, *args]
-        r = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env(), timeout=timeout)
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, env=env or self.env(), timeout=timeout)
         if check and r.returncode != 0:
             raise ToolError(r.returncode, cmd, r.stdout, r.stderr)
         return r
@@ -67,6 +72,14 @@ class Cluster:
 
     def helm(self, *args: str, **kw: Any) -> subprocess.CompletedProcess:
         return self.run("helm", *args, **kw)
+
+    @contextlib.contextmanager
+    def exclusive(self, what: str):
+        """One pytest-xdist worker at a time in the block (the workers share the cluster): session
+        setup that two workers doing at once would race on (CRDs, cached downloads)."""
+        with open(self.dir / f"{what}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def check_reachable(self) -> None:
         r = self.kubectl("get", "--raw", "/readyz", check=False, timeout=15)
@@ -91,24 +104,58 @@ class Cluster:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
         self.kubectl("apply", "-f", "-", *(["-n", namespace] if namespace else []), input=text)
 
+    def create_namespace(self, name: str) -> str:
+        r = self.kubectl("create", "namespace", name, check=False)
+        if r.returncode != 0 and "AlreadyExists" not in r.stderr:
+            raise ToolError(r.returncode, ["kubectl", "create", "namespace", name], r.stdout, r.stderr)
+        return name
+
+    def delete_namespace(self, name: str) -> None:
+        """Start deleting a namespace, without waiting (its pods take their grace period)."""
+        self.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+
     def logs(self, pod: str, namespace: str, container: str | None = None, previous: bool = False) -> str:
         args = ["logs", pod, "-n", namespace] + (["-c", container] if container else []) + (
             ["--previous"] if previous else [])
         return self.kubectl(*args).stdout
 
+    def pod_log(self, name: str, namespace: str = "default", container: str | None = None) -> str:
+        """What a pod's containers wrote (empty when it has none yet)."""
+        r = self.kubectl("logs", name, "-n", namespace, *(["-c", container] if container else ["--all-containers"]),
+                         check=False)
+        return r.stdout
+
+    def _running_containers(self, name: str, namespace: str) -> dict[str, str]:
+        """container name -> containerd id, of a pod's running containers."""
+        p = self.get("pod", name, namespace)
+        return {s["name"]: s["containerID"].split("://", 1)[1]
+                for s in (p or {}).get("status", {}).get("containerStatuses", [])
+                if "running" in s.get("state", {}) and s.get("containerID")}
+
+    def pod_pids(self, name: str, namespace: str = "default") -> dict[str, int]:
+        """container name -> the pid of its task (its main process, as the node sees it): a restarted
+        container, or a replaced pod, has another."""
+        running = self._running_containers(name, namespace)
+        tasks = {}
+        for line in self.run("ctr", "-a", self.sock, "-n", "k8s.io", "tasks", "ls").stdout.splitlines()[1:]:
+            task, pid, state = line.split()[:3]
+            if state == "RUNNING":
+                tasks[task] = int(pid)
+        return {c: tasks[cid] for c, cid in running.items() if cid in tasks}
+
+    def kill_pod(self, name: str, namespace: str = "default", sig: Any = "SIGKILL") -> list[str]:
+        """Signal the main process of every running container of a pod (SIGKILL: a crash, as an OOM
+        kill would be, which the kubelet answers with a restart; SIGSTOP/SIGCONT: a pause). Returns
+        the containers' ids; LookupError when none runs."""
+        running = self._running_containers(name, namespace)
+        if not running:
+            raise LookupError(f"no running container in pod {namespace}/{name}")
+        for cid in running.values():
+            self.run("ctr", "-a", self.sock, "-n", "k8s.io", "tasks", "kill", "--signal", getattr(sig, "name", sig), cid)
+        return list(running.values())
+
     def exec(self, pod: str, namespace: str, *cmd: str, check: bool = False) -> subprocess.CompletedProcess:
         return self.kubectl("exec", pod, "-n", namespace, "--", *cmd, check=check)
-
-    def kill_container(self, pod: str, namespace: str, container: str | None = None) -> str:
-        """SIGKILL a running container's task, as the OOM killer would; return its container id."""
-        p = self.get("pod", pod, namespace)
-        statuses = [s for s in (p or {}).get("status", {}).get("containerStatuses", [])
-                    if (container is None or s["name"] == container) and "running" in s.get("state", {})]
-        if not statuses:
-            raise LookupError(f"no running container in pod {namespace}/{pod}")
-        cid = statuses[0]["containerID"].split("://", 1)[1]
-        self.run("ctr", "-a", self.sock, "-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", cid)
-        return cid
 
     def events(self, namespace: str, name: str | None = None) -> list[dict]:
         items = self.list("events", namespace)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Spark operator's SparkApplication CRD, for validating the chart's SparkApplication offline.
 
-    python tests/k8s/spark_operator_crd.py          # prints the path of the cached CRD
+    python tests/e2e/spark_operator_crd.py          # prints the path of the cached CRD
 
 The CRD comes from the kubeflow/spark-operator Go module at a pinned version, fetched through the Go
 module proxy (`go mod download`, which checks the module against sum.golang.org and the pinned

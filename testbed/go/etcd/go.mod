@@ -1,7 +1,7 @@
 // Builds etcd (the server binary) at a pinned 3.5 release: its server/v3 module's main.go calls
 // etcdmain.Main, so `go build -o BIN/etcd go.etcd.io/etcd/server/v3` gives the usual etcd binary.
-// Bump: change ETCD_VERSION in tests/k8s/versions.env and the version below.
-module txbroker.dev/tests/k8s/etcd
+// Bump: change ETCD_VERSION in testbed/versions.env and the version below.
+module txbroker.dev/testbed/etcd
 
 go 1.26.0
 

@@ -1,11 +1,11 @@
-// Consumer module that builds kube-apiserver from k8s.io/kubernetes at a pinned tag.
+// Consumer module that builds the cluster binaries from k8s.io/kubernetes at a pinned tag.
 // k8s.io/kubernetes points its staging modules at ./staging/src/... ; outside its own tree those
 // paths do not exist, so every staging module is replaced with its published twin (v0.34.10 for
 // v1.34.10). The list is the tag's own go.mod "=> ./staging" lines, minus sample-cli-plugin and
 // sample-controller, which kubernetes does not require (and which the module proxy did not have).
-// Bump: change K8S_VERSION in tests/k8s/versions.env and every version below, then
-// `go mod tidy` (tests/k8s/testbed.sh build does GOFLAGS=-mod=mod, so a stale go.sum still works).
-module txbroker.dev/tests/k8s/kube
+// Bump: change K8S_VERSION in testbed/versions.env and every version below, then
+// `go mod tidy` (testbed/build.sh build does GOFLAGS=-mod=mod, so a stale go.sum still works).
+module txbroker.dev/testbed/kube
 
 go 1.25.0
 

@@ -9,12 +9,26 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from cluster import BROKER_IMAGE, Cluster, condition, ready, wait_for
-from conftest import OPERATOR_NAMESPACE
+from operator_env import OPERATOR_NAMESPACE, start_operator
 
 from support.refusals import end_transaction_refusal
 
+pytestmark = pytest.mark.e2e
+
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+
+@pytest.fixture(scope="module")
+def operator(crds, worker_id):
+    yield from start_operator(crds, f"txbroker-user-{worker_id}", resync_seconds=2)
+
+
+@pytest.fixture
+def namespace(operator):
+    """The namespace the module's operator watches; each test names its own TxBroker."""
+    return operator.namespace
 
 
 def txbroker(name: str, **spec) -> dict:
@@ -40,7 +54,8 @@ def consumer_pod(name: str, address: str, topic: str) -> dict:
 
 
 def install_workloads(c: Cluster, namespace: str) -> None:
-    c.kubectl("-n", namespace, "create", "configmap", "workloads", f"--from-file={WORKLOADS / 'tx_producer.py'}")
+    c.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "workloads"},
+             "data": {"tx_producer.py": (WORKLOADS / "tx_producer.py").read_text()}}, namespace)
 
 
 def finished(c: Cluster, namespace: str, pod: str) -> dict | None:
@@ -61,7 +76,9 @@ def acked(c: Cluster, namespace: str, pod: str) -> list[str]:
     return [line.split()[1] for line in c.logs(pod, namespace).splitlines() if line.startswith("ACK ")]
 
 
-def wait_ready(c: Cluster, namespace: str, name: str, replicas: int, timeout: float = 180) -> dict:
+def wait_ready(op, namespace: str, name: str, replicas: int, timeout: float = 180) -> dict:
+    c = op.testbed
+
     def check():
         t = c.get("txb", name, namespace)
         st = (t or {}).get("status") or {}
@@ -71,18 +88,14 @@ def wait_ready(c: Cluster, namespace: str, name: str, replicas: int, timeout: fl
     except TimeoutError:
         raise AssertionError(f"{name} not Ready: {json.dumps(c.get('txb', name, namespace), indent=1)[-3000:]}\n"
                              + c.kubectl("-n", namespace, "get", "pods,pvc", "-o", "wide").stdout
-                             + c.logs(operator_pod(c), OPERATOR_NAMESPACE)[-3000:]) from None
-
-
-def operator_pod(c: Cluster) -> str:
-    return c.list("pods", OPERATOR_NAMESPACE, "app.kubernetes.io/name=txbroker-operator")[0]["metadata"]["name"]
+                             + op.log.read_text()[-3000:]) from None
 
 
 def test_the_operator_runs_in_its_pod_as_the_chart_says(operator):
-    c = operator
-    pod = c.get("pod", operator_pod(c), OPERATOR_NAMESPACE)
+    c = operator.testbed
+    pod = operator.pods()[0]
     assert ready(pod)
-    assert pod["spec"]["serviceAccountName"] == "txbroker-txbroker-operator"
+    assert pod["spec"]["serviceAccountName"] == operator.deployment
     name = pod["metadata"]["name"]
     # enforced by the runtime, not only written in the spec
     assert c.exec(name, OPERATOR_NAMESPACE, "id", "-u").stdout.strip() == "65532"
@@ -90,51 +103,53 @@ def test_the_operator_runs_in_its_pod_as_the_chart_says(operator):
     assert touch.returncode != 0 and "Read-only file system" in touch.stderr
     assert c.exec(name, OPERATOR_NAMESPACE, "touch", "/tmp/written").returncode == 0
     # it reaches the API server through the `kubernetes` Service with its ServiceAccount's token
-    log = c.logs(name, OPERATOR_NAMESPACE)
+    log = operator.log.read_text()
     assert "Traceback" not in log, log[-3000:]
 
 
 def test_a_trio_on_volumes_serves_producers_and_consumers_in_pods(operator, namespace):
-    c = operator
+    c = operator.testbed
     c.apply(txbroker("trio", replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"}), namespace)
-    t = wait_ready(c, namespace, "trio", 3)
+    t = wait_ready(operator, namespace, "trio", 3)
     assert t["status"]["master"] == "trio-0"
     # each broker on a claim the node's provisioner bound to a volume
     claims = c.list("pvc", namespace)
     assert len(claims) == 3 and all(p["status"]["phase"] == "Bound" for p in claims), claims
     # `kubectl get txb` as a user reads it
-    table = c.kubectl("-n", namespace, "get", "txb").stdout.splitlines()
+    table = c.kubectl("-n", namespace, "get", "txb", "trio").stdout.splitlines()
     assert table[0].split()[:5] == ["NAME", "REPLICAS", "MASTER", "EPOCH", "PHASE"]
     assert table[1].split()[:5] == ["trio", "3", "trio-0", "1", "Running"]
 
     address = f"trio-master.{namespace}.svc.cluster.local:10911"
     install_workloads(c, namespace)
-    c.apply(workload_pod("producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "200"), namespace)
-    p = wait_for(lambda: finished(c, namespace, "producer"), 180, "the producer pod to finish")
-    assert p["status"]["phase"] == "Succeeded", c.logs("producer", namespace)
-    sent = acked(c, namespace, "producer")
+    c.apply(workload_pod("trio-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "200"),
+            namespace)
+    p = wait_for(lambda: finished(c, namespace, "trio-producer"), 180, "the producer pod to finish")
+    assert p["status"]["phase"] == "Succeeded", c.logs("trio-producer", namespace)
+    sent = acked(c, namespace, "trio-producer")
     assert len(sent) == 200
     # a consumer in another pod receives exactly the committed messages, once each
-    got = consumed_bodies(c, namespace, address, "Orders", "consumer")
+    got = consumed_bodies(c, namespace, address, "Orders", "trio-consumer")
     assert sorted(got) == sorted(sent)
     # the slaves hold them too (SYNC replication), on their own volumes
     for slave in ("trio-1", "trio-2"):
         ip = c.get("pod", slave, namespace)["status"]["podIP"]
-        assert Counter(consumed_bodies(c, namespace, f"{ip}:10911", "Orders", f"consumer-{slave}")) == Counter(sent)
+        assert Counter(consumed_bodies(c, namespace, f"{ip}:10911", "Orders", f"trio-consumer-{slave}")) == Counter(sent)
 
 
 def test_failover_under_load_when_the_master_pod_is_deleted(operator, namespace):
-    c = operator
+    c = operator.testbed
     c.apply(txbroker("fo", replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"},
                      transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1},
                      failover={"gracePeriodSeconds": 3}), namespace)
-    wait_ready(c, namespace, "fo", 3)
+    wait_ready(operator, namespace, "fo", 3)
     wait_for(lambda: all(b.get("inSync") for b in c.get("txb", "fo", namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 60, "slaves in sync")
     address = f"fo-master.{namespace}.svc.cluster.local:10911"
     install_workloads(c, namespace)
-    c.apply(workload_pod("producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "3000"), namespace)
-    wait_for(lambda: len(acked(c, namespace, "producer")) >= 100, 120, "commits before the failure")
+    c.apply(workload_pod("fo-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "3000"),
+            namespace)
+    wait_for(lambda: len(acked(c, namespace, "fo-producer")) >= 100, 120, "commits before the failure")
 
     c.kubectl("-n", namespace, "delete", "pod", "fo-0", "--wait=false")
     txb = wait_for(lambda: (t := c.get("txb", "fo", namespace)) and t["status"].get("master") not in (None, "fo-0")
@@ -146,12 +161,12 @@ def test_failover_under_load_when_the_master_pod_is_deleted(operator, namespace)
     new_ip = c.get("pod", new_master, namespace)["status"]["podIP"]
     wait_for(lambda: [a["ip"] for s in (c.get("endpoints", "fo-master", namespace) or {}).get("subsets", [])
                       for a in s.get("addresses", [])] == [new_ip], 60, f"fo-master following {new_master}")
-    p = wait_for(lambda: finished(c, namespace, "producer"), 300, "the producer to finish after the failover")
-    assert p["status"]["phase"] == "Succeeded", c.logs("producer", namespace)[-3000:]
+    p = wait_for(lambda: finished(c, namespace, "fo-producer"), 300, "the producer to finish after the failover")
+    assert p["status"]["phase"] == "Succeeded", c.logs("fo-producer", namespace)[-3000:]
 
     # SYNC replication: every acknowledged commit is on the new master, once; nothing else appears
-    sent = acked(c, namespace, "producer")
-    got = consumed_bodies(c, namespace, address, "Orders", "consumer")
+    sent = acked(c, namespace, "fo-producer")
+    got = consumed_bodies(c, namespace, address, "Orders", "fo-consumer")
     assert not [b for b, n in Counter(got).items() if n > 1]
     assert set(sent) <= set(got), sorted(set(sent) - set(got))[:20]
     assert set(got) <= {f"m-{i}" for i in range(3000)}
@@ -162,5 +177,5 @@ def test_failover_under_load_when_the_master_pod_is_deleted(operator, namespace)
     wait_for(lambda: any(b["name"] == "fo-0" and b["role"] == "slave" and b.get("inSync")
                          for b in c.get("txb", "fo", namespace)["status"]["brokers"]), 120, "fo-0 in sync as a slave")
     back_ip = back["status"]["podIP"]
-    assert Counter(consumed_bodies(c, namespace, f"{back_ip}:10911", "Orders", "consumer-old")) == Counter(got)
+    assert Counter(consumed_bodies(c, namespace, f"{back_ip}:10911", "Orders", "fo-consumer-old")) == Counter(got)
     assert end_transaction_refusal(f"{back_ip}:10911", "orders-pg").code_name == "SLAVE_NOT_AVAILABLE"
