@@ -29,9 +29,10 @@ def testbed() -> Cluster:
         c.check_reachable()
     except ClusterError as e:
         pytest.fail(str(e), pytrace=False)
-    for tag in EXTRA_BROKER_TAGS:
-        c.run("ctr", "-a", c.sock, "-n", "k8s.io", "images", "tag", "--force",
-              f"docker.io/txbroker/broker:{VERSION}", f"docker.io/txbroker/broker:{tag}")
+    with c.exclusive("image-tags"):
+        for tag in EXTRA_BROKER_TAGS:
+            c.run("ctr", "-a", c.sock, "-n", "k8s.io", "images", "tag", "--force",
+                  f"docker.io/txbroker/broker:{VERSION}", f"docker.io/txbroker/broker:{tag}")
     return c
 
 
