@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 import urllib.request
 
 from cluster import ROOT, VERSION, condition, ready, wait_for  # noqa: F401 - the e2e tests import them from here
@@ -32,8 +33,10 @@ def healthz(ip: str, path: str = "/healthz") -> int:
 
 def start_operator(crds, namespace: str, resync_seconds: int = 1):
     """Generator for a fixture: the chart installed as release `op-<namespace>`, its operator pod
-    watching `namespace` (created here); yields an InClusterOperator. At the end: uninstalled, and
-    the operator must not have hit an RBAC denial."""
+    watching `namespace`-<random> (created here; a run right after another need not wait for the
+    last one's namespace to go); yields an InClusterOperator. At the end: uninstalled, and the
+    operator must not have hit an RBAC denial."""
+    namespace = f"{namespace}-{uuid.uuid4().hex[:5]}"
     op = InClusterOperator(crds, namespace, resync_seconds)
     yield op
     text = op.log.read_text()

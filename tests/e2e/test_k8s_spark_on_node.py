@@ -1,0 +1,101 @@
+"""Spark on Kubernetes, for real: the chart's spark-submit Job runs `spark-submit --master
+k8s://https://kubernetes.default.svc --deploy-mode cluster` with the job image built from
+spark/Dockerfile; the driver pod starts executor pods; one executor pod is deleted while the job
+writes; the job commits, and a consumer pod sees every order exactly once, none from the lost
+executor's attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+from cluster import VERSION, wait_for
+from operator_env import CHART, start_operator, txbroker, wait_broker
+
+pytestmark = pytest.mark.e2e
+
+ORDERS = 60_000
+
+
+@pytest.fixture(scope="module")
+def operator(crds, worker_id):
+    yield from start_operator(crds, f"txbroker-spark-{worker_id}", resync_seconds=2)
+
+
+def spark_pods(tb, ns: str, role: str) -> list[dict]:
+    return tb.list("pods", ns, f"spark-role={role}")
+
+
+def running(pods: list[dict]) -> list[dict]:
+    return [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+
+@pytest.fixture
+def release(operator):
+    """The chart's Spark job installed as release `orders` (uninstalled after: its RBAC is cluster-wide
+    in part, and outlives the namespace)."""
+    yield "orders"
+    operator.testbed.helm("uninstall", "orders", "-n", operator.namespace, check=False)
+
+
+@pytest.mark.timeout(900)
+def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_executor(operator, release):
+    tb, ns = operator.testbed, operator.namespace
+    tb.apply(txbroker("orders", replicas=1), ns)
+    wait_broker(operator, ns, "orders")
+    small = {"spark.kubernetes.driver.request.cores": "100m", "spark.kubernetes.executor.request.cores": "100m",
+             "spark.executor.memoryOverhead": "256m", "spark.driver.memoryOverhead": "256m"}
+    escaped = {k.replace(".", "\\."): v for k, v in small.items()}   # helm --set reads dots as nesting
+    conf = [a for k, v in escaped.items() for a in ("--set-string", f"spark.job.sparkConf.{k}={v}")]
+    tb.helm("install", release, CHART, "-n", ns, "--set", "operator.replicas=0",
+            "--set", f"operator.watchNamespaces={{{ns}}}", "--set", "spark.enabled=true",
+            "--set", "spark.mode=sparkSubmit", "--set", "spark.broker.name=orders",
+            "--set", f"spark.job.orders={ORDERS}", "--set", "spark.job.partitions=4", "--set", "spark.job.batchSize=200",
+            "--set", "spark.driver.memory=768m", "--set", "spark.executor.memory=768m",
+            "--set", "spark.executor.instances=2", "--set", "spark.data.size=1Gi",
+            "--set", "spark.job.extraArgs={--progress-seconds,1}", *conf, timeout=180)
+    job = "orders-spark-1-submit"
+    # the driver starts at least two executors
+    try:
+        executors = wait_for(lambda: len(running(spark_pods(tb, ns, "executor"))) >= 2 and
+                             running(spark_pods(tb, ns, "executor")), 300, "two executor pods running")
+    except TimeoutError:
+        raise AssertionError(tb.kubectl("-n", ns, "get", "pods,pvc", "-o", "wide").stdout + "\n".join(
+            tb.pod_log(p["metadata"]["name"], ns)[-3000:] for p in tb.list("pods", ns, "spark-role=driver"))
+            + tb.pod_log(tb.list("pods", ns, f"job-name={job}")[0]["metadata"]["name"], ns)[-3000:]) from None
+    driver = spark_pods(tb, ns, "driver")[0]["metadata"]["name"]
+
+    # delete one executor while the job writes (its transactions are open on the broker)
+    sending = re.compile(r"1/4 sending: stage \d+: \d+/\d+ tasks done, [1-9]\d* running")
+    wait_for(lambda: sending.search(tb.pod_log(driver, ns)), 300, "tasks sending half messages")
+    lost, lost_id = executors[0]["metadata"]["name"], executors[0]["metadata"]["labels"]["spark-exec-id"]
+    tb.kubectl("-n", ns, "delete", "pod", lost, "--wait=false")
+
+    done = wait_for(lambda: (j := tb.get("job", job, ns)) and (j.get("status") or {}).get("conditions") and j,
+                    600, "the spark-submit Job to finish")
+    log = tb.pod_log(driver, ns)
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in done["status"]["conditions"]), log[-4000:]
+    summary = dict(kv.split("=", 1) for kv in next(line for line in log.splitlines()
+                                                   if line.startswith("SUMMARY ")).split()[1:])
+    assert summary["decision"] == "COMMITTED" and summary["rows"] == str(ORDERS), summary
+    # Spark saw the executor go and ran its work again elsewhere (a task it was running, or the
+    # output it had written); its attempts' half transactions are not in the decision, and
+    # check-back rolls them back
+    assert f"Lost executor {lost_id}" in log, log[-4000:]
+
+    # every order exactly once, read by a consumer pod through the master's Service
+    address = f"orders-master.{ns}.svc.cluster.local:10911"
+    tb.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orders-consumer"},
+              "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": f"txbroker/broker:{VERSION}",
+                       "args": ["tail", "--broker", address, "--topic", "OrderEvents"]}]}}, ns)
+    p = wait_for(lambda: (p := tb.get("pod", "orders-consumer", ns)) and p["status"].get("phase") in ("Succeeded", "Failed")
+                 and p, 300, "the consumer to read the topic")
+    out = tb.pod_log("orders-consumer", ns)
+    assert p["status"]["phase"] == "Succeeded", out[-2000:]
+    bodies = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "{" in line]
+    ids = Counter(b["order_id"] for b in bodies)
+    assert len(ids) == ORDERS and not [i for i, n in ids.items() if n > 1], (len(ids), ids.most_common(3))
+    assert len({b["job"] for b in bodies}) == 1     # one run's rows, none of an aborted attempt's
