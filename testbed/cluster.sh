@@ -86,11 +86,35 @@ build_coredns() {  # a CoreDNS with the plugins a cluster's DNS needs (testbed/g
     echo "$stamp" > "$BIN/.stamp-coredns"
 }
 
+POLICY_AGENT_IMAGE=docker.io/txbroker/kube-network-policies:v0.8.0
+build_policy_agent() {  # kube-network-policies, built unchanged from its module, in an image of its own
+    local out="$BIN/kube-network-policies" stamp
+    stamp="$(cat "$HERE/go/kube-network-policies/go.mod" "$HERE/go/kube-network-policies/tools.go" | sha256sum | cut -c1-16)"
+    if [[ ! -x "$out" || "$(cat "$BIN/.stamp-kube-network-policies" 2>/dev/null)" != "$stamp" ]]; then
+        log "building kube-network-policies (about 3 min on 2 cores with cold Go caches)"
+        (cd "$HERE/go/kube-network-policies" && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n 10 \
+            "${GO:-/usr/local/go/bin/go}" build -trimpath -ldflags "-s -w" -o "$out.tmp" sigs.k8s.io/kube-network-policies/cmd)
+        mv "$out.tmp" "$out"; echo "$stamp" > "$BIN/.stamp-kube-network-policies"
+    fi
+    POLICY_AGENT_TAR="$CACHE/images/kube-network-policies-$stamp.tar"
+    if [[ ! -f "$POLICY_AGENT_TAR" ]]; then
+        local ctr; ctr="$(buildah from scratch)"
+        buildah copy --quiet "$ctr" "$out" /bin/kube-network-policies >/dev/null
+        buildah config --entrypoint '["/bin/kube-network-policies"]' "$ctr"
+        buildah commit --quiet "$ctr" "$POLICY_AGENT_IMAGE" >/dev/null
+        buildah rm "$ctr" >/dev/null
+        rm -f "$CACHE"/images/kube-network-policies-*.tar
+        buildah push --quiet "$POLICY_AGENT_IMAGE" "docker-archive:$POLICY_AGENT_TAR.tmp:$POLICY_AGENT_IMAGE"
+        mv "$POLICY_AGENT_TAR.tmp" "$POLICY_AGENT_TAR"
+    fi
+}
+
 build() {
     need_packages
     bash "$HERE/build.sh" build
     build_coredns
     ARCHIVES="$(bash "$HERE/images.sh")"   # prints the archive of each image
+    build_policy_agent
 }
 
 pause_image() {  # the CRI sandbox image, made locally (nothing can be pulled): busybox's sleep
@@ -291,6 +315,23 @@ volumeBindingMode: WaitForFirstConsumer
 EOF
 }
 
+# NetworkPolicies are enforced by kube-network-policies (a pod on the node) through an nfqueue: it
+# decides each new connection to or from a pod. Its own nftables rules need the kernel's nft
+# `queue` expression, which this kernel lacks (CONFIG_NFT_QUEUE); the same hook is made here with
+# iptables' NFQUEUE target, which it has: after DNAT (Services resolved to pods), before SNAT, new
+# connections only, the node's root processes (the kubelet's probes, the agent itself) exempt, as
+# in the agent's own rules. --queue-bypass: while the agent is not up, traffic passes.
+policy_queue_rules() {
+    local rule
+    in_ns iptables -t mangle -N TXB-NETPOL
+    in_ns iptables -t mangle -A POSTROUTING -j TXB-NETPOL
+    for rule in "-m owner --uid-owner 0 -j RETURN" "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN" \
+            "-s $POD_CIDR -j NFQUEUE --queue-num 100 --queue-bypass" "-d $POD_CIDR -j NFQUEUE --queue-num 100 --queue-bypass"; do
+        # shellcheck disable=SC2086
+        in_ns iptables -t mangle -A TXB-NETPOL $rule
+    done
+}
+
 # ---------------------------------------------------------------------------------------------
 # up / down
 # ---------------------------------------------------------------------------------------------
@@ -312,8 +353,12 @@ up() {
     # the node's address on the namespace's loopback (no dummy interfaces in this kernel): local to
     # the node, and reached by pods through their gateway, the bridge
     in_ns ip addr add "$NODE_IP/32" dev lo
+    # a route for Service addresses, as a node's default route gives them: the node's own processes
+    # (host-network pods) reach Services, which kube-proxy then translates
+    in_ns ip route add "$SERVICE_CIDR" dev lo
     in_ns sysctl -qw net.ipv4.ip_forward=1
     in_ns sysctl -qw net.bridge.bridge-nf-call-iptables=1
+    policy_queue_rules
 
     spawn etcd "$BIN/etcd" --name node --data-dir "$DIR/etcd" --unsafe-no-fsync --log-level warn \
         --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -347,12 +392,14 @@ up() {
         --volumes "$DIR/volumes" --node "$NODE"
 
     wait_for containerd containerd 30 test -S "$SOCK"
-    import_images "$(pause_image)" $ARCHIVES
+    import_images "$(pause_image)" $ARCHIVES "$POLICY_AGENT_TAR"
     spawn kubelet "$BIN/kubelet" --config "$DIR/kubelet.yaml" --root-dir "$DIR/kubelet" \
         --kubeconfig "$DIR/kubelet.kubeconfig" --hostname-override "$NODE" --node-ip "$NODE_IP" --v 1
     wait_for "the node to be Ready" kubelet 120 kc wait --for=condition=Ready "node/$NODE" --timeout=2s
     wait_for "CoreDNS" coredns 60 in_ns curl -sf http://127.0.0.1:8181/ready
     wait_for "the default ServiceAccount" kube-controller-manager 60 kc get serviceaccount default
+    kc apply -f "$HERE/manifests/kube-network-policies.yaml" >/dev/null
+    wait_for "the NetworkPolicy agent" kubelet 120 kc -n kube-system rollout status daemonset/kube-network-policies --timeout=2s
     cat > "$DIR/env" <<EOF
 export KUBECONFIG=$DIR/kubeconfig
 export PATH=$BIN:\$PATH

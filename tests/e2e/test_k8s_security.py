@@ -1,7 +1,6 @@
 """Security on Kubernetes (#9): a TxBroker's credentials and TLS come from Secrets, the operator uses
 them too, rotating either needs no restart, and the NetworkPolicy the operator writes admits only
-labelled clients (its rules are checked; the node has no policy agent yet to enforce them,
-testbed/README.md)."""
+labelled clients (enforced on the node by kube-network-policies, testbed/README.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import ssl
 import pytest
 import trustme
 from cluster import wait_for
-from operator_env import addresses, condition, events_for, start_operator, txbroker, wait_broker
+from operator_env import IMAGE, addresses, condition, events_for, start_operator, txbroker, wait_broker
 
 from txbroker.broker.auth import hash_secret
 from txbroker.client import (
@@ -145,9 +144,23 @@ def test_credentials_and_tls_from_secrets_rotate_without_restarts(operator, tmp_
              "status offsets moving after the rotations")
 
 
+def connects(tb, ns: str, name: str, address: str, labels: dict[str, str]) -> bool:
+    """Whether a pod with `labels` opens a TCP connection to `address` (HOST:PORT) within 5 s."""
+    host, port = address.rsplit(":", 1)
+    probe = (f"import socket\ntry:\n    socket.create_connection(({host!r}, {port}), timeout=5).close()\n"
+             "    print('connected')\nexcept OSError as e:\n    print('refused', e)")
+    tb.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+              "spec": {"restartPolicy": "Never", "containers": [{"name": "probe", "image": IMAGE,
+                                                                 "command": ["python", "-c", probe]}]}}, ns)
+    wait_for(lambda: tb.get("pod", name, ns)["status"].get("phase") in ("Succeeded", "Failed"), 60, f"{name} to finish")
+    out = tb.pod_log(name, ns)
+    assert out.startswith(("connected", "refused")), out
+    return out.startswith("connected")
+
+
 def test_network_policy_admits_labelled_clients(operator):
     tb, ns = operator.testbed, operator.namespace
-    tb.apply(txbroker("fenced", replicas=1, networkPolicy={"enabled": True}), ns)
+    tb.apply(txbroker("fenced", replicas=2, networkPolicy={"enabled": True}), ns)
     wait_broker(operator, ns, "fenced")
     policy = tb.get("networkpolicy", "fenced", ns)
     assert policy["metadata"]["ownerReferences"][0]["name"] == "fenced"
@@ -156,8 +169,17 @@ def test_network_policy_admits_labelled_clients(operator):
     assert {"podSelector": {"matchLabels": {"txbroker.dev/client": "fenced"}}} in data["from"]
     assert admin_rule["from"][1] == {"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "txbroker-system"}}}
+    # enforced: a pod without the client label cannot reach a broker, one with it can, through the
+    # master's Service as by pod address; the slave still replicates and the operator still manages
+    service = f"fenced-master.{ns}.svc.cluster.local:10911"
+    assert not connects(tb, ns, "stranger", service, {"app": "stranger"})
+    assert not connects(tb, ns, "stranger-direct", addresses(tb, ns, "fenced", 1)[0], {"app": "stranger"})
+    assert connects(tb, ns, "client", service, {"txbroker.dev/client": "fenced"})
+    wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "fenced", ns)["status"]["brokers"]
+                         if b["role"] == "slave"), 60, "the slave in sync under the policy")
     tb.kubectl("-n", ns, "patch", "txb", "fenced", "--type=merge", "-p", '{"spec": {"networkPolicy": {"enabled": false}}}')
     wait_for(lambda: tb.get("networkpolicy", "fenced", ns) is None, 30, "the NetworkPolicy removed")
+    assert connects(tb, ns, "stranger-after", service, {"app": "stranger"})
 
 
 def test_a_missing_secret_is_reported_and_nothing_is_promoted(operator):

@@ -179,3 +179,54 @@ def test_failover_under_load_when_the_master_pod_is_deleted(operator, namespace)
     back_ip = back["status"]["podIP"]
     assert Counter(consumed_bodies(c, namespace, f"{back_ip}:10911", "Orders", "fo-consumer-old")) == Counter(got)
     assert end_transaction_refusal(f"{back_ip}:10911", "orders-pg").code_name == "SLAVE_NOT_AVAILABLE"
+
+
+@pytest.mark.timeout(600)
+def test_rolling_update_and_scaling_under_load_keep_every_acknowledged_commit(operator, namespace):
+    c = operator.testbed
+    c.apply(txbroker("roll", replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"},
+                     transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1}), namespace)
+    wait_ready(operator, namespace, "roll", 3)
+    wait_for(lambda: all(b.get("inSync") for b in c.get("txb", "roll", namespace)["status"]["brokers"]
+                         if b["role"] == "slave"), 60, "slaves in sync")
+    address = f"roll-master.{namespace}.svc.cluster.local:10911"
+    install_workloads(c, namespace)
+    c.apply(workload_pod("roll-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "1000000"),
+            namespace)
+    wait_for(lambda: len(acked(c, namespace, "roll-producer")) >= 100, 120, "commits before the update")
+
+    # a second image tag: one pod at a time, slaves first, the master's pod last after a switchover
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.list("pods", namespace, "txbroker.dev/broker=roll")}
+    order, most_down = [], 0
+
+    def rolled():
+        nonlocal most_down
+        pods = {n: c.get("pod", n, namespace) for n in uids}
+        for n, p in pods.items():
+            if n not in order and (p is None or p["metadata"]["uid"] != uids[n] or p["metadata"].get("deletionTimestamp")):
+                order.append(n)
+        most_down = max(most_down, sum(1 for p in pods.values() if not ready(p) or p["metadata"].get("deletionTimestamp")))
+        t = c.get("txb", "roll", namespace)
+        return (all(p and p["spec"]["containers"][0]["image"] == "txbroker/broker:v2" and ready(p) for p in pods.values())
+                and t["status"]["phase"] == "Running" and t)
+    master_before = c.get("txb", "roll", namespace)["status"]["master"]
+    c.kubectl("-n", namespace, "patch", "txb", "roll", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v2"}}')
+    wait_for(rolled, 300, "every roll pod on txbroker/broker:v2", interval=0.5)
+    assert most_down <= 1, "more than one broker down at once"
+    assert order[-1] == master_before and len(order) == 3, order
+
+    # scale 3 -> 2 -> 3 while the producer goes on
+    c.kubectl("-n", namespace, "patch", "txb", "roll", "--type=merge", "-p", '{"spec": {"replicas": 2}}')
+    wait_ready(operator, namespace, "roll", 2)
+    c.kubectl("-n", namespace, "patch", "txb", "roll", "--type=merge", "-p", '{"spec": {"replicas": 3}}')
+    wait_ready(operator, namespace, "roll", 3)
+
+    before = len(acked(c, namespace, "roll-producer"))
+    wait_for(lambda: len(acked(c, namespace, "roll-producer")) >= before + 100, 120, "commits after the changes")
+    c.exec("roll-producer", namespace, "touch", "/tmp/stop", check=True)
+    p = wait_for(lambda: finished(c, namespace, "roll-producer"), 120, "the producer to stop")
+    assert p["status"]["phase"] == "Succeeded", c.logs("roll-producer", namespace)[-3000:]
+    sent = acked(c, namespace, "roll-producer")
+    got = consumed_bodies(c, namespace, address, "Orders", "roll-consumer")
+    assert not [b for b, n in Counter(got).items() if n > 1]
+    assert set(sent) <= set(got), sorted(set(sent) - set(got))[:20]
