@@ -137,47 +137,64 @@ def test_a_trio_on_volumes_serves_producers_and_consumers_in_pods(operator, name
         assert Counter(consumed_bodies(c, namespace, f"{ip}:10911", "Orders", f"trio-consumer-{slave}")) == Counter(sent)
 
 
-def test_failover_under_load_when_the_master_pod_is_deleted(operator, namespace):
+def crash_loop(c: Cluster, namespace: str, pod: str):
+    """A wait_for predicate: SIGKILL the pod's container whenever the kubelet has restarted it (a
+    master that crashes at start, again and again), until the operator has promoted another."""
+    def check():
+        try:
+            c.kill_pod(pod, namespace)
+        except LookupError:   # between a kill and the restart
+            pass
+        return c.get("txb", pod.rsplit("-", 1)[0], namespace)["status"]["master"] != pod
+    return check
+
+
+@pytest.mark.parametrize("loss", ["pod deleted", "container crash-looping"])
+def test_failover_under_load_when_the_master_is_lost(operator, namespace, loss):
     c = operator.testbed
-    c.apply(txbroker("fo", replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"},
+    fo = {"pod deleted": "fo", "container crash-looping": "fc"}[loss]   # the TxBroker's name
+    c.apply(txbroker(fo, replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"},
                      transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1},
                      failover={"gracePeriodSeconds": 3}), namespace)
-    wait_ready(operator, namespace, "fo", 3)
-    wait_for(lambda: all(b.get("inSync") for b in c.get("txb", "fo", namespace)["status"]["brokers"]
+    wait_ready(operator, namespace, fo, 3)
+    wait_for(lambda: all(b.get("inSync") for b in c.get("txb", fo, namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 60, "slaves in sync")
-    address = f"fo-master.{namespace}.svc.cluster.local:10911"
+    address = f"{fo}-master.{namespace}.svc.cluster.local:10911"
     install_workloads(c, namespace)
-    c.apply(workload_pod("fo-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "3000"),
+    c.apply(workload_pod(f"{fo}-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "3000"),
             namespace)
-    wait_for(lambda: len(acked(c, namespace, "fo-producer")) >= 100, 120, "commits before the failure")
+    wait_for(lambda: len(acked(c, namespace, f"{fo}-producer")) >= 100, 120, "commits before the failure")
 
-    c.kubectl("-n", namespace, "delete", "pod", "fo-0", "--wait=false")
-    txb = wait_for(lambda: (t := c.get("txb", "fo", namespace)) and t["status"].get("master") not in (None, "fo-0")
+    if loss == "pod deleted":
+        c.kubectl("-n", namespace, "delete", "pod", f"{fo}-0", "--wait=false")
+    else:   # the runtime restarts the container each time; the operator must still fail over
+        wait_for(crash_loop(c, namespace, f"{fo}-0"), 120, "the operator to promote a slave", interval=0.1)
+    txb = wait_for(lambda: (t := c.get("txb", fo, namespace)) and t["status"].get("master") not in (None, f"{fo}-0")
                    and condition(t, "FailedOver") and t, 120, "the operator to promote a slave")
     new_master = txb["status"]["master"]
-    assert txb["status"]["epoch"] >= 2 and txb["status"]["lastFailover"]["from"] == "fo-0"
-    assert any(e["reason"] == "FailedOver" for e in c.events(namespace, "fo"))
+    assert txb["status"]["epoch"] >= 2 and txb["status"]["lastFailover"]["from"] == f"{fo}-0"
+    assert any(e["reason"] == "FailedOver" for e in c.events(namespace, fo))
     # the Service follows the new master, and the producer goes on through the same name
     new_ip = c.get("pod", new_master, namespace)["status"]["podIP"]
-    wait_for(lambda: [a["ip"] for s in (c.get("endpoints", "fo-master", namespace) or {}).get("subsets", [])
-                      for a in s.get("addresses", [])] == [new_ip], 60, f"fo-master following {new_master}")
-    p = wait_for(lambda: finished(c, namespace, "fo-producer"), 300, "the producer to finish after the failover")
-    assert p["status"]["phase"] == "Succeeded", c.logs("fo-producer", namespace)[-3000:]
+    wait_for(lambda: [a["ip"] for s in (c.get("endpoints", f"{fo}-master", namespace) or {}).get("subsets", [])
+                      for a in s.get("addresses", [])] == [new_ip], 60, f"{fo}-master following {new_master}")
+    p = wait_for(lambda: finished(c, namespace, f"{fo}-producer"), 300, "the producer to finish after the failover")
+    assert p["status"]["phase"] == "Succeeded", c.logs(f"{fo}-producer", namespace)[-3000:]
 
     # SYNC replication: every acknowledged commit is on the new master, once; nothing else appears
-    sent = acked(c, namespace, "fo-producer")
-    got = consumed_bodies(c, namespace, address, "Orders", "fo-consumer")
+    sent = acked(c, namespace, f"{fo}-producer")
+    got = consumed_bodies(c, namespace, address, "Orders", f"{fo}-consumer")
     assert not [b for b, n in Counter(got).items() if n > 1]
     assert set(sent) <= set(got), sorted(set(sent) - set(got))[:20]
     assert set(got) <= {f"m-{i}" for i in range(3000)}
 
     # the old master's pod comes back on its own volume, as a slave that refuses END_TRANSACTION
-    back = wait_for(lambda: (p := c.get("pod", "fo-0", namespace)) and ready(p) and p, 180, "fo-0 back and ready")
+    back = wait_for(lambda: (p := c.get("pod", f"{fo}-0", namespace)) and ready(p) and p, 180, f"{fo}-0 back and ready")
     assert back["metadata"]["labels"]["txbroker.dev/role"] == "slave"
-    wait_for(lambda: any(b["name"] == "fo-0" and b["role"] == "slave" and b.get("inSync")
-                         for b in c.get("txb", "fo", namespace)["status"]["brokers"]), 120, "fo-0 in sync as a slave")
+    wait_for(lambda: any(b["name"] == f"{fo}-0" and b["role"] == "slave" and b.get("inSync")
+                         for b in c.get("txb", fo, namespace)["status"]["brokers"]), 120, f"{fo}-0 in sync as a slave")
     back_ip = back["status"]["podIP"]
-    assert Counter(consumed_bodies(c, namespace, f"{back_ip}:10911", "Orders", "fo-consumer-old")) == Counter(got)
+    assert Counter(consumed_bodies(c, namespace, f"{back_ip}:10911", "Orders", f"{fo}-consumer-old")) == Counter(got)
     assert end_transaction_refusal(f"{back_ip}:10911", "orders-pg").code_name == "SLAVE_NOT_AVAILABLE"
 
 
