@@ -273,46 +273,9 @@ EOF
 EOF
 }
 
-# RBAC for the cluster's own components that are not covered by a bootstrap role
+# RBAC for the cluster's own components that no bootstrap role covers, and the default StorageClass
 cluster_rbac() {
-    kc apply -f - >/dev/null <<'EOF'
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "txbroker:coredns"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "txbroker:coredns"}
-subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "txbroker:coredns"}
-rules:
-- {apiGroups: [""], resources: [endpoints, services, pods, namespaces], verbs: [list, watch]}
-- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "txbroker:provisioner"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "txbroker:provisioner"}
-subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "txbroker:provisioner"}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "txbroker:provisioner"}
-rules:
-- {apiGroups: [""], resources: [persistentvolumeclaims], verbs: [get, list, watch]}
-- {apiGroups: [""], resources: [persistentvolumes], verbs: [get, list, watch, create, delete]}
-- {apiGroups: [""], resources: [events], verbs: [create, patch]}
-- {apiGroups: [storage.k8s.io], resources: [storageclasses], verbs: [get, list, watch]}
----
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: local-path
-  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
-provisioner: txbroker.dev/local-path
-reclaimPolicy: Delete
-volumeBindingMode: WaitForFirstConsumer
-EOF
+    kc apply -f "$HERE/manifests/cluster-components.yaml" >/dev/null
 }
 
 # NetworkPolicies are enforced by kube-network-policies (a pod on the node) through an nfqueue: it
