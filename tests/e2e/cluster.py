@@ -46,7 +46,7 @@ class Cluster:
         env_file = directory / "env"
         if not env_file.exists():
             raise ClusterError(f"no cluster is up ({env_file} is missing): `make test` brings one up; by hand, "
-                               "`testbed/cluster.sh up`, then `testbed/cluster.sh exec .venv/bin/python -m pytest tests/node`")
+                               "`testbed/cluster.sh up`, then `testbed/cluster.sh exec .venv/bin/python -m pytest tests/e2e`")
         exports = dict(line.removeprefix("export ").split("=", 1) for line in env_file.read_text().splitlines()
                        if line.startswith("export "))
         self.kubeconfig = Path(exports["KUBECONFIG"])
@@ -85,7 +85,7 @@ class Cluster:
         r = self.kubectl("get", "--raw", "/readyz", check=False, timeout=15)
         if r.returncode != 0:
             raise ClusterError("the API server does not answer; the tests run inside the cluster's network "
-                               "(`testbed/cluster.sh exec .venv/bin/python -m pytest tests/node`):\n" + r.stderr)
+                               "(`testbed/cluster.sh exec .venv/bin/python -m pytest tests/e2e`):\n" + r.stderr)
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
         args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])

@@ -37,7 +37,8 @@ def txbroker(name: str, **spec) -> dict:
 
 
 def workload_pod(name: str, *args: str, restart: str = "Never") -> dict:
-    """A pod of the broker image running tests/node/workloads/ADDRESS... (mounted from a ConfigMap)."""
+    """A pod of the broker image running `python ARGS...`, with tests/e2e/workloads/ mounted at /workloads
+    (from a ConfigMap)."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "orders"}},
             "spec": {"restartPolicy": restart,
                      "containers": [{"name": "main", "image": BROKER_IMAGE, "command": ["python", *args],
