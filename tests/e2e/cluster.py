@@ -16,7 +16,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from support.waiting import wait_for  # noqa: F401 - the tests import it from here
+from support.waiting import wait_for
+
+__all__ = ["BROKER_IMAGE", "CACHE", "DIR", "ROOT", "VERSION", "Cluster", "ClusterError", "ToolError",
+           "condition", "ready", "wait_for"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("TXBROKER_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

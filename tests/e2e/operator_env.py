@@ -15,14 +15,18 @@ import re
 import uuid
 import urllib.request
 
-from cluster import ROOT, VERSION, condition, ready, wait_for  # noqa: F401 - the e2e tests import them from here
+from cluster import BROKER_IMAGE, ROOT, VERSION, condition, ready, wait_for
 
 from txbroker.client.admin import AdminClient
 
-from support.refusals import end_transaction_refusal  # noqa: F401 - the e2e tests import it from here
+from support.refusals import end_transaction_refusal
+
+__all__ = ["CHART", "IMAGE", "OPERATOR_NAMESPACE", "InClusterOperator", "addresses", "admin", "broker_info",
+           "condition", "end_transaction_refusal", "events_for", "healthz", "ready", "service_endpoints",
+           "start_operator", "txbroker", "wait_broker"]
 
 CHART = str(ROOT / "helm" / "txbroker")
-IMAGE = f"txbroker/broker:{VERSION}"
+IMAGE = BROKER_IMAGE
 OPERATOR_NAMESPACE = "txbroker-system"
 
 
