@@ -95,8 +95,12 @@ class LedgerResolver:
         d = led.batch_decision(query, batch, epoch)
         if d is not None:
             return self._from(d, txid)
-        if led.committed_batch(query, batch) is not None:
-            return S.ROLLBACK  # committed at another epoch: this epoch's ids are not in it
+        committed = led.committed_batch(query, batch)
+        if committed is not None:
+            # at another epoch, this epoch's ids are not in it; at this one, it was written since
+            # the read above (the driver's commit racing this check): follow it
+            at, d = committed
+            return self._from(d, txid) if at == epoch else S.ROLLBACK
         driver = led.stream_driver(query)
         since = max(born_ms, driver["created_ms"] if driver else 0)
         reason = self._dead_or_expired(driver, born_ms, since)

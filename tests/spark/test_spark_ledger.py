@@ -130,6 +130,26 @@ def test_stream_rules_and_epochs(tmp_path):
     assert r.resolve("s-b1-e2", stream_props(q, 1, 2)) is S.ROLLBACK
 
 
+def test_a_decision_written_while_the_checker_reads_is_followed(tmp_path):
+    """The driver's COMMIT of a micro-batch lands between the checker's two reads (its own epoch's
+    decision: none yet; the batch's committed decision at any epoch: there). That decision is at
+    this very epoch, so it must be followed, not taken for another epoch's: a member it names was
+    answered ROLLBACK (seen under CI load), the broker refused the driver's commit, and the batch's
+    rows would have been lost."""
+    led = Ledger(tmp_path / "l").ensure()
+    q = "q1"
+    led.register_stream_driver(q, deadline_ms=60_000)
+    read = led.batch_decision
+
+    def decided_just_after_reading(query, batch, epoch):
+        first = read(query, batch, epoch)
+        if first is None and read(query, batch, epoch) is None:
+            led.decide_batch(q, 0, 0, Decision(COMMITTED, ["s-b0-x"], by="driver"))
+        return first
+    led.batch_decision = decided_just_after_reading
+    assert LedgerResolver(led).resolve("s-b0-x", stream_props(q, 0, 0)) is S.COMMIT
+
+
 def test_dead_stream_driver_aborts_the_open_batch(tmp_path):
     led = Ledger(tmp_path / "l").ensure()
     q = "q2"
