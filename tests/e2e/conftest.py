@@ -2,7 +2,7 @@
 our images under containerd and runc, the operator in a pod, Services through kube-proxy, names
 through CoreDNS, volumes from the node's provisioner.
 
-`make test` brings the cluster up and runs these tests inside its network (`make test-node`). They
+`make test` brings the cluster up and runs these tests inside its network (`make test-e2e`). They
 never skip: without a cluster, or outside its network, every test fails saying how to get one.
 """
 

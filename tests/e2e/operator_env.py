@@ -23,7 +23,7 @@ from support.refusals import end_transaction_refusal
 
 __all__ = ["CHART", "IMAGE", "OPERATOR_NAMESPACE", "InClusterOperator", "addresses", "admin", "broker_info",
            "condition", "end_transaction_refusal", "events_for", "healthz", "ready", "service_endpoints",
-           "start_operator", "txbroker", "wait_broker"]
+           "start_operator", "txbroker", "wait_broker", "wait_rolled"]
 
 CHART = str(ROOT / "helm" / "txbroker")
 IMAGE = BROKER_IMAGE
@@ -168,3 +168,27 @@ def service_endpoints(tb, namespace: str, service: str, port: str = "client") ->
             if (ep.get("conditions") or {}).get("ready"):
                 found += [f"{a}:{number}" for a in ep["addresses"]]
     return sorted(found)
+
+
+def wait_rolled(tb, namespace: str, name: str, replicas: int, image: str, timeout: float,
+                before: dict[str, str]) -> tuple[dict, list[str]]:
+    """Wait until every pod runs `image` and the TxBroker is Running. Assert no two brokers were
+    down (deleted, being deleted or not ready) at any time we looked. Return the TxBroker and the
+    order in which the pods of `before` (pod name -> uid before the change) were taken down."""
+    max_down, order = 0, []
+
+    def rolled():
+        nonlocal max_down
+        pods = {f"{name}-{i}": tb.get("pod", f"{name}-{i}", namespace) for i in range(replicas)}
+        for n, p in pods.items():
+            if n in before and n not in order and (p is None or p["metadata"].get("deletionTimestamp")
+                                                   or p["metadata"]["uid"] != before[n]):
+                order.append(n)
+        max_down = max(max_down, sum(1 for p in pods.values() if p is None or p["metadata"].get("deletionTimestamp")
+                                     or not ready(p)))
+        t = tb.get("txb", name, namespace)
+        return (all(p and p["spec"]["containers"][0]["image"] == image and ready(p) for p in pods.values())
+                and t["status"]["phase"] == "Running" and t)
+    txb = wait_for(rolled, timeout, f"every {name} pod on {image}", interval=0.1)
+    assert max_down <= 1, "more than one broker was down at once"
+    return txb, order

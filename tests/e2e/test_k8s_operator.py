@@ -1,7 +1,7 @@
 """The operator end to end: TxBrokers become broker processes that replicate, fail over, scale, roll
 and go away with their TxBroker; clients reach the master through `<name>-master`; what others edit
 is put back; TxProducerGroups change running brokers' check-back live.
-How the operator runs, and how a client finds `<name>-master` without kube-proxy: tests/e2e/operator_env.py.
+How the operator runs (a pod of the chart, one release per watched namespace): tests/e2e/operator_env.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from cluster import wait_for
 from operator_env import (
     addresses, admin, broker_info, condition, end_transaction_refusal, events_for, healthz,
-    ready, service_endpoints, start_operator, txbroker, wait_broker,
+    ready, service_endpoints, start_operator, txbroker, wait_broker, wait_rolled,
 )
 from support import txload
 
@@ -410,30 +410,6 @@ def test_a_paused_master_that_returns_is_fenced(operator):
     assert not twice, f"two masters at one epoch: {twice[:3]}"
     wait_for(lambda: tb.get("txb", "frozen", namespace)["status"]["phase"] == "Running", 60, "frozen Running again")
     tb.kubectl("-n", namespace, "delete", "txb", "frozen", "--wait=false")
-
-
-def wait_rolled(tb, namespace: str, name: str, replicas: int, image: str, timeout: float,
-                before: dict[str, str]) -> tuple[dict, list[str]]:
-    """Wait until every pod runs `image` and the TxBroker is Running. Assert no two brokers were
-    down (deleted, being deleted or not ready) at any time we looked. Return the TxBroker and the
-    order in which the pods of `before` (pod name -> uid before the change) were taken down."""
-    max_down, order = 0, []
-
-    def rolled():
-        nonlocal max_down
-        pods = {f"{name}-{i}": tb.get("pod", f"{name}-{i}", namespace) for i in range(replicas)}
-        for n, p in pods.items():
-            if n in before and n not in order and (p is None or p["metadata"].get("deletionTimestamp")
-                                                   or p["metadata"]["uid"] != before[n]):
-                order.append(n)
-        max_down = max(max_down, sum(1 for p in pods.values() if p is None or p["metadata"].get("deletionTimestamp")
-                                     or not ready(p)))
-        t = tb.get("txb", name, namespace)
-        return (all(p and p["spec"]["containers"][0]["image"] == image and ready(p) for p in pods.values())
-                and t["status"]["phase"] == "Running" and t)
-    txb = wait_for(rolled, timeout, f"every {name} pod on {image}", interval=0.1)
-    assert max_down <= 1, "more than one broker was down at once"
-    return txb, order
 
 
 @pytest.mark.slow

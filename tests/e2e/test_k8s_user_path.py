@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from cluster import BROKER_IMAGE, Cluster, condition, ready, wait_for
-from operator_env import OPERATOR_NAMESPACE, start_operator
+from operator_env import OPERATOR_NAMESPACE, start_operator, txbroker, wait_rolled
 
 from support.refusals import end_transaction_refusal
 
@@ -29,11 +29,6 @@ def operator(crds, worker_id):
 def namespace(operator):
     """The namespace the module's operator watches; each test names its own TxBroker."""
     return operator.namespace
-
-
-def txbroker(name: str, **spec) -> dict:
-    return {"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxBroker", "metadata": {"name": name},
-            "spec": {"image": BROKER_IMAGE, **spec}}
 
 
 def workload_pod(name: str, *args: str, restart: str = "Never") -> dict:
@@ -215,22 +210,9 @@ def test_rolling_update_and_scaling_under_load_keep_every_acknowledged_commit(op
 
     # a second image tag: one pod at a time, slaves first, the master's pod last after a switchover
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.list("pods", namespace, "txbroker.dev/broker=roll")}
-    order, most_down = [], 0
-
-    def rolled():
-        nonlocal most_down
-        pods = {n: c.get("pod", n, namespace) for n in uids}
-        for n, p in pods.items():
-            if n not in order and (p is None or p["metadata"]["uid"] != uids[n] or p["metadata"].get("deletionTimestamp")):
-                order.append(n)
-        most_down = max(most_down, sum(1 for p in pods.values() if not ready(p) or p["metadata"].get("deletionTimestamp")))
-        t = c.get("txb", "roll", namespace)
-        return (all(p and p["spec"]["containers"][0]["image"] == "txbroker/broker:v2" and ready(p) for p in pods.values())
-                and t["status"]["phase"] == "Running" and t)
     master_before = c.get("txb", "roll", namespace)["status"]["master"]
     c.kubectl("-n", namespace, "patch", "txb", "roll", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v2"}}')
-    wait_for(rolled, 300, "every roll pod on txbroker/broker:v2", interval=0.5)
-    assert most_down <= 1, "more than one broker down at once"
+    _, order = wait_rolled(c, namespace, "roll", 3, "txbroker/broker:v2", 300, uids)
     assert order[-1] == master_before and len(order) == 3, order
 
     # scale 3 -> 2 -> 3 while the producer goes on
