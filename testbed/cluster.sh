@@ -242,6 +242,9 @@ clusterDNS: [$NODE_IP]
 clusterDomain: cluster.local
 resolvConf: $DIR/resolv.conf
 syncFrequency: 10s         # ConfigMap and Secret volumes follow changes within seconds, not a minute
+# tests read whole topics through a consumer pod's log (60,000 orders are ~15 MB); at the default 10Mi
+# the kubelet rotates it and kubectl logs shows only the part written after the rotation
+containerLogMaxSize: 100Mi
 EOF
     # conntrack: leave the namespace's sysctls as they are (kube-proxy would raise them)
     cat > "$DIR/kube-proxy.yaml" <<EOF
