@@ -22,7 +22,7 @@ from txbroker.client.admin import AdminClient
 from support.refusals import end_transaction_refusal
 
 __all__ = ["CHART", "IMAGE", "OPERATOR_NAMESPACE", "InClusterOperator", "addresses", "admin", "broker_info",
-           "condition", "end_transaction_refusal", "events_for", "healthz", "ready", "service_endpoints",
+           "brokers_report", "condition", "end_transaction_refusal", "events_for", "healthz", "ready", "service_endpoints",
            "start_operator", "txbroker", "wait_broker", "wait_rolled"]
 
 CHART = str(ROOT / "helm" / "txbroker")
@@ -142,6 +142,22 @@ def admin(pod: dict) -> AdminClient:
 
 def broker_info(tb, namespace: str, pod_name: str) -> dict:
     return admin(tb.get("pod", pod_name, namespace)).get("/api/v1/broker")
+
+
+def brokers_report(tb, namespace: str, name: str, replicas: int, log_chars: int = 3000) -> str:
+    """For a failed wait: each broker's role, offsets and replication links, and the end of its log."""
+    out = []
+    for i in range(replicas):
+        pod = f"{name}-{i}"
+        try:
+            info = broker_info(tb, namespace, pod)
+            keep = ("role", "epoch", "master", "log_end_offset", "durable_offset", "local_durable_offset",
+                    "pending_transactions", "replication")
+            state = json.dumps({k: info.get(k) for k in keep})
+        except Exception as e:   # noqa: BLE001 - a report, whatever state the broker is in
+            state = f"admin API: {e}"
+        out.append(f"--- {pod}: {state}\n{tb.pod_log(pod, namespace)[-log_chars:]}")
+    return "\n".join(out)
 
 
 def addresses(tb, namespace: str, name: str, replicas: int) -> list[str]:

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from cluster import wait_for
 from operator_env import (
-    addresses, admin, broker_info, condition, end_transaction_refusal, events_for, healthz,
+    addresses, admin, broker_info, brokers_report, condition, end_transaction_refusal, events_for, healthz,
     ready, service_endpoints, start_operator, txbroker, wait_broker, wait_rolled,
 )
 from support import txload
@@ -339,7 +339,11 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
     with TransactionProducer("orders-pg", everyone, ledger), \
             TransactionProducer("svc-pg", [new_address], Commit()):   # answer the new master's check-backs
         new_ip = new_address.split(":")[0]
-        wait_for(lambda: txload.settled(f"http://{new_ip}:10912"), 60, "every transaction decided on the new master")
+        try:
+            wait_for(lambda: txload.settled(f"http://{new_ip}:10912"), 60, "every transaction decided on the new master")
+        except TimeoutError:
+            raise AssertionError("transactions left undecided on the new master:\n"
+                                 + brokers_report(tb, namespace, "fo", 3)) from None
         assert end_transaction_refusal(everyone[0], "orders-pg").code_name == "SLAVE_NOT_AVAILABLE"
     seen = txload.visible(new_address)
     problems = txload.invariant_violations(seen, acked, must_keep_acked=True)
