@@ -65,7 +65,8 @@ class Access:
         return BrokerInfo(role=d["role"], epoch=int(d["epoch"]), log_end_offset=int(d["log_end_offset"]),
                           master=d.get("master") or "", fenced_by=int(d.get("fenced_by") or 0),
                           pending=int(d.get("pending_transactions", 0)), parked=int(d.get("parked_transactions", 0)),
-                          slaves=tuple(rep.get("slaves") or ()), connected=bool(rep.get("connected")))
+                          slaves=tuple(rep.get("slaves") or ()), connected=bool(rep.get("connected")),
+                          sync_replicas=int(rep.get("sync_replicas") or 0) if rep.get("mode") == "SYNC" else 0)
 
     def try_info(self, ip: str | None) -> "BrokerInfo | None":
         if not ip:
@@ -120,6 +121,7 @@ class BrokerInfo:
     parked: int
     slaves: tuple[dict, ...]     # as a master: per follower address, acknowledged offset, lag, in_sync
     connected: bool              # as a slave: replicating from its master right now
+    sync_replicas: int = 0       # as a SYNC master: slaves that must hold a write before it is acknowledged
 
     @property
     def is_master(self) -> bool:

@@ -76,6 +76,15 @@ def slave_sync(master: Member | None) -> dict[str, dict]:
     return {s.get("name", ""): s for s in master.info.slaves}
 
 
+def acknowledging(master: Member | None) -> bool:
+    """Whether this master can acknowledge writes now. A SYNC master with fewer slaves in sync than
+    it needs acknowledges none (it answers SLAVE_NOT_AVAILABLE): its slaves still hold every write
+    ever acknowledged, whatever it says of them at this moment."""
+    if master is None or master.info is None or not master.info.is_master:
+        return False
+    return sum(1 for s in master.info.slaves if s.get("in_sync")) >= master.info.sync_replicas
+
+
 def in_sync(master: Member | None, slave: Member) -> bool:
     """The master pushes every new write to this slave as it happens (its feed is live); under SYNC
     replication such a slave holds every acknowledged write."""

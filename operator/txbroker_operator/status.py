@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from . import manifests
-from .observe import Member, in_sync
+from .observe import Member, acknowledging, in_sync
 
 
 def now() -> str:
@@ -31,6 +31,9 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
     last_seen = {b.get("name"): b for b in old}
     head = members.get(master)
     head_offset = head.info.log_end_offset if head and head.info and head.info.is_master else None
+    # a restarted SYNC master answers before its slaves are back: it acknowledges nothing then, so
+    # what it last said while acknowledging stands (a crash loop would otherwise block failover)
+    sync_known = acknowledging(head)
     out = []
     for m in sorted(members.values(), key=lambda m: m.index):
         if m.deleting:
@@ -47,7 +50,7 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
         if m.name != master:
             if head_offset is not None and m.info:
                 entry["lag"] = max(head_offset - m.info.log_end_offset, 0)
-                entry["inSync"] = in_sync(head, m)
+                entry["inSync"] = in_sync(head, m) if sync_known else bool(before.get("inSync"))
             else:   # the master does not answer: keep what it last said about this slave
                 entry.update({k: before[k] for k in ("lag", "inSync") if k in before})
         out.append(entry)

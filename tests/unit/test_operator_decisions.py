@@ -8,9 +8,10 @@ from txbroker_operator.failover import Blocked, Promote
 from txbroker_operator.observe import Member
 
 
-def info(role="slave", epoch=1, offset=100, slaves=(), master="10.0.0.1:10911"):
+def info(role="slave", epoch=1, offset=100, slaves=(), master="10.0.0.1:10911", sync_replicas=0):
     return BrokerInfo(role=role, epoch=epoch, log_end_offset=offset, master="" if role == "master" else master,
-                      fenced_by=0, pending=0, parked=0, slaves=tuple(slaves), connected=role == "slave")
+                      fenced_by=0, pending=0, parked=0, slaves=tuple(slaves), connected=role == "slave",
+                      sync_replicas=sync_replicas)
 
 
 def member(name, index, broker_info=None, ready=True, ip=None, role_label="slave", spec_hash=""):
@@ -88,6 +89,29 @@ def test_status_keeps_what_it_cannot_see_now():
     assert by_name["b-2"]["inSync"] is True and by_name["b-2"]["offset"] == 118
     assert st["phase"] == "Recovering" and st["observedGeneration"] == 4
     assert {c["type"]: c["status"] for c in st["conditions"]}["Degraded"] == "True"
+
+
+def test_a_crash_looping_master_does_not_take_the_slaves_in_sync_state_with_it():
+    """A SYNC master restarted by the kubelet answers for a moment before its slaves have
+    subscribed again, then crashes again. With fewer slaves in sync than it needs it acknowledges
+    nothing, so the slaves it last reported in sync still hold every acknowledged write: they stay
+    promotable. Taking "no slave in sync" from that moment blocked failover for good (NoInSyncSlave),
+    since a crash-looping master never serves long enough to say otherwise (seen on the node)."""
+    spec = {"replicas": 3, "replication": "SYNC"}
+    body = {"metadata": {"generation": 1}, "spec": spec, "status": LAST_SEEN}
+    slaves = {"b-1": member("b-1", 1, info(offset=110)), "b-2": member("b-2", 2, info(offset=118))}
+    restarted = member("b-0", 0, info(role="master", offset=120, slaves=(), sync_replicas=1), ready=False,
+                       role_label="master")
+    st = status.compute(body, {"b-0": restarted, **slaves}, "b-0", 3, {})
+    assert {b["name"]: b.get("inSync") for b in st["brokers"]} == {"b-0": None, "b-1": False, "b-2": True}
+    p = failover.decide_failover(spec, st, slaves, "b-0", 30)      # then it is down again
+    assert isinstance(p, Promote) and p.successor == "b-2"
+
+    # a master acknowledging writes (b-1 live, enough for SYNC) is believed: b-2 lacks them
+    live = ({"name": "b-1", "in_sync": True, "lag": 0}, {"name": "b-2", "in_sync": False, "lag": 30})
+    serving = member("b-0", 0, info(role="master", offset=150, slaves=live, sync_replicas=1), role_label="master")
+    st = status.compute(body, {"b-0": serving, **slaves}, "b-0", 3, {})
+    assert {b["name"]: b.get("inSync") for b in st["brokers"]} == {"b-0": None, "b-1": True, "b-2": False}
 
 
 def test_status_keeps_a_master_whose_pod_was_deleted():
