@@ -109,12 +109,50 @@ build_policy_agent() {  # kube-network-policies, built unchanged from its module
     fi
 }
 
+# The kubeflow Spark operator (for the chart's SparkApplication form): its command built unchanged from
+# its module (go/spark-operator), in an image made as upstream's Dockerfile makes it: the Spark image
+# (here our locally made base, testbed/images.sh) with the binary added, for the controller runs
+# spark-submit itself. Its Helm chart and CRDs come from the same module, unchanged.
+SPARK_OPERATOR_VERSION=2.5.0
+SPARK_OPERATOR_IMAGE=docker.io/kubeflow/spark-operator:$SPARK_OPERATOR_VERSION
+build_spark_operator() {
+    local out="$BIN/spark-operator" stamp go="${GO:-/usr/local/go/bin/go}"
+    local spark_base; spark_base="docker.io/apache/spark:$(sed -n 's/^pyspark==//p' "$ROOT/constraints.txt")-python3"
+    stamp="$(cat "$HERE/go/spark-operator/go.mod" "$HERE/go/spark-operator/tools.go" | sha256sum | cut -c1-16)"
+    if [[ ! -x "$out" || "$(cat "$BIN/.stamp-spark-operator" 2>/dev/null)" != "$stamp" ]]; then
+        log "building the Spark operator $SPARK_OPERATOR_VERSION (about 4 min on 2 cores with cold Go caches)"
+        (cd "$HERE/go/spark-operator" && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n 10 \
+            "$go" build -trimpath -ldflags "-s -w" -o "$out.tmp" github.com/kubeflow/spark-operator/v2/cmd/operator)
+        mv "$out.tmp" "$out"; echo "$stamp" > "$BIN/.stamp-spark-operator"
+    fi
+    local chart="$CACHE/spark-operator/v$SPARK_OPERATOR_VERSION/chart"
+    if [[ ! -f "$chart/Chart.yaml" ]]; then
+        local mod; mod="$(cd "$HERE/go/spark-operator" && GOFLAGS=-mod=mod "$go" list -m -f '{{.Dir}}' github.com/kubeflow/spark-operator/v2)"
+        mkdir -p "$(dirname "$chart")" && rm -rf "$chart.tmp"
+        cp -r "$mod/charts/spark-operator-chart" "$chart.tmp" && chmod -R u+w "$chart.tmp" && mv "$chart.tmp" "$chart"
+    fi
+    local key; key="$(cat "$BIN/.stamp-spark-operator"; buildah inspect --type image --format '{{.FromImageID}}' "$spark_base")"
+    key="$(echo "$key" | sha256sum | cut -c1-16)"
+    SPARK_OPERATOR_TAR="$CACHE/images/spark-operator-$key.tar"
+    if [[ ! -f "$SPARK_OPERATOR_TAR" ]]; then
+        local ctr; ctr="$(buildah from --pull=never "$spark_base")"
+        buildah copy --quiet --chmod 0755 "$ctr" "$out" /usr/bin/spark-operator >/dev/null
+        buildah config --entrypoint '["/usr/bin/spark-operator"]' --user 185:185 "$ctr"
+        buildah commit --quiet "$ctr" "$SPARK_OPERATOR_IMAGE" >/dev/null
+        buildah rm "$ctr" >/dev/null
+        rm -f "$CACHE"/images/spark-operator-*.tar
+        buildah push --quiet "$SPARK_OPERATOR_IMAGE" "docker-archive:$SPARK_OPERATOR_TAR.tmp:$SPARK_OPERATOR_IMAGE"
+        mv "$SPARK_OPERATOR_TAR.tmp" "$SPARK_OPERATOR_TAR"
+    fi
+}
+
 build() {
     need_packages
     bash "$HERE/build.sh" build
     build_coredns
     ARCHIVES="$(bash "$HERE/images.sh")"   # prints the archive of each image
     build_policy_agent
+    build_spark_operator
 }
 
 pause_image() {  # the CRI sandbox image, made locally (nothing can be pulled): busybox's sleep
@@ -358,7 +396,7 @@ up() {
         --volumes "$DIR/volumes" --node "$NODE"
 
     wait_for containerd containerd 30 test -S "$SOCK"
-    import_images "$(pause_image)" $ARCHIVES "$POLICY_AGENT_TAR"
+    import_images "$(pause_image)" $ARCHIVES "$POLICY_AGENT_TAR" "$SPARK_OPERATOR_TAR"
     spawn kubelet "$BIN/kubelet" --config "$DIR/kubelet.yaml" --root-dir "$DIR/kubelet" \
         --kubeconfig "$DIR/kubelet.kubeconfig" --hostname-override "$NODE" --node-ip "$NODE_IP" --v 1
     wait_for "the node to be Ready" kubelet 120 kc wait --for=condition=Ready "node/$NODE" --timeout=2s

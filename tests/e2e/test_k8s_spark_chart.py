@@ -1,7 +1,7 @@
 """The chart's Spark job (spark.* values): both forms rendered and checked by a real API server.
 
 - sparkApplication: a SparkApplication (sparkoperator.k8s.io/v1beta2), validated by the Spark
-  operator's real CRD (pinned, fetched through the Go module proxy: tests/e2e/spark_operator_crd.py);
+  operator's real CRD (from its pinned Go module, as testbed/cluster.sh extracts it: spark_operator.py);
 - sparkSubmit: a Job running spark-submit in cluster mode, pod templates in a ConfigMap;
 - both: the driver's ServiceAccount, Role and RoleBinding, the ledger checker Deployment, the ledger
   and data PVCs, a TxProducerGroup in ledger mode;
@@ -26,12 +26,12 @@ import pytest
 import yaml
 from cluster import ROOT, wait_for
 
-import spark_operator_crd
+import spark_operator
 
 pytestmark = pytest.mark.e2e
 
 CHART = str(ROOT / "helm" / "txbroker")
-API = spark_operator_crd.API_VERSION          # sparkoperator.k8s.io/v1beta2/SparkApplication
+API = spark_operator.API_VERSION          # sparkoperator.k8s.io/v1beta2/SparkApplication
 SPARK = ["--set", "spark.enabled=true"]
 SPARK_NAME = "app.kubernetes.io/name"
 
@@ -75,21 +75,8 @@ def dry_run(testbed, namespace: str, objs: list[dict], check: bool = True) -> su
 
 @pytest.fixture(scope="session")
 def spark_crd(testbed):
-    """The Spark operator's SparkApplication CRD (pinned version), applied and Established."""
-    with testbed.exclusive("spark-crd"):
-        try:
-            path = spark_operator_crd.fetch()
-        except spark_operator_crd.GoMissing as e:
-            pytest.fail(f"no SparkApplication CRD to validate against: {e}", pytrace=False)
-        # 800 kB: too big for client-side apply's last-applied annotation, so server-side apply
-        testbed.kubectl("apply", "--server-side", "-f", str(path))
-
-    def established() -> bool:   # (`kubectl wait` fails outright while the CRD has no conditions yet)
-        crd = testbed.get("crd", spark_operator_crd.CRD_NAME) or {}
-        return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in crd.get("status", {}).get("conditions") or [])
-
-    wait_for(established, 60, f"CRD {spark_operator_crd.CRD_NAME} Established")
+    """The Spark operator's CRDs (pinned version), applied and Established."""
+    spark_operator.apply_crds(testbed)
     return testbed
 
 
@@ -133,6 +120,24 @@ def test_forced_modes(testbed):
     r = render(testbed, *SPARK, "--set", "spark.mode=sparkApplication", check=False)
     assert r.returncode != 0
     assert "spark.mode=sparkApplication needs the SparkApplication API (sparkoperator.k8s.io/v1beta2)" in r.stderr
+
+
+def test_the_spark_operators_service_account_may_apply_the_network_policy(testbed):
+    """spark.sparkOperatorServiceAccount: a Role for networkpolicies in the release namespace, bound
+    to the operator's controller (which runs spark-submit); a value that is not <namespace>/<name> is
+    refused naming the setting."""
+    objs = spark_objects(render(testbed, *SPARK, "--set", "spark.sparkOperatorServiceAccount=ops/so-controller",
+                                "--api-versions", API).stdout)
+    role = next(d for d in objs if d["kind"] == "Role" and d["metadata"]["name"] == "rel-spark-spark-operator")
+    assert role["rules"] == [{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+                              "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]
+    binding = next(d for d in objs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "rel-spark-spark-operator")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "so-controller", "namespace": "ops"}]
+    assert binding["metadata"]["namespace"] == "ns1"
+    assert not [d for d in spark_objects(render(testbed, *SPARK, "--api-versions", API).stdout)
+                if d["metadata"]["name"] == "rel-spark-spark-operator"]
+    r = render(testbed, *SPARK, "--set", "spark.sparkOperatorServiceAccount=so-controller", check=False)
+    assert r.returncode != 0 and "spark.sparkOperatorServiceAccount must be <namespace>/<name>" in r.stderr
 
 
 def test_spark_submit_job(testbed):

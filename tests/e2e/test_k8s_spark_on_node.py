@@ -2,7 +2,8 @@
 k8s://https://kubernetes.default.svc --deploy-mode cluster` with the job image built from
 spark/Dockerfile; the driver pod starts executor pods; one executor pod is deleted while the job
 writes; the job commits, and a consumer pod sees every order exactly once, none from the lost
-executor's attempt.
+executor's attempt. The chart's other form, a SparkApplication, runs through the kubeflow Spark
+operator built from its Go module and installed from its own chart (spark_operator.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import Counter
 import pytest
 from cluster import VERSION, wait_for
 from operator_env import CHART, start_operator, txbroker, wait_broker
+
+import spark_operator
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +36,14 @@ def running(pods: list[dict]) -> list[dict]:
     return [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
 
 
+def small_pods() -> list[str]:
+    """helm arguments: the job's pods request little, so that two Spark jobs fit on the node at once."""
+    small = {"spark.kubernetes.driver.request.cores": "100m", "spark.kubernetes.executor.request.cores": "100m",
+             "spark.executor.memoryOverhead": "256m", "spark.driver.memoryOverhead": "256m"}
+    escaped = {k.replace(".", "\\."): v for k, v in small.items()}   # helm --set reads dots as nesting
+    return [a for k, v in escaped.items() for a in ("--set-string", f"spark.job.sparkConf.{k}={v}")]
+
+
 @pytest.fixture
 def release(operator):
     """The chart's Spark job installed as release `orders` (uninstalled after: its RBAC is cluster-wide
@@ -46,17 +57,13 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     tb, ns = operator.testbed, operator.namespace
     tb.apply(txbroker("orders", replicas=1), ns)
     wait_broker(operator, ns, "orders")
-    small = {"spark.kubernetes.driver.request.cores": "100m", "spark.kubernetes.executor.request.cores": "100m",
-             "spark.executor.memoryOverhead": "256m", "spark.driver.memoryOverhead": "256m"}
-    escaped = {k.replace(".", "\\."): v for k, v in small.items()}   # helm --set reads dots as nesting
-    conf = [a for k, v in escaped.items() for a in ("--set-string", f"spark.job.sparkConf.{k}={v}")]
     tb.helm("install", release, CHART, "-n", ns, "--set", "operator.replicas=0",
             "--set", f"operator.watchNamespaces={{{ns}}}", "--set", "spark.enabled=true",
             "--set", "spark.mode=sparkSubmit", "--set", "spark.broker.name=orders",
             "--set", f"spark.job.orders={ORDERS}", "--set", "spark.job.partitions=4", "--set", "spark.job.batchSize=200",
             "--set", "spark.driver.memory=768m", "--set", "spark.executor.memory=768m",
             "--set", "spark.executor.instances=2", "--set", "spark.data.size=1Gi",
-            "--set", "spark.job.extraArgs={--progress-seconds,1}", *conf, timeout=180)
+            "--set", "spark.job.extraArgs={--progress-seconds,1}", *small_pods(), timeout=180)
     job = "orders-spark-1-submit"
     # the driver starts at least two executors
     try:
@@ -86,7 +93,12 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     # check-back rolls them back
     assert f"Lost executor {lost_id}" in log, log[-4000:]
 
-    # every order exactly once, read by a consumer pod through the master's Service
+    assert_every_order_once(tb, ns, ORDERS)
+
+
+def assert_every_order_once(tb, ns: str, orders: int) -> None:
+    """A consumer pod reads OrderEvents through the master's Service: every order exactly once, and
+    one run's rows only (none of an aborted attempt's)."""
     address = f"orders-master.{ns}.svc.cluster.local:10911"
     tb.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orders-consumer"},
               "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": f"txbroker/broker:{VERSION}",
@@ -97,5 +109,49 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     assert p["status"]["phase"] == "Succeeded", out[-2000:]
     bodies = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "{" in line]
     ids = Counter(b["order_id"] for b in bodies)
-    assert len(ids) == ORDERS and not [i for i, n in ids.items() if n > 1], (len(ids), ids.most_common(3))
-    assert len({b["job"] for b in bodies}) == 1     # one run's rows, none of an aborted attempt's
+    assert len(ids) == orders and not [i for i, n in ids.items() if n > 1], (len(ids), ids.most_common(3))
+    assert len({b["job"] for b in bodies}) == 1
+
+
+@pytest.mark.timeout(900)
+def test_spark_application_through_the_spark_operator_commits_every_order_once(operator, release):
+    """The chart's SparkApplication form, run by the kubeflow Spark operator (built from its Go
+    module, installed from its own chart): the operator submits the job, the driver starts the
+    executors, the job commits, and a consumer pod reads every order once."""
+    tb, ns = operator.testbed, operator.namespace
+    spark_operator.apply_crds(tb)
+    controller, controller_sa = spark_operator.install(tb, ns, f"spark-operator-{ns}"[:53])
+    tb.apply(txbroker("orders", replicas=1), ns)
+    wait_broker(operator, ns, "orders")
+    orders = 20_000
+    tb.helm("install", release, CHART, "-n", ns, "--set", "operator.replicas=0",
+            "--set", f"operator.watchNamespaces={{{ns}}}", "--set", "spark.enabled=true",
+            "--set", "spark.mode=sparkApplication", "--set", "spark.broker.name=orders",
+            # the Spark operator runs spark-submit, which (Spark 4.3) applies the driver's NetworkPolicy
+            "--set", f"spark.sparkOperatorServiceAccount={ns}/{controller_sa}",
+            "--set", f"spark.job.orders={orders}", "--set", "spark.job.partitions=4", "--set", "spark.job.batchSize=200",
+            "--set", "spark.driver.memory=768m", "--set", "spark.executor.memory=768m",
+            "--set", "spark.executor.instances=2", "--set", "spark.data.size=1Gi", *small_pods(), timeout=180)
+    app = "orders-spark-1"
+
+    def finished():
+        state = (((tb.get("sparkapplication", app, ns) or {}).get("status") or {}).get("applicationState") or {})
+        return state.get("state") in ("COMPLETED", "FAILED", "SUBMISSION_FAILED", "INVALIDATING") and state
+    try:
+        state = wait_for(finished, 600, f"SparkApplication {app} to finish")
+    except TimeoutError:
+        raise AssertionError(tb.kubectl("-n", ns, "get", "sparkapp,pods", "-o", "wide").stdout
+                             + tb.kubectl("-n", ns, "logs", f"deployment/{controller}", check=False).stdout[-4000:]) from None
+    sa = tb.get("sparkapplication", app, ns)
+    driver = (sa["status"].get("driverInfo") or {}).get("podName")
+    log = tb.pod_log(driver, ns) if driver else ""
+    assert state["state"] == "COMPLETED", f"{state.get('errorMessage', '')[:3000]}\ndriver log:\n{log[-4000:]}"
+    # the operator tracked the executors the driver started
+    assert len(sa["status"].get("executorState") or {}) >= 2, sa["status"]
+    summary = dict(kv.split("=", 1) for kv in next(line for line in log.splitlines()
+                                                   if line.startswith("SUMMARY ")).split()[1:])
+    assert summary["decision"] == "COMMITTED" and summary["rows"] == str(orders), summary
+    # what `kubectl get sparkapp` shows a user
+    table = tb.kubectl("-n", ns, "get", "sparkapplication", app).stdout
+    assert "COMPLETED" in table, table
+    assert_every_order_once(tb, ns, orders)
