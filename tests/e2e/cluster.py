@@ -154,7 +154,12 @@ class Cluster:
         if not running:
             raise LookupError(f"no running container in pod {namespace}/{name}")
         for cid in running.values():
-            self.run("ctr", "-a", self.sock, "-n", "k8s.io", "tasks", "kill", "--signal", getattr(sig, "name", sig), cid)
+            r = self.run("ctr", "-a", self.sock, "-n", "k8s.io", "tasks", "kill", "--signal", getattr(sig, "name", sig),
+                         cid, check=False)
+            if r.returncode and "not found" in r.stderr:   # it ended before the kubelet's status said so
+                raise LookupError(f"container {cid} of pod {namespace}/{name} is not running: {r.stderr.strip()}")
+            if r.returncode:
+                raise ToolError(r.returncode, r.args, r.stdout, r.stderr)
         return list(running.values())
 
     def exec(self, pod: str, namespace: str, *cmd: str, check: bool = False) -> subprocess.CompletedProcess:

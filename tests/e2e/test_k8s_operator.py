@@ -270,11 +270,13 @@ def test_edited_children_are_put_back(operator):
 @pytest.mark.slow
 def test_failover_under_load_keeps_every_acknowledged_commit(operator):
     tb, namespace = operator.testbed, operator.namespace
+    # check-back every second, for up to 5 minutes: the default 15 checks would park (leave
+    # undecided) what the failover and a crash-looping fo-0's restarts keep from being answered
     tb.apply(txbroker("fo", replicas=3, replication="SYNC", flush="SYNC",
-                      transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1},
+                      transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1, "checkMax": 300},
                       failover={"gracePeriodSeconds": 3}), namespace)
     # the load's producer group, its check-back settings in a TxProducerGroup
-    tb.apply(txpg("orders-pg", "fo", checkIntervalSeconds=1, timeoutSeconds=1), namespace)
+    tb.apply(txpg("orders-pg", "fo", checkIntervalSeconds=1, timeoutSeconds=1, checkMax=300), namespace)
     wait_broker(operator, namespace, "fo")
     wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "fo", namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 30, "slaves in sync")

@@ -164,7 +164,12 @@ def test_failover_under_load_when_the_master_is_lost(operator, namespace, loss):
     if loss == "pod deleted":
         c.kubectl("-n", namespace, "delete", "pod", f"{fo}-0", "--wait=false")
     else:   # the runtime restarts the container each time; the operator must still fail over
-        wait_for(crash_loop(c, namespace, f"{fo}-0"), 120, "the operator to promote a slave", interval=0.1)
+        try:
+            wait_for(crash_loop(c, namespace, f"{fo}-0"), 120, "the operator to promote a slave", interval=0.1)
+        except TimeoutError as e:
+            events = [f"{ev['reason']}: {ev['message']}" for ev in c.events(namespace, fo)]
+            raise AssertionError(f"{e}\nstatus: {c.get('txb', fo, namespace).get('status')}\nevents: {events}\n"
+                                 f"operator log:\n{operator.log.read_text()[-4000:]}") from None
     txb = wait_for(lambda: (t := c.get("txb", fo, namespace)) and t["status"].get("master") not in (None, f"{fo}-0")
                    and condition(t, "FailedOver") and t, 120, "the operator to promote a slave")
     new_master = txb["status"]["master"]
