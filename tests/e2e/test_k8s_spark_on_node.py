@@ -93,19 +93,20 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     # check-back rolls them back
     assert f"Lost executor {lost_id}" in log, log[-4000:]
 
-    assert_every_order_once(tb, ns, ORDERS)
+    assert_every_order_once(tb, ns, "orders", ORDERS)
 
 
-def assert_every_order_once(tb, ns: str, orders: int) -> None:
+def assert_every_order_once(tb, ns: str, broker: str, orders: int) -> None:
     """A consumer pod reads OrderEvents through the master's Service: every order exactly once, and
     one run's rows only (none of an aborted attempt's)."""
-    address = f"orders-master.{ns}.svc.cluster.local:10911"
-    tb.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orders-consumer"},
+    address = f"{broker}-master.{ns}.svc.cluster.local:10911"
+    consumer = f"{broker}-consumer"
+    tb.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": consumer},
               "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": f"txbroker/broker:{VERSION}",
                        "args": ["tail", "--broker", address, "--topic", "OrderEvents"]}]}}, ns)
-    p = wait_for(lambda: (p := tb.get("pod", "orders-consumer", ns)) and p["status"].get("phase") in ("Succeeded", "Failed")
+    p = wait_for(lambda: (p := tb.get("pod", consumer, ns)) and p["status"].get("phase") in ("Succeeded", "Failed")
                  and p, 300, "the consumer to read the topic")
-    out = tb.pod_log("orders-consumer", ns)
+    out = tb.pod_log(consumer, ns)
     assert p["status"]["phase"] == "Succeeded", out[-2000:]
     bodies = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "{" in line]
     ids = Counter(b["order_id"] for b in bodies)
@@ -113,26 +114,40 @@ def assert_every_order_once(tb, ns: str, orders: int) -> None:
     assert len({b["job"] for b in bodies}) == 1
 
 
+@pytest.fixture
+def app_release(operator):
+    """The chart's SparkApplication form as release `apporders`, on a TxBroker of its own (the other
+    test's volumes and topic may still be in this namespace), beside the Spark operator's release;
+    both uninstalled after."""
+    yield "apporders"
+    for release in ("apporders", spark_operator_release(operator.namespace)):
+        operator.testbed.helm("uninstall", release, "-n", operator.namespace, check=False)
+
+
+def spark_operator_release(ns: str) -> str:
+    return f"spark-operator-{ns}"[:53]
+
+
 @pytest.mark.timeout(900)
-def test_spark_application_through_the_spark_operator_commits_every_order_once(operator, release):
+def test_spark_application_through_the_spark_operator_commits_every_order_once(operator, app_release):
     """The chart's SparkApplication form, run by the kubeflow Spark operator (built from its Go
     module, installed from its own chart): the operator submits the job, the driver starts the
     executors, the job commits, and a consumer pod reads every order once."""
     tb, ns = operator.testbed, operator.namespace
     spark_operator.apply_crds(tb)
-    controller, controller_sa = spark_operator.install(tb, ns, f"spark-operator-{ns}"[:53])
-    tb.apply(txbroker("orders", replicas=1), ns)
-    wait_broker(operator, ns, "orders")
+    controller, controller_sa = spark_operator.install(tb, ns, spark_operator_release(ns))
+    tb.apply(txbroker(app_release, replicas=1), ns)
+    wait_broker(operator, ns, app_release)
     orders = 20_000
-    tb.helm("install", release, CHART, "-n", ns, "--set", "operator.replicas=0",
+    tb.helm("install", app_release, CHART, "-n", ns, "--set", "operator.replicas=0",
             "--set", f"operator.watchNamespaces={{{ns}}}", "--set", "spark.enabled=true",
-            "--set", "spark.mode=sparkApplication", "--set", "spark.broker.name=orders",
+            "--set", "spark.mode=sparkApplication", "--set", f"spark.broker.name={app_release}",
             # the Spark operator runs spark-submit, which (Spark 4.3) applies the driver's NetworkPolicy
             "--set", f"spark.sparkOperatorServiceAccount={ns}/{controller_sa}",
             "--set", f"spark.job.orders={orders}", "--set", "spark.job.partitions=4", "--set", "spark.job.batchSize=200",
             "--set", "spark.driver.memory=768m", "--set", "spark.executor.memory=768m",
             "--set", "spark.executor.instances=2", "--set", "spark.data.size=1Gi", *small_pods(), timeout=180)
-    app = "orders-spark-1"
+    app = f"{app_release}-spark-1"
 
     def finished():
         state = (((tb.get("sparkapplication", app, ns) or {}).get("status") or {}).get("applicationState") or {})
@@ -154,4 +169,4 @@ def test_spark_application_through_the_spark_operator_commits_every_order_once(o
     # what `kubectl get sparkapp` shows a user
     table = tb.kubectl("-n", ns, "get", "sparkapplication", app).stdout
     assert "COMPLETED" in table, table
-    assert_every_order_once(tb, ns, orders)
+    assert_every_order_once(tb, ns, app_release, orders)
