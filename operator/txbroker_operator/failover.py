@@ -7,7 +7,8 @@ Rules (DESIGN.md, "Roles, replication, failover"):
   deleted or not ready, a broker that does not answer, and a fenced or demoted one all count as lost
   (not Ready alone counts once the pod has been seen Ready: before that the master is starting);
 - the successor is the most caught-up slave (highest log end offset; lowest ordinal on a tie);
-- under SYNC replication, only a slave the master last reported in sync may be promoted, unless
+- under SYNC replication, only a slave the master last reported in sync while it could acknowledge
+  writes (status `promotable`) may be promoted, unless
   spec.failover.allowOutOfSyncPromotion says otherwise: an out-of-sync slave may lack acknowledged
   commits (I1);
 - the new epoch is above every epoch any broker or the status has seen, so no two masters ever
@@ -21,6 +22,7 @@ from typing import Any, Mapping
 
 from . import constants as c
 from .observe import Member, caught_up, highest_epoch
+from .status import promotable
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
     behind = f"; it may lack up to {last_master_offset - best.info.log_end_offset} records the master had" \
         if isinstance(last_master_offset, int) and last_master_offset > best.info.log_end_offset else ""
     if spec.get("replication") == "SYNC":
-        synced = [m for m in options if (last_seen.get(m.name) or {}).get("inSync")]
+        synced = [m for m in options if promotable(last_seen.get(m.name) or {})]
         if synced:
             best = synced[0]
             behind = ""

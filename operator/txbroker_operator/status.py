@@ -24,6 +24,12 @@ def condition(type_: str, ok: bool, reason: str, message: str, old: list[dict], 
     return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
 
 
+def promotable(entry: Mapping[str, Any]) -> bool:
+    """A status entry's slave may be promoted under SYNC replication (entries written before the
+    field existed: their inSync)."""
+    return bool(entry.get("promotable", entry.get("inSync")))
+
+
 def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) -> list[dict]:
     """Per broker: role, readiness, log position and (slaves) sync state. What cannot be seen now -
     a broker that does not answer, slaves' sync state while the master is down, the master whose pod
@@ -31,8 +37,9 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
     last_seen = {b.get("name"): b for b in old}
     head = members.get(master)
     head_offset = head.info.log_end_offset if head and head.info and head.info.is_master else None
-    # a restarted SYNC master answers before its slaves are back: it acknowledges nothing then, so
-    # what it last said while acknowledging stands (a crash loop would otherwise block failover)
+    # promotable: in sync when the master last could acknowledge. A restarted SYNC master answers
+    # before its slaves are back and acknowledges nothing then, so its word at that moment does not
+    # take promotability away (a crash loop would otherwise block failover for good)
     sync_known = acknowledging(head)
     out = []
     for m in sorted(members.values(), key=lambda m: m.index):
@@ -50,9 +57,10 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
         if m.name != master:
             if head_offset is not None and m.info:
                 entry["lag"] = max(head_offset - m.info.log_end_offset, 0)
-                entry["inSync"] = in_sync(head, m) if sync_known else bool(before.get("inSync"))
+                entry["inSync"] = in_sync(head, m)
+                entry["promotable"] = entry["inSync"] if sync_known else promotable(before)
             else:   # the master does not answer: keep what it last said about this slave
-                entry.update({k: before[k] for k in ("lag", "inSync") if k in before})
+                entry.update({k: before[k] for k in ("lag", "inSync", "promotable") if k in before})
         out.append(entry)
     gone = last_seen.get(master)
     if gone and not any(e["name"] == master for e in out):
