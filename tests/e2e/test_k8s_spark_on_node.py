@@ -81,8 +81,11 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     lost, lost_id = executors[0]["metadata"]["name"], executors[0]["metadata"]["labels"]["spark-exec-id"]
     tb.kubectl("-n", ns, "delete", "pod", lost, "--wait=false")
 
-    done = wait_for(lambda: (j := tb.get("job", job, ns)) and (j.get("status") or {}).get("conditions") and j,
-                    600, "the spark-submit Job to finish")
+    # Complete or Failed: since Kubernetes 1.31 the Job controller first says SuccessCriteriaMet (or
+    # FailureTarget), and the terminal condition follows once the Job's pods have terminated
+    done = wait_for(lambda: (j := tb.get("job", job, ns)) and any(
+        c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in (j.get("status") or {}).get("conditions") or [])
+        and j, 600, "the spark-submit Job to finish")
     log = tb.pod_log(driver, ns)
     assert any(c["type"] == "Complete" and c["status"] == "True" for c in done["status"]["conditions"]), log[-4000:]
     summary = dict(kv.split("=", 1) for kv in next(line for line in log.splitlines()
