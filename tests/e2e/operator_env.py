@@ -22,8 +22,8 @@ from txbroker.client.admin import AdminClient
 from support.refusals import end_transaction_refusal
 
 __all__ = ["CHART", "IMAGE", "OPERATOR_NAMESPACE", "InClusterOperator", "addresses", "admin", "broker_info",
-           "brokers_report", "condition", "end_transaction_refusal", "events_for", "healthz", "ready", "service_endpoints",
-           "start_operator", "txbroker", "wait_broker", "wait_rolled"]
+           "brokers_report", "condition", "consumer_pod", "end_transaction_refusal", "events_for", "finished", "healthz",
+           "read_topic", "ready", "service_endpoints", "start_operator", "txbroker", "wait_broker", "wait_rolled"]
 
 CHART = str(ROOT / "helm" / "txbroker")
 IMAGE = BROKER_IMAGE
@@ -158,6 +158,29 @@ def brokers_report(tb, namespace: str, name: str, replicas: int, log_chars: int 
             state = f"admin API: {e}"
         out.append(f"--- {pod}: {state}\n{tb.pod_log(pod, namespace)[-log_chars:]}")
     return "\n".join(out)
+
+
+def consumer_pod(name: str, address: str, topic: str) -> dict:
+    """`txbroker tail` in a pod, as a user reads a topic."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "orders"}},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": BROKER_IMAGE,
+                                     "args": ["tail", "--broker", address, "--topic", topic]}]}}
+
+
+def finished(tb, namespace: str, pod: str) -> dict | None:
+    p = tb.get("pod", pod, namespace)
+    return p if p and p["status"].get("phase") in ("Succeeded", "Failed") else None
+
+
+def read_topic(tb, namespace: str, address: str, topic: str, pod: str, timeout: float = 120) -> list[str]:
+    """Every committed message of `topic`, read by a consumer pod named `pod`: the lines `txbroker
+    tail` printed, one per message."""
+    tb.apply(consumer_pod(pod, address, topic), namespace)
+    p = wait_for(lambda: finished(tb, namespace, pod), timeout, f"consumer {pod} to finish")
+    out = tb.logs(pod, namespace)
+    assert p["status"]["phase"] == "Succeeded", out[-2000:]
+    return [line for line in out.splitlines() if line.strip()]
 
 
 def addresses(tb, namespace: str, name: str, replicas: int) -> list[str]:

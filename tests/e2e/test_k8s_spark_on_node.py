@@ -13,8 +13,8 @@ import re
 from collections import Counter
 
 import pytest
-from cluster import VERSION, wait_for
-from operator_env import CHART, start_operator, txbroker, wait_broker
+from cluster import wait_for
+from operator_env import CHART, read_topic, start_operator, txbroker, wait_broker
 
 import spark_operator
 
@@ -102,16 +102,8 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
 def assert_every_order_once(tb, ns: str, broker: str, orders: int) -> None:
     """A consumer pod reads OrderEvents through the master's Service: every order exactly once, and
     one run's rows only (none of an aborted attempt's)."""
-    address = f"{broker}-master.{ns}.svc.cluster.local:10911"
-    consumer = f"{broker}-consumer"
-    tb.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": consumer},
-              "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": f"txbroker/broker:{VERSION}",
-                       "args": ["tail", "--broker", address, "--topic", "OrderEvents"]}]}}, ns)
-    p = wait_for(lambda: (p := tb.get("pod", consumer, ns)) and p["status"].get("phase") in ("Succeeded", "Failed")
-                 and p, 300, "the consumer to read the topic")
-    out = tb.pod_log(consumer, ns)
-    assert p["status"]["phase"] == "Succeeded", out[-2000:]
-    bodies = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "{" in line]
+    lines = read_topic(tb, ns, f"{broker}-master.{ns}.svc.cluster.local:10911", "OrderEvents", f"{broker}-consumer", 300)
+    bodies = [json.loads(line[line.index("{"):]) for line in lines if "{" in line]
     ids = Counter(b["order_id"] for b in bodies)
     assert len(ids) == orders and not [i for i, n in ids.items() if n > 1], (len(ids), ids.most_common(3))
     assert len({b["job"] for b in bodies}) == 1

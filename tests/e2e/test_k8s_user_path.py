@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from cluster import BROKER_IMAGE, Cluster, condition, ready, wait_for
-from operator_env import OPERATOR_NAMESPACE, start_operator, txbroker, wait_rolled
+from operator_env import OPERATOR_NAMESPACE, finished, read_topic, start_operator, txbroker, wait_rolled
 
 from support.refusals import end_transaction_refusal
 
@@ -41,31 +41,14 @@ def workload_pod(name: str, *args: str, restart: str = "Never") -> dict:
                      "volumes": [{"name": "workloads", "configMap": {"name": "workloads"}}]}}
 
 
-def consumer_pod(name: str, address: str, topic: str) -> dict:
-    """`txbroker tail` in a pod, as a user reads a topic."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "orders"}},
-            "spec": {"restartPolicy": "Never",
-                     "containers": [{"name": "main", "image": BROKER_IMAGE,
-                                     "args": ["tail", "--broker", address, "--topic", topic]}]}}
-
-
 def install_workloads(c: Cluster, namespace: str) -> None:
     c.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "workloads"},
              "data": {"tx_producer.py": (WORKLOADS / "tx_producer.py").read_text()}}, namespace)
 
 
-def finished(c: Cluster, namespace: str, pod: str) -> dict | None:
-    p = c.get("pod", pod, namespace)
-    return p if p and p["status"].get("phase") in ("Succeeded", "Failed") else None
-
-
 def consumed_bodies(c: Cluster, namespace: str, address: str, topic: str, pod: str) -> list[str]:
     """Every committed message of `topic`, read by a consumer pod: its bodies, in order."""
-    c.apply(consumer_pod(pod, address, topic), namespace)
-    p = wait_for(lambda: finished(c, namespace, pod), 120, f"consumer {pod} to finish")
-    out = c.logs(pod, namespace)
-    assert p["status"]["phase"] == "Succeeded", out
-    return [line.rsplit(" ", 1)[1] for line in out.splitlines() if line.strip()]
+    return [line.rsplit(" ", 1)[1] for line in read_topic(c, namespace, address, topic, pod)]
 
 
 def acked(c: Cluster, namespace: str, pod: str) -> list[str]:
