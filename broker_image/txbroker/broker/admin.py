@@ -23,7 +23,8 @@ from txbroker import __version__
 from txbroker.broker.auth.handshake import AuthFailure
 from txbroker.broker.config import ConfigError
 from txbroker.broker.replies import Reply, RequestError
-from txbroker.protocol.bodies import EndTransactionRequest
+from txbroker.broker.jobs import job_info
+from txbroker.protocol.bodies import DecideJobRequest, EndTransactionRequest, QueryJobRequest
 from txbroker.protocol.codes import ResponseCode, TransactionState
 from txbroker.store import keys
 from txbroker.store.records import PARKED, PREPARED
@@ -62,7 +63,11 @@ def _from_reply(reply: Reply, body: dict | None = None) -> web.Response:
 def _pending_doc(p) -> dict:
     return {"transaction_id": p.transaction_id, "producer_group": p.producer_group, "state": p.state,
             "commit_log_offset": p.half_lsn, "born_ms": p.born_ms, "messages": len(p.destinations),
-            "checks": p.checks, "last_check_ms": p.last_check_ms, "immunity_ms": p.immunity_ms}
+            "checks": p.checks, "last_check_ms": p.last_check_ms, "immunity_ms": p.immunity_ms, "job_id": p.job_id}
+
+
+def _job_doc(info) -> dict:
+    return msgspec.structs.asdict(info)
 
 
 class AdminApp:
@@ -87,6 +92,9 @@ class AdminApp:
         r.add_get("/api/v1/transactions/{txid}", self.get_transaction)
         r.add_post("/api/v1/transactions/{txid}/{action:commit|rollback|resume}", self.act_on_transaction)
         r.add_post("/api/v1/check-scan", self.check_scan)
+        r.add_get("/api/v1/jobs", self.list_jobs)
+        r.add_get("/api/v1/jobs/{job_id}", self.get_job)
+        r.add_post("/api/v1/jobs/{job_id}/{action:commit|abort}", self.decide_job)
         r.add_get("/api/v1/messages/{msg_id}", self.get_message)
         r.add_get("/api/v1/connections", self.list_connections)
 
@@ -145,6 +153,9 @@ class AdminApp:
         pending, parked = self.b.transactions.counts()
         self.b.metrics.pending.set(pending)
         self.b.metrics.parked.set(parked)
+        jobs = self.b.jobs.counts()
+        for state in ("open", "prepared"):
+            self.b.metrics.jobs_undecided.labels(state).set(jobs[state])
         return web.Response(body=self.b.metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def broker_info(self, request):
@@ -294,6 +305,47 @@ class AdminApp:
         state_name = {"commit": "COMMITTED", "rollback": "ROLLED_BACK", "resume": "PREPARED"}[action]
         already = getattr(reply.body, "already", False)
         return _from_reply(reply, {"transaction_id": txid, "state": state_name, "already": already})
+
+    async def list_jobs(self, request):
+        """Jobs, newest first: ?state=open|prepared|committed|aborted|undecided|all, ?group=, ?limit= (100)."""
+        want = request.query.get("state", "all").upper()
+        group = request.query.get("group")
+        limit = int(request.query.get("limit", "100"))
+        states = {"ALL": None, "UNDECIDED": ("OPEN", "PREPARED")}.get(want, (want,))
+        if states is not None and not set(states) <= {"OPEN", "PREPARED", "COMMITTED", "ABORTED"}:
+            return _error(400, f"state must be open, prepared, committed, aborted, undecided or all, got "
+                               f"{want.lower()!r}", "MALFORMED")
+        members = self.b.state.job_members
+        source = self.b.state.jobs.values() if states and "COMMITTED" not in states and "ABORTED" not in states \
+            else self.b.state.iter_jobs()
+        items = [j for j in source if (states is None or j.state in states) and (group is None or j.producer_group == group)]
+        items.sort(key=lambda j: j.open_lsn, reverse=True)
+        return web.json_response({"total": len(items), "jobs": [
+            _job_doc(job_info(j, len(members.get(j.job_id, ())))) for j in items[:limit]]})
+
+    async def get_job(self, request):
+        reply = self.b.jobs.query(QueryJobRequest("", request.match_info["job_id"]))
+        if reply.code != ResponseCode.SUCCESS:
+            return _from_reply(reply)
+        doc = _job_doc(reply.body)
+        j = self.b.state.job(reply.body.job_id)
+        doc["member_ids"] = list(j.members) if j.members else sorted(self.b.state.job_members.get(j.job_id, ()))
+        return web.json_response(doc)
+
+    async def decide_job(self, request):
+        """An operator's decision: commit keeps the prepared list (or, for an OPEN job, every member
+        pending now; a JSON body {"members": [...]} names them), abort rolls every member back."""
+        job_id, action = request.match_info["job_id"], request.match_info["action"]
+        members = None
+        if request.can_read_body:
+            body = await request.json()
+            members = body.get("members") if isinstance(body, dict) else None
+        state = TransactionState.COMMIT if action == "commit" else TransactionState.ROLLBACK
+        reply = self.b.jobs.decide(DecideJobRequest("", job_id, int(state), members), by="admin")
+        if reply.durable is not None:
+            await reply.durable
+        log.warning("operator %s of job %s: %s", action, job_id, ResponseCode(reply.code).name)
+        return _from_reply(reply, _job_doc(reply.body) if reply.body is not None else None)
 
     async def check_scan(self, request):
         self.b.role.require_master()

@@ -9,7 +9,8 @@ had `check_max` checks is parked in TRANS_CHECK_MAX_TIME_TOPIC; otherwise one li
 group is asked, round robin, with a one-way frame that is never awaited, so a slow producer cannot
 hold the scan. A check counts even when no producer is connected: that is what guarantees every
 transaction is eventually decided or parked (invariant I4). A group with a webhook URL is asked
-over HTTP instead (webhook_check.py).
+over HTTP instead (webhook_check.py). Members of a coordinated transaction are never checked back:
+their job's decision (or its deadline) ends them (jobs.py).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class CheckService:
         due: list = []
         to_park: list = []
         for p in self._state.pending.values():
-            if p.state != PREPARED:
+            if p.state != PREPARED or p.job_id:  # a job's member: its job decides it (broker/jobs.py)
                 continue
             s = settings_for(p.producer_group)
             if now - p.born_ms < (p.immunity_ms or s.default_immunity_ms or s.timeout_ms):

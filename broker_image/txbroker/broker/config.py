@@ -25,6 +25,9 @@ class TransactionSettings(Struct, forbid_unknown_fields=True):
     default_immunity_ms: int = 0
     # check-back through an HTTP webhook instead of a producer connection (TxProducerGroup checkMode http)
     webhook_url: str = ""
+    # Every half message of the group must join a coordinated transaction (TxProducerGroup
+    # checkMode ledger): the broker answers for them from the job's decision; others are refused.
+    require_job: bool = False
 
     def validate(self, where: str = "transaction") -> "TransactionSettings":
         if self.default_immunity_ms < 0:

@@ -22,6 +22,17 @@ class BrokerMetrics:
                                         "END_TRANSACTION requests for an already finished transaction", registry=r)
         self.pending = Gauge("txbroker_pending_half_messages", "Transactions prepared and not finished", registry=r)
         self.parked = Gauge("txbroker_parked_transactions", "Transactions parked after checkMax checks", registry=r)
+        # Coordinated transactions (broker/jobs.py).
+        self.jobs_opened = Counter("txbroker_jobs_opened", "Coordinated transactions (jobs) opened", registry=r)
+        self.jobs_decided = Counter("txbroker_jobs_decided", "Jobs decided, by decision and by whom (client, "
+                                    "deadline: aborted undecided at the deadline, admin)", ["decision", "by"], registry=r)
+        self.job_members_ended = Counter("txbroker_job_members_resolved", "Member transactions the broker ended "
+                                         "from their job's decision, by outcome", ["outcome"], registry=r)
+        self.job_decision_to_visible = Histogram(
+            "txbroker_job_decision_to_visible_seconds", "From a job's decision to its last member ended and published",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.jobs_undecided = Gauge("txbroker_jobs_undecided", "Jobs open or prepared, not yet decided", ["state"],
+                                    registry=r)
         self.checkbacks = Counter("txbroker_checkbacks_sent", "CHECK_TRANSACTION_STATE requests sent", registry=r)
         self.checkbacks_unanswerable = Counter(
             "txbroker_checkbacks_without_producer", "Checks counted with no live producer of the group", registry=r)

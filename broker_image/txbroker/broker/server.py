@@ -16,6 +16,7 @@ from txbroker.broker.config import BrokerConfig, parse_address
 from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.consumers import ConsumerRegistry
 from txbroker.broker.file_watch import FileWatcher
+from txbroker.broker.jobs import JobService
 from txbroker.broker.limits import UnackedBudget
 from txbroker.broker.listener import TlsOnlyListener, admin_tls_listener, data_tls_listener
 from txbroker.broker.metrics import BrokerMetrics
@@ -72,7 +73,8 @@ class Broker:
         self._housekeeping: asyncio.Task | None = None
         self._checking_master: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics,
-                                               config.reject_transaction_message)
+                                               config.reject_transaction_message, self.settings)
+        self.jobs = JobService(self.state, self.transactions, self.role, self.metrics)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
         self.leader = ReplicationLeader(self)
@@ -109,6 +111,7 @@ class Broker:
                 await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
             self.leader.attach()
             self.check_service.start()
+            self.jobs.start()
             self.schedule.start()
         elif self.config.master:
             self.follower = ReplicationFollower(self, self.config.master)
@@ -194,6 +197,7 @@ class Broker:
                 listener.close()
         await self._watcher.stop()
         await self.check_service.stop()
+        await self.jobs.stop()
         await self.schedule.stop()
         await self.retention.stop()
         if self.leader.active:
@@ -230,6 +234,7 @@ class Broker:
         await self.state.append(EpochRecord(epoch, self.config.broker_name, now_ms()))[1]
         self.leader.attach()
         self.check_service.start()
+        self.jobs.start()
         self.schedule.start()
         pending, parked = self.transactions.counts()
         log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
@@ -243,6 +248,7 @@ class Broker:
                                f"the new master's epoch {epoch} is below this broker's {self.state.epoch}")
         self._step_down(f"demoted: the master is {master} at epoch {epoch}")
         await self.check_service.stop()
+        await self.jobs.stop()
         await self.schedule.stop()
         self.role.master_address = master
         self.role.fenced_by = 0
@@ -292,6 +298,7 @@ class Broker:
         self._step_down(f"fenced by epoch {epoch}")
         self.role.fenced_by = epoch
         asyncio.ensure_future(self.check_service.stop())
+        asyncio.ensure_future(self.jobs.stop())
         asyncio.ensure_future(self.schedule.stop())
 
     def _step_down(self, reason: str) -> None:

@@ -19,7 +19,7 @@ from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionRespon
 from txbroker.protocol.codes import ResponseCode, TransactionState
 from txbroker.store import keys
 from txbroker.store.records import (
-    COMMITTED, PARKED, PREPARED, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx, ResumeRecord,
+    COMMITTED, JOB_COMMITTED, JOB_OPEN, PARKED, PREPARED, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx, ResumeRecord,
 )
 from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
 
@@ -32,8 +32,9 @@ def now_ms() -> int:
 
 class TransactionService:
     def __init__(self, state: StateMachine, topics: TopicRegistry, role: RoleState, metrics: BrokerMetrics,
-                 reject_transaction_message: bool = False):
+                 reject_transaction_message: bool = False, settings=None):
         self._state = state
+        self._settings = settings  # SettingsBook: a group that requires jobs
         self._topics = topics
         self._role = role
         self._metrics = metrics
@@ -54,19 +55,45 @@ class TransactionService:
         existing = self._state.pending.get(txid) or self._state.finished(txid)
         if existing is not None:  # a retried half send: answer what was stored, store nothing
             return self._duplicate_prepare(req, existing)
+        if req.job_id:
+            self._check_job_open(req)
+        elif self._settings is not None and self._settings.for_group(req.producer_group).require_job:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"producer group {req.producer_group!r} requires every transaction to join a "
+                               "coordinated transaction (require_job; TxProducerGroup checkMode ledger): open a job "
+                               "and send with its id")
         self._topics.validate_for_send(req.messages)
-        lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages))
+        lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages, req.job_id))
         self._metrics.sent_half.inc(len(req.messages))
         return ok(SendResponse(
             msg_ids=keys.msg_ids(lsn, len(req.messages)),
             queue_ids=[m.queue_id for m in req.messages],
             transaction_id=txid, commit_log_offset=lsn), durable)
 
+    def _check_job_open(self, req: SendRequest) -> None:
+        """A member may join only an open job of its own group, before the deadline."""
+        j = self._state.job(req.job_id)
+        if j is None:
+            raise RequestError(ResponseCode.QUERY_NOT_FOUND, f"no job {req.job_id!r} on this broker (OPEN_JOB first)")
+        if j.producer_group != req.producer_group:
+            raise RequestError(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
+                               f"job {j.job_id} belongs to producer group {j.producer_group!r}, "
+                               f"not {req.producer_group!r}")
+        if j.state != JOB_OPEN:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"job {j.job_id} is {j.state}: it takes no new members")
+        if now_ms() >= j.deadline_ms:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"job {j.job_id} passed its deadline; it is being aborted")
+
     def _duplicate_prepare(self, req: SendRequest, existing: PendingTx | FinishedTx) -> Reply:
         if existing.producer_group != req.producer_group:
             return error(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
                          f"transaction {req.transaction_id} belongs to producer group {existing.producer_group!r}, "
                          f"not {req.producer_group!r}")
+        if existing.job_id != req.job_id:
+            return error(ResponseCode.ILLEGAL_OPERATION,
+                         f"transaction {req.transaction_id} was sent as a member of job {existing.job_id or '(none)'!r}, "
+                         f"not {req.job_id or '(none)'!r}")
         lsn = existing.half_lsn
         n = len(existing.destinations) if isinstance(existing, PendingTx) else existing.message_count
         # Acknowledged only as the first send would have been: once the half message is published.
@@ -94,6 +121,32 @@ class TransactionService:
                          f"transaction {txid} is stored at offset {p.half_lsn}, not {req.commit_log_offset}")
         if wanted == TransactionState.UNKNOWN:
             return ok(EndTransactionResponse(TransactionState.UNKNOWN))
+        if p.job_id:
+            refusal = self._member_end_refusal(p, wanted)
+            if refusal is not None:
+                return refusal
+        offsets, durable = self.finish(p, wanted, by)
+        return ok(EndTransactionResponse(wanted, False, offsets), durable)
+
+    def _member_end_refusal(self, p: PendingTx, wanted: TransactionState) -> Reply | None:
+        """A member's own END may only agree with its job: before the decision only a rollback of a
+        member not yet promised (the job still OPEN), after it only what the decision says."""
+        j = self._state.job(p.job_id)
+        if j is None or j.state == JOB_OPEN and wanted == TransactionState.ROLLBACK:
+            return None
+        if not j.decided:
+            return error(ResponseCode.ILLEGAL_OPERATION,
+                         f"transaction {p.transaction_id} is a member of job {j.job_id} ({j.state}): the job's "
+                         "decision ends it (DECIDE_JOB)")
+        kept = j.state == JOB_COMMITTED and p.transaction_id in j.members
+        if kept == (wanted == TransactionState.COMMIT):
+            return None
+        code = ResponseCode.TRANSACTION_SHOULD_COMMIT if kept else ResponseCode.TRANSACTION_SHOULD_ROLLBACK
+        return error(code, f"transaction {p.transaction_id}: its job {j.job_id} was {j.state} "
+                           f"({'keeping' if kept else 'not keeping'} it)")
+
+    def finish(self, p: PendingTx, wanted: TransactionState, by: str) -> tuple[list[int], object]:
+        """Record the end of pending transaction `p`; returns its queue offsets and durability future."""
         offsets: list[int] = []
         if wanted == TransactionState.COMMIT:
             reserve = self._state.reserve_offsets
@@ -101,12 +154,12 @@ class TransactionService:
                 n = len(list(run))
                 start = reserve(keys.queue_prefix(*dest), n)
                 offsets.extend(range(start, start + n))
-        _lsn, durable = self._state.append(EndRecord(txid, p.half_lsn, wanted, now_ms(), offsets, by))
+        _lsn, durable = self._state.append(EndRecord(p.transaction_id, p.half_lsn, wanted, now_ms(), offsets, by))
         if wanted == TransactionState.COMMIT:
             self._metrics.tx_commit.inc()
         else:
             self._metrics.tx_rollback.inc()
-        return ok(EndTransactionResponse(wanted, False, offsets), durable)
+        return offsets, durable
 
     def _end_finished(self, req: EndTransactionRequest, wanted: TransactionState) -> Reply:
         txid = req.transaction_id

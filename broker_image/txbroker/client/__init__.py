@@ -11,6 +11,7 @@ from txbroker.client.consumer import AsyncPullConsumer, PullConsumer, PullResult
 from txbroker.client.errors import (
     AuthenticationError, BrokerError, BrokerUnavailable, ClientError, RequestTimeout, TlsHandshakeError, TlsRequired,
 )
+from txbroker.client.job import AsyncJobCoordinator, JobCoordinator, JobInfo
 from txbroker.client.producer import AsyncProducer, Producer, SendResult, hash_selector
 from txbroker.client.push_consumer import (
     AsyncPushConsumer, ConsumeContext, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, MessageModel, PushConsumer,
@@ -22,6 +23,7 @@ from txbroker.client.transaction import (
 from txbroker.protocol.bodies import Message, MessageExt
 
 __all__ = [
+    "AsyncJobCoordinator", "JobCoordinator", "JobInfo",
     "AuthenticationError", "Credentials", "TlsConfig", "TlsHandshakeError", "TlsRequired",
     "AsyncProducer", "AsyncPullConsumer", "AsyncPushConsumer", "ConsumeContext", "ConsumeFrom",
     "ConsumeOrderlyStatus", "ConsumeStatus", "MessageModel", "PushConsumer", "hash_selector", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",

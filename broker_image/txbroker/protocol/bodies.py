@@ -57,6 +57,7 @@ class SendRequest(Struct, array_like=True, omit_defaults=True):
     producer_group: str
     messages: list[Message]
     transaction_id: str = ""
+    job_id: str = ""  # a half message that joins this coordinated transaction (OPEN_JOB)
 
 
 class SendResponse(Struct, array_like=True, omit_defaults=True):
@@ -253,6 +254,56 @@ class ReplicaRecords(Struct, array_like=True):
 class ReplicaAck(Struct, array_like=True):
     durable_lsn: int
     epoch: int
+
+
+class OpenJobRequest(Struct, array_like=True, omit_defaults=True):
+    """OPEN_JOB: a coordinated transaction, aborted by the broker if undecided at the deadline.
+    With a `name`, the newest job of that name is answered while it is open, prepared or committed
+    (a rerun or a replayed micro-batch finds it); after an abort a new one is opened."""
+
+    producer_group: str
+    timeout_ms: int  # the deadline, from now
+    name: str = ""
+
+
+class PrepareJobRequest(Struct, array_like=True):
+    """PREPARE_JOB: fix the member list (no new members); a later COMMIT without a list keeps it."""
+
+    producer_group: str
+    job_id: str
+    members: list[str]
+
+
+class DecideJobRequest(Struct, array_like=True, omit_defaults=True):
+    """DECIDE_JOB: COMMIT (1) keeping exactly `members` (None: the prepared list), or ABORT (2).
+    The first decision wins; the broker ends every member itself."""
+
+    producer_group: str
+    job_id: str
+    state: int  # TransactionState.COMMIT | ROLLBACK
+    members: list[str] | None = None
+
+
+class QueryJobRequest(Struct, array_like=True, omit_defaults=True):
+    producer_group: str
+    job_id: str = ""
+    name: str = ""  # or the newest job of this name
+
+
+class JobInfo(Struct, array_like=True, omit_defaults=True):
+    """A job as the broker holds it; the answer to every job request."""
+
+    job_id: str
+    producer_group: str
+    state: str  # OPEN | PREPARED | COMMITTED | ABORTED
+    open_ms: int
+    deadline_ms: int
+    name: str = ""
+    members: int = 0  # prepared or decided members (COMMIT: those kept)
+    pending: int = 0  # members not yet ended (a decided job: being resolved)
+    decided_ms: int = 0
+    by: str = ""  # who decided: client | deadline | admin
+    already: bool = False  # this request changed nothing: the job was already so
 
 
 class SaslRequest(Struct, array_like=True):

@@ -12,7 +12,7 @@ from txbroker.store.records import READABLE_FORMATS, STORE_FORMAT_VERSION
 
 log = logging.getLogger(__name__)
 
-COLUMN_FAMILIES = ("log", "cq", "pending", "tx", "meta", "offsets", "keys")
+COLUMN_FAMILIES = ("log", "cq", "pending", "tx", "meta", "offsets", "keys", "jobs")
 
 
 class StoreError(Exception):
@@ -29,11 +29,12 @@ class Database:
     meta: Rdict
     offsets: Rdict
     keys: Rdict
+    jobs: Rdict
     handles: dict
 
     def close(self) -> None:
         # Each column-family handle keeps the database (and its LOCK file) open: close them all.
-        for cf in (self.log, self.cq, self.pending, self.tx, self.meta, self.offsets, self.keys):
+        for cf in (self.log, self.cq, self.pending, self.tx, self.meta, self.offsets, self.keys, self.jobs):
             cf.close()
         self.handles.clear()
         self.db.close()

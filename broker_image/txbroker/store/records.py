@@ -11,6 +11,8 @@ On-disk format, version 2 (STORE_FORMAT_VERSION, kept under meta key b"format"):
   tx             transaction id (utf-8)               FinishedTx (committed or rolled back)
   offsets        group 0x00 topic 0x00 u16 BE queue       u64 BE next offset to consume
   keys           topic 0x00 key 0x00 u64 BE LSN u32 BE index  u64 BE queue offset
+  jobs           b"id/" job id | b"name/" job name   JobState (coordinated transactions, broker/jobs.py)
+                                                      | the newest job id opened under that name
   meta           b"format" | b"topic/<name>" | b"config/group/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
                  | b"published" -> u64 BE LSN (a SYNC master: readable up to there)
                  | b"sendback/" group 0x00 message id 0x00 reconsume count -> u64 BE LSN of the copy
@@ -44,6 +46,7 @@ class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
     producer_group: str
     born_ms: int
     messages: list[Message]
+    job_id: str = ""  # a member of this coordinated transaction: its decision ends this one
 
 
 class NormalRecord(Struct, tag="N", array_like=True, omit_defaults=True):
@@ -90,6 +93,37 @@ class ResumeRecord(Struct, tag="R", array_like=True):
     resume_ms: int
 
 
+class JobOpenRecord(Struct, tag="J", array_like=True, omit_defaults=True):
+    """A coordinated transaction (a job) opened: members may join until it is decided or its
+    deadline passes (then the broker records ABORT itself)."""
+
+    job_id: str
+    producer_group: str
+    open_ms: int
+    deadline_ms: int
+    name: str = ""  # opening by name finds the newest job of that name (replays, reruns)
+
+
+class JobPrepareRecord(Struct, tag="Q", array_like=True):
+    """The job's member list is fixed (two-phase commit's prepare): no new members; COMMIT without
+    a list commits exactly these."""
+
+    job_id: str
+    members: list[str]
+    prepare_ms: int
+
+
+class JobDecisionRecord(Struct, tag="D", array_like=True, omit_defaults=True):
+    """The job's decision, the commit point of all its members: COMMIT keeps exactly `members`
+    (the rest roll back), ABORT keeps none. The broker then ends each member (EndRecord by "job")."""
+
+    job_id: str
+    state: int  # TransactionState.COMMIT | ROLLBACK
+    decided_ms: int
+    members: list[str] = field(default_factory=list)
+    by: str = "client"  # client | deadline | admin
+
+
 class TopicRecord(Struct, tag="T", array_like=True):
     name: str
     queue_count: int
@@ -110,7 +144,8 @@ class EpochRecord(Struct, tag="X", array_like=True):
     start_ms: int
 
 
-Record = HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord | EpochRecord | OffsetRecord
+Record = (HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord | EpochRecord
+          | OffsetRecord | JobOpenRecord | JobPrepareRecord | JobDecisionRecord)
 
 PREPARED = "PREPARED"
 PARKED = "PARKED"
@@ -131,6 +166,7 @@ class PendingTx(Struct, array_like=True, omit_defaults=True):
     last_check_ms: int = 0
     state: str = PREPARED
     keyed: list[tuple[int, str]] = field(default_factory=list)  # (message index, keys) to index at commit
+    job_id: str = ""  # member of a coordinated transaction: never checked back, ended by its decision
 
 
 class FinishedTx(Struct, array_like=True, omit_defaults=True):
@@ -144,12 +180,40 @@ class FinishedTx(Struct, array_like=True, omit_defaults=True):
     queue_offsets: list[int] = field(default_factory=list)
     by: str = "producer"
     checks: int = 0
+    job_id: str = ""
+
+
+JOB_OPEN = "OPEN"
+JOB_PREPARED = "PREPARED"
+JOB_COMMITTED = "COMMITTED"
+JOB_ABORTED = "ABORTED"
+
+
+class JobState(Struct, array_like=True, omit_defaults=True):
+    """A job as the jobs column family holds it. `members`: the prepared list, then the decided one."""
+
+    job_id: str
+    producer_group: str
+    open_ms: int
+    deadline_ms: int
+    open_lsn: int
+    name: str = ""
+    state: str = JOB_OPEN
+    members: list[str] = field(default_factory=list)
+    decided_ms: int = 0
+    by: str = ""
+    decision_lsn: int = 0
+
+    @property
+    def decided(self) -> bool:
+        return self.state in (JOB_COMMITTED, JOB_ABORTED)
 
 
 encode = msgspec.msgpack.Encoder().encode
 _record_decoder = msgspec.msgpack.Decoder(Record)
 _pending_decoder = msgspec.msgpack.Decoder(PendingTx)
 _finished_decoder = msgspec.msgpack.Decoder(FinishedTx)
+_job_decoder = msgspec.msgpack.Decoder(JobState)
 
 
 def decode_record(data: bytes) -> Record:
@@ -162,3 +226,7 @@ def decode_pending(data: bytes) -> PendingTx:
 
 def decode_finished(data: bytes) -> FinishedTx:
     return _finished_decoder.decode(data)
+
+
+def decode_job(data: bytes) -> JobState:
+    return _job_decoder.decode(data)

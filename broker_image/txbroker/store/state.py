@@ -30,13 +30,17 @@ from txbroker.store import retention
 from txbroker.store.truncation import truncate
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
-    CheckRecord, EndRecord, EpochRecord, FinishedTx, HalfRecord, NormalRecord, ParkRecord, PendingTx, Record,
-    OffsetRecord, ResumeRecord, TopicRecord, decode_finished, decode_pending, decode_record, encode,
+    JOB_ABORTED, JOB_COMMITTED, JOB_PREPARED,
+    CheckRecord, EndRecord, EpochRecord, FinishedTx, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
+    JobState, NormalRecord, ParkRecord, PendingTx, Record, OffsetRecord, ResumeRecord, TopicRecord,
+    decode_finished, decode_job, decode_pending, decode_record, encode,
 )
 
 log = logging.getLogger(__name__)
 
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+JOB_ID_PREFIX = b"id/"
+JOB_NAME_PREFIX = b"name/"
 PUBLISHED_KEY = b"published"
 # Past this many unpublished batches (slaves away for long) new ones are merged into the last, so
 # memory stays bounded; what is merged is published together.
@@ -52,7 +56,7 @@ class StateMachine:
         h = self.db.handles
         self._h_log, self._h_cq, self._h_pending, self._h_tx, self._h_meta = (
             h["log"], h["cq"], h["pending"], h["tx"], h["meta"])
-        self._h_offsets, self._h_keys = h["offsets"], h["keys"]
+        self._h_offsets, self._h_keys, self._h_jobs = h["offsets"], h["keys"], h["jobs"]
         self.writer = GroupCommit(self.db.db, sync_flush, self._written_locally, on_fatal, observe_flush,
                                   self._before_write)
         # A SYNC replication leader sets these: `replication_hold(batch)` answers a written batch when
@@ -66,6 +70,10 @@ class StateMachine:
         self.epochs: list[tuple[int, int]] = []  # (epoch, first LSN of that epoch), ascending
         self.topics: dict[str, int] = {}
         self.pending: dict[str, PendingTx] = {}
+        # Coordinated transactions (jobs): the undecided ones, and each job's members still pending.
+        self.jobs: dict[str, JobState] = {}
+        self.job_members: dict[str, set[str]] = {}
+        self._jobs_writing: dict[bytes, JobState | str] = {}  # jobs-family entries of the unwritten batch
         self._queue_end: dict[bytes, int] = {}  # next offset to assign, per queue prefix
         self.visible_end: dict[bytes, int] = {}  # offsets below this are durable and readable
         self._waiters: dict[bytes, list[asyncio.Future]] = {}
@@ -125,9 +133,20 @@ class StateMachine:
             if not k.startswith(b"topic/"):
                 break
             self.topics[k[6:].decode()] = int(v)
+        self.jobs.clear()
+        self.job_members.clear()
+        self._jobs_writing.clear()
         for _k, v in self.db.pending.items():
             p = decode_pending(v)
             self.pending[p.transaction_id] = p
+            if p.job_id:
+                self.job_members.setdefault(p.job_id, set()).add(p.transaction_id)
+        for k, v in self.db.jobs.items(from_key=JOB_ID_PREFIX):
+            if not k.startswith(JOB_ID_PREFIX):
+                break
+            j = decode_job(v)
+            if not j.decided:
+                self.jobs[j.job_id] = j
         for topic, count in list(self.topics.items()) + [(TRANS_CHECK_MAX_TIME_TOPIC, 1)]:
             for q in range(count):
                 self._load_queue_end(keys.queue_prefix(topic, q))
@@ -258,6 +277,8 @@ class StateMachine:
             finishing.pop(txid, None)
         if self._unwritten_send_backs:
             self._unwritten_send_backs.clear()
+        if self._jobs_writing:  # written synchronously: nothing of a later batch is in it yet
+            self._jobs_writing.clear()
         unpublished = self._unpublished
         if len(unpublished) >= MAX_UNPUBLISHED:
             last = unpublished[-1]
@@ -316,8 +337,64 @@ class StateMachine:
         elif kind is EpochRecord:
             self.epochs.append((record.epoch, lsn))
             b.wb.put(b"epoch/" + keys.lsn_key(record.epoch), str(lsn).encode(), self._h_meta)
+        elif kind is JobOpenRecord:
+            j = JobState(record.job_id, record.producer_group, record.open_ms, record.deadline_ms, lsn, record.name)
+            self.jobs[j.job_id] = j
+            self.job_members.setdefault(j.job_id, set())
+            self._put_job(b, j)
+            if j.name:
+                key = JOB_NAME_PREFIX + j.name.encode()
+                b.wb.put(key, j.job_id.encode(), self._h_jobs)
+                self._jobs_writing[key] = j.job_id
+        elif kind is JobPrepareRecord:
+            j = self.job(record.job_id)
+            j.state = JOB_PREPARED
+            j.members = record.members
+            self._put_job(b, j)
+        elif kind is JobDecisionRecord:
+            j = self.job(record.job_id)
+            self.jobs.pop(j.job_id, None)
+            j.state = JOB_COMMITTED if record.state == TransactionState.COMMIT else JOB_ABORTED
+            j.members = record.members
+            j.decided_ms, j.by, j.decision_lsn = record.decided_ms, record.by, lsn
+            self._put_job(b, j)
+            if not self.job_members.get(j.job_id):
+                self.job_members.pop(j.job_id, None)
         else:  # pragma: no cover - the Record union is closed
             raise TypeError(f"unknown record {kind.__name__}")
+
+    def _put_job(self, b: Batch, j: JobState) -> None:
+        key = JOB_ID_PREFIX + j.job_id.encode()
+        b.wb.put(key, encode(j), self._h_jobs)
+        self._jobs_writing[key] = j
+
+    def job(self, job_id: str) -> JobState | None:
+        """A job in any state (undecided ones from memory)."""
+        j = self.jobs.get(job_id)
+        if j is not None:
+            return j
+        key = JOB_ID_PREFIX + job_id.encode()
+        j = self._jobs_writing.get(key)
+        if j is not None:
+            return j
+        v = self.db.jobs.get(key)
+        return decode_job(v) if v is not None else None
+
+    def job_named(self, name: str) -> JobState | None:
+        """The newest job opened under `name`."""
+        key = JOB_NAME_PREFIX + name.encode()
+        job_id = self._jobs_writing.get(key)
+        if job_id is None:
+            v = self.db.jobs.get(key)
+            job_id = v.decode() if v is not None else None
+        return self.job(job_id) if job_id is not None else None
+
+    def iter_jobs(self):
+        """Every job, oldest id first (decided ones from disk: the admin plane's listing)."""
+        for k, v in self.db.jobs.items(from_key=JOB_ID_PREFIX):
+            if not k.startswith(JOB_ID_PREFIX):
+                break
+            yield self.job(decode_job(v).job_id)
 
     def _apply_half(self, r: HalfRecord, lsn: int, b: Batch) -> None:
         first = r.messages[0].properties
@@ -326,8 +403,10 @@ class StateMachine:
             transaction_id=r.transaction_id, producer_group=r.producer_group, half_lsn=lsn,
             born_ms=r.born_ms, destinations=[(m.topic, m.queue_id) for m in r.messages],
             immunity_ms=int(float(immunity) * 1000) if immunity else 0,
-            keyed=[(i, m.keys) for i, m in enumerate(r.messages) if m.keys],
+            keyed=[(i, m.keys) for i, m in enumerate(r.messages) if m.keys], job_id=r.job_id,
         )
+        if r.job_id:
+            self.job_members.setdefault(r.job_id, set()).add(r.transaction_id)
         self.pending[r.transaction_id] = p
         b.wb.put(r.transaction_id.encode(), encode(p), self._h_pending)
 
@@ -344,7 +423,14 @@ class StateMachine:
             transaction_id=r.transaction_id, producer_group=p.producer_group, half_lsn=p.half_lsn,
             state=COMMITTED if committed else ROLLED_BACK, end_lsn=lsn, end_ms=r.end_ms,
             message_count=len(p.destinations), queue_offsets=r.queue_offsets, by=r.by, checks=p.checks,
+            job_id=p.job_id,
         )
+        if p.job_id:
+            members = self.job_members.get(p.job_id)
+            if members is not None:
+                members.discard(r.transaction_id)
+                if not members and p.job_id not in self.jobs:  # decided, and every member ended
+                    del self.job_members[p.job_id]
         b.wb.put(tid, encode(done), self._h_tx)
         self._finishing[r.transaction_id] = done
         b.txids.append(r.transaction_id)
@@ -508,4 +594,4 @@ class StateMachine:
         self.db.close()
         # Column-family handles keep RocksDB (and its LOCK) open until they are gone.
         self._h_log = self._h_cq = self._h_pending = self._h_tx = self._h_meta = None
-        self._h_offsets = self._h_keys = None
+        self._h_offsets = self._h_keys = self._h_jobs = None

@@ -5,7 +5,8 @@ they derived (queue-index and key-index entries, send-back keys, epochs), and th
 changed is derived again from the kept log, only where they changed it:
 - transactions they touched: from each one's half record on, replaying only that transaction's
   records (a long-pending transaction makes this walk longer, nothing else does);
-- consumer offsets and topics they set: the latest kept record that set each, walking back.
+- consumer offsets and topics they set: the latest kept record that set each, walking back;
+- jobs (coordinated transactions) they opened, prepared or decided: from each one's open record on.
 A kill at any point leaves the store as it was before the truncation or after it, never between,
 so recovery has nothing to finish (no marker, no resumable state); the caller reloads memory.
 """
@@ -21,8 +22,8 @@ from txbroker.store import keys
 from txbroker.store.db import sync_write_options
 from txbroker.store.group_commit import Batch
 from txbroker.store.records import (
-    CheckRecord, EndRecord, EpochRecord, HalfRecord, NormalRecord, OffsetRecord, ParkRecord, ResumeRecord,
-    TopicRecord, decode_finished, decode_pending, decode_record,
+    CheckRecord, EndRecord, EpochRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, NormalRecord,
+    OffsetRecord, ParkRecord, ResumeRecord, TopicRecord, decode_finished, decode_job, decode_pending, decode_record,
 )
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TX_RECORDS = (HalfRecord, EndRecord, ParkRecord, ResumeRecord)
+_JOB_RECORDS = (JobOpenRecord, JobPrepareRecord, JobDecisionRecord)
 
 
 def truncate(state: "StateMachine", last_kept: int) -> int:
@@ -46,6 +48,7 @@ def truncate(state: "StateMachine", last_kept: int) -> int:
     txids: set[str] = set()
     offsets: set[tuple[str, str, int]] = set()
     topics: set[str] = set()
+    jobs: set[str] = set()
     for lsn, r in dropped:
         kind = type(r)
         if kind is NormalRecord:
@@ -71,7 +74,10 @@ def truncate(state: "StateMachine", last_kept: int) -> int:
             topics.add(r.name)
         elif kind is EpochRecord:
             wb.delete(b"epoch/" + keys.lsn_key(r.epoch), h["meta"])
+        elif kind in _JOB_RECORDS:
+            jobs.add(r.job_id)
     _rederive_transactions(state, scratch, txids, last_kept)
+    _rederive_jobs(state, scratch, jobs, last_kept)
     _rederive_latest(state, wb, offsets, topics, last_kept)
     wb.delete(b"published", h["meta"])
     db.db.write(wb, sync_write_options())
@@ -107,6 +113,37 @@ def _rederive_transactions(state: "StateMachine", scratch: Batch, txids: set[str
             state._apply(r, lsn, scratch)
         elif kind is CheckRecord and not txids.isdisjoint(r.transaction_ids):
             state._apply(CheckRecord([t for t in r.transaction_ids if t in txids], r.check_ms), lsn, scratch)
+
+
+def _rederive_jobs(state: "StateMachine", scratch: Batch, job_ids: set[str], last_kept: int) -> None:
+    """Each touched job's entry again, from its kept records (its open record dropped: it is gone,
+    and so is its name's pointer to it; the jobs that name had before were all aborted)."""
+    if not job_ids:
+        return
+    from txbroker.store.state import JOB_ID_PREFIX, JOB_NAME_PREFIX
+
+    db, h = state.db, state.db.handles
+    first = last_kept + 1
+    for job_id in job_ids:
+        key = JOB_ID_PREFIX + job_id.encode()
+        stored = db.jobs.get(key)
+        scratch.wb.delete(key, h["jobs"])
+        state.jobs.pop(job_id, None)
+        if stored is None:
+            continue
+        j = decode_job(stored)
+        if j.open_lsn > last_kept:
+            if j.name and db.jobs.get(JOB_NAME_PREFIX + j.name.encode()) == job_id.encode():
+                scratch.wb.delete(JOB_NAME_PREFIX + j.name.encode(), h["jobs"])
+        else:
+            first = min(first, j.open_lsn)
+    for k, raw in db.log.items(from_key=keys.lsn_key(first)):
+        lsn = keys.lsn_from_key(k)
+        if lsn > last_kept:
+            break
+        r = decode_record(raw)
+        if type(r) in _JOB_RECORDS and r.job_id in job_ids:
+            state._apply(r, lsn, scratch)
 
 
 def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics: set[str], last_kept: int) -> None:

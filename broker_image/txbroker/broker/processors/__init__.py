@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from txbroker.protocol.codes import RequestCode
 
-from . import auth, client, consumer, end_transaction, message, pull, replication, send, topic
+from . import auth, client, consumer, end_transaction, job, message, pull, replication, send, topic
 
 
 def handlers(broker) -> dict[int, object]:
@@ -33,4 +33,8 @@ def handlers(broker) -> dict[int, object]:
         RequestCode.REPLICATION_SUBSCRIBE: replication.SubscribeProcessor(broker),
         RequestCode.REPLICATION_ACK: replication.AckProcessor(broker),
         RequestCode.SASL_AUTHENTICATE: auth.SaslAuthenticateProcessor(broker),
+        RequestCode.OPEN_JOB: job.JobProcessor(broker, "open"),
+        RequestCode.PREPARE_JOB: job.JobProcessor(broker, "prepare"),
+        RequestCode.DECIDE_JOB: job.JobProcessor(broker, "decide"),
+        RequestCode.QUERY_JOB: job.JobProcessor(broker, "query"),
     }

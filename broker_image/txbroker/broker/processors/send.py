@@ -1,6 +1,7 @@
 """SEND_MESSAGE: plain messages are stored visible; with a transaction id, as one half message batch."""
 
-from txbroker.broker.replies import Reply, ok
+from txbroker.broker.replies import Reply, RequestError, ok
+from txbroker.protocol.codes import ResponseCode
 from txbroker.broker.transactions import now_ms
 from txbroker.protocol.bodies import SendRequest, SendResponse, decoder
 from txbroker.store import keys
@@ -23,6 +24,9 @@ class SendProcessor:
         if req.transaction_id:
             access.require_producer_group(req.producer_group)
             return self._tx.prepare(req)
+        if req.job_id:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"job {req.job_id}: only a transactional send (with a "
+                                                             "transaction id) can join a job")
         self._role.require_master()
         msgs = req.messages
         self._topics.validate_for_send(msgs)

@@ -1,0 +1,311 @@
+"""Coordinated transactions ("jobs"): the decision lives in the broker's log, so the broker ends
+the members itself and nobody has to answer check-backs for them.
+
+A coordinator (a Spark driver, any program) opens a job with a producer group and a deadline;
+producers send half messages that name it (SendRequest.job_id), in any number of ordinary
+transactions; one DECIDE_JOB records COMMIT with the exact list of member transactions to keep, or
+ABORT. The decision is one log record, acknowledged as every write is (flushed as configured,
+replicated as configured); the first decision wins and the opposite one is refused naming it.
+
+Then the broker ends each member (EndRecord by "job": committed members visible exactly once,
+the others rolled back), in slices so the event loop keeps serving. The members of an undecided
+job are never checked back; at the deadline the broker records ABORT itself. A master that takes
+over (promotion, restart) finishes the members of every job already decided, so a decision is
+never lost between its record and the members' visibility.
+
+Optional two-phase form (KIP-939's prepare): PREPARE_JOB fixes the member list first, and a later
+COMMIT without a list keeps exactly it (Spark's deferred commit: the application decides).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import time
+
+from txbroker.broker.metrics import BrokerMetrics
+from txbroker.broker.replies import Reply, RequestError, error, ok
+from txbroker.broker.role import RoleState
+from txbroker.broker.transactions import TransactionService, now_ms
+from txbroker.lifecycle import stop_task
+from txbroker.protocol.bodies import DecideJobRequest, JobInfo, OpenJobRequest, PrepareJobRequest, QueryJobRequest
+from txbroker.protocol.codes import ResponseCode, TransactionState
+from txbroker.store.records import (
+    JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, JobState,
+)
+from txbroker.store.state import StateMachine
+
+log = logging.getLogger(__name__)
+
+MIN_TIMEOUT_MS = 1_000
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+MAX_MEMBERS = 1_000_000
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,95}")
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+RESOLVE_SLICE = 1000  # members ended per loop iteration (one group-commit batch each)
+DEADLINE_TICK_S = 0.25
+
+
+def job_info(j: JobState, pending: int = 0, already: bool = False) -> JobInfo:
+    return JobInfo(j.job_id, j.producer_group, j.state, j.open_ms, j.deadline_ms, j.name, len(j.members), pending,
+                   j.decided_ms, j.by, already)
+
+
+def check_job_id(job_id: str) -> None:
+    if not JOB_ID.fullmatch(job_id or ""):
+        raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                           f"malformed job id {job_id[:140]!r}: 1-128 of A-Z a-z 0-9 . _ : - (what OPEN_JOB answered)")
+
+
+class JobService:
+    def __init__(self, state: StateMachine, transactions: TransactionService, role: RoleState, metrics: BrokerMetrics):
+        self._state = state
+        self._tx = transactions
+        self._role = role
+        self._metrics = metrics
+        self._task: asyncio.Task | None = None
+        self._resolving: dict[str, asyncio.Task] = {}
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def open(self, req: OpenJobRequest) -> Reply:
+        self._role.require_master()
+        if not req.producer_group:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a job needs a producer group")
+        if not MIN_TIMEOUT_MS <= req.timeout_ms <= MAX_TIMEOUT_MS:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                               f"job timeout {req.timeout_ms} ms out of range: {MIN_TIMEOUT_MS}..{MAX_TIMEOUT_MS} ms")
+        if req.name:
+            if not JOB_NAME.fullmatch(req.name):
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                                   f"malformed job name {req.name[:100]!r}: 1-96 of A-Z a-z 0-9 . _ : -")
+            newest = self._state.job_named(req.name)
+            if newest is not None:
+                self._same_group(newest, req.producer_group)
+                if self._expired(newest):
+                    self._abort_expired(newest)
+                elif newest.state != JOB_ABORTED:
+                    return self._answer(newest, already=True)
+        t = now_ms()
+        job_id = f"{req.name or 'job'}.e{self._state.epoch}.{self._state.next_lsn}"
+        _lsn, durable = self._state.append(JobOpenRecord(job_id, req.producer_group, t, t + req.timeout_ms, req.name))
+        self._metrics.jobs_opened.inc()
+        return ok(job_info(self._state.jobs[job_id]), durable)
+
+    def prepare(self, req: PrepareJobRequest) -> Reply:
+        self._role.require_master()
+        j = self._find(req.job_id, req.producer_group)
+        members = list(dict.fromkeys(req.members))
+        if j.state == JOB_PREPARED or j.decided:
+            if j.state in (JOB_PREPARED, JOB_COMMITTED) and members == j.members:
+                return self._answer(j, already=True)
+            return self._refuse_decided(j, f"prepare {len(members)} members")
+        self._deadline_passed(j)
+        self._check_members(j, members)
+        _lsn, durable = self._state.append(JobPrepareRecord(j.job_id, members, now_ms()))
+        return ok(job_info(j, self._pending(j)), durable)
+
+    def decide(self, req: DecideJobRequest, by: str = "client") -> Reply:
+        self._role.require_master()
+        try:
+            wanted = TransactionState(req.state)
+        except ValueError:
+            wanted = TransactionState.UNKNOWN
+        if wanted == TransactionState.UNKNOWN:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"a job's decision is 1 COMMIT or 2 ABORT, not {req.state}")
+        j = self._find(req.job_id, req.producer_group, any_group=by == "admin")
+        commit = wanted == TransactionState.COMMIT
+        if commit:
+            members = list(dict.fromkeys(req.members)) if req.members is not None else None
+            if members is None:
+                if j.state == JOB_OPEN and by != "admin":
+                    raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                                       f"job {j.job_id} is OPEN: COMMIT needs the list of member transactions to keep "
+                                       "(or PREPARE_JOB it first)")
+                members = list(j.members) if j.state != JOB_OPEN else sorted(self._state.job_members.get(j.job_id, ()))
+        else:
+            members = []
+        if j.decided:
+            if (j.state == JOB_COMMITTED) == commit and (not commit or members == j.members):
+                return self._answer(j, already=True)
+            return self._refuse_decided(j, "COMMIT" if commit else "ABORT")
+        if commit:
+            self._deadline_passed(j)
+            if j.state == JOB_PREPARED and members != j.members:
+                raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                                   f"job {j.job_id} was prepared with {len(j.members)} members; COMMIT must keep "
+                                   f"exactly those (got {len(members)})")
+            self._check_members(j, members)
+        _lsn, durable = self._state.append(JobDecisionRecord(j.job_id, int(wanted), now_ms(), members, by))
+        self._decided(j, by)
+        return ok(job_info(j, self._pending(j)), durable)
+
+    def query(self, req: QueryJobRequest) -> Reply:
+        if req.name:
+            j = self._state.job_named(req.name)
+            if j is None:
+                return error(ResponseCode.QUERY_NOT_FOUND, f"no job named {req.name!r} on this broker")
+        else:
+            j = self._find(req.job_id, "", any_group=True)
+        return ok(job_info(j, self._pending(j)))
+
+    # ---- checks ----------------------------------------------------------------------------------
+
+    def _find(self, job_id: str, group: str, any_group: bool = False) -> JobState:
+        check_job_id(job_id)
+        j = self._state.job(job_id)
+        if j is None:
+            raise RequestError(ResponseCode.QUERY_NOT_FOUND, f"no job {job_id!r} on this broker")
+        if not any_group:
+            self._same_group(j, group)
+        return j
+
+    @staticmethod
+    def _same_group(j: JobState, group: str) -> None:
+        if j.producer_group != group:
+            raise RequestError(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
+                               f"job {j.job_id} belongs to producer group {j.producer_group!r}, not {group!r}")
+
+    @staticmethod
+    def _expired(j: JobState) -> bool:
+        return not j.decided and now_ms() >= j.deadline_ms
+
+    def _deadline_passed(self, j: JobState) -> None:
+        """A decision after the deadline: the deadline's ABORT is recorded (first decision wins) and
+        the caller is refused."""
+        if self._expired(j):
+            self._abort_expired(j)
+            raise RequestError(ResponseCode.TRANSACTION_SHOULD_ROLLBACK,
+                               f"job {j.job_id} passed its deadline undecided and was ABORTED by the broker")
+
+    def _check_members(self, j: JobState, members: list[str]) -> None:
+        """Every member named must be a transaction of this job still pending (all checked before
+        anything is written: a bad list changes nothing)."""
+        if len(members) > MAX_MEMBERS:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"{len(members)} members; at most {MAX_MEMBERS}")
+        ours = self._state.job_members.get(j.job_id, set())
+        for txid in members:
+            if txid in ours:
+                continue
+            p = self._state.pending.get(txid)
+            if p is not None:
+                if p.job_id != j.job_id:
+                    raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                                       f"transaction {txid} is not a member of job {j.job_id}"
+                                       + (f" but of job {p.job_id}" if p.job_id else " (it joined no job)"))
+                continue
+            f = self._state.finished(txid)
+            if f is None:
+                raise RequestError(ResponseCode.QUERY_NOT_FOUND,
+                                   f"job {j.job_id}: no transaction {txid[:140]!r} on this broker")
+            if f.job_id != j.job_id:
+                raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"transaction {txid} is not a member of job "
+                                   f"{j.job_id}" + (f" but of job {f.job_id}" if f.job_id else " (it joined no job)"))
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"job {j.job_id}: member {txid} was already {f.state} by its {f.by}")
+
+    def _refuse_decided(self, j: JobState, wanted: str) -> Reply:
+        code = ResponseCode.TRANSACTION_SHOULD_COMMIT if j.state == JOB_COMMITTED else ResponseCode.TRANSACTION_SHOULD_ROLLBACK
+        if j.state == JOB_PREPARED:
+            code = ResponseCode.ILLEGAL_OPERATION
+        return error(code, f"job {j.job_id} was already {j.state} ({len(j.members)} members, by {j.by or 'client'}); "
+                           f"{wanted} refused")
+
+    def _pending(self, j: JobState) -> int:
+        return len(self._state.job_members.get(j.job_id, ()))
+
+    def _answer(self, j: JobState, already: bool) -> Reply:
+        lsn = j.decision_lsn or j.open_lsn
+        return ok(job_info(j, self._pending(j), already), self._state.published_future(lsn))
+
+    # ---- the broker's own work: deadlines and resolving members -------------------------------------
+
+    def start(self) -> None:
+        """On the master: finish every decided job's members, then watch deadlines."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="jobs")
+
+    async def stop(self) -> None:
+        for t in list(self._resolving.values()):
+            t.cancel()
+        await stop_task(self._task)
+        self._task = None
+
+    async def _run(self) -> None:
+        undecided = set(self._state.jobs)
+        leftovers = [job_id for job_id in self._state.job_members if job_id not in undecided]
+        if leftovers:
+            log.warning("finishing the members of %d decided jobs (decided before this broker led)", len(leftovers))
+        for job_id in leftovers:
+            self._resolve(self._state.job(job_id))
+        while True:
+            await asyncio.sleep(DEADLINE_TICK_S)
+            try:
+                self.expire()
+            except Exception:  # a failed pass must not end deadline watching for good
+                log.exception("job deadline pass failed; retrying")
+
+    def expire(self, now: int | None = None) -> int:
+        """ABORT every undecided job past its deadline; returns how many."""
+        if not self._role.is_master:
+            return 0
+        now = now_ms() if now is None else now
+        late = [j for j in self._state.jobs.values() if now >= j.deadline_ms]
+        for j in late:
+            self._abort_expired(j)
+        return len(late)
+
+    def _abort_expired(self, j: JobState) -> None:
+        log.warning("job %s of group %s passed its deadline undecided: ABORT, rolling back its %d members",
+                    j.job_id, j.producer_group, self._pending(j))
+        self._state.append(JobDecisionRecord(j.job_id, int(TransactionState.ROLLBACK), now_ms(), [], "deadline"))
+        self._decided(j, "deadline")
+
+    def _decided(self, j: JobState, by: str) -> None:
+        self._metrics.jobs_decided.labels("commit" if j.state == JOB_COMMITTED else "abort", by).inc()
+        self._resolve(j)
+
+    def _resolve(self, j: JobState) -> None:
+        if j is None or j.job_id in self._resolving:
+            return
+        t = asyncio.get_running_loop().create_task(self._end_members(j), name=f"job {j.job_id}")
+        self._resolving[j.job_id] = t
+        t.add_done_callback(lambda _t, job_id=j.job_id: self._resolving.pop(job_id, None))
+
+    async def _end_members(self, j: JobState) -> None:
+        t0 = time.perf_counter()
+        keep = set(j.members) if j.state == JOB_COMMITTED else set()
+        pending = self._state.pending
+        members = self._state.job_members.get(j.job_id, set())
+        ended = {"commit": 0, "rollback": 0}
+        last = None
+        while members and self._role.is_master:
+            for txid in list(itertools.islice(members, RESOLVE_SLICE)):
+                p = pending.get(txid)
+                if p is None:  # ended meanwhile (a member's own END agreeing with the decision)
+                    members.discard(txid)
+                    continue
+                commit = txid in keep
+                _offsets, last = self._tx.finish(p, TransactionState.COMMIT if commit else TransactionState.ROLLBACK,
+                                                 "job")
+                ended["commit" if commit else "rollback"] += 1
+            await asyncio.sleep(0)  # that slice is one group-commit batch; let requests in between
+        for outcome, n in ended.items():
+            if n:
+                self._metrics.job_members_ended.labels(outcome).inc(n)
+        if last is not None:
+            try:
+                await last
+            except Exception as e:  # noqa: BLE001 - written locally; published when the slaves have it
+                log.warning("job %s: members ended, not yet acknowledged by the slaves (%s)", j.job_id, e)
+                return
+        self._metrics.job_decision_to_visible.observe(max(now_ms() - j.decided_ms, 0) / 1000)
+        log.info("job %s %s: %d members committed, %d rolled back in %.3fs", j.job_id, j.state, ended["commit"],
+                 ended["rollback"], time.perf_counter() - t0)
+
+    def counts(self) -> dict[str, int]:
+        return {"open": sum(1 for j in self._state.jobs.values() if j.state == JOB_OPEN),
+                "prepared": sum(1 for j in self._state.jobs.values() if j.state == JOB_PREPARED),
+                "resolving": sum(1 for job_id in self._state.job_members if job_id not in self._state.jobs)}

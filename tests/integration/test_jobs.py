@@ -1,0 +1,308 @@
+"""Coordinated transactions (jobs, issue 17) against real brokers: the decision is a record in the
+broker's log and the broker ends every member itself, with no END_TRANSACTION and no check-back."""
+
+import asyncio
+import shutil
+import signal
+
+import pytest
+
+from conftest import metric, run_cli, wait_until
+from support import txload
+from txbroker.client import AsyncJobCoordinator, BrokerError, JobCoordinator, Message
+from txbroker.client.admin import AdminClient, AdminError
+from txbroker.protocol.codes import ResponseCode
+
+GROUP = "jobs-pg"
+FAST_CHECKS = ("--check-interval-ms", "200", "--transaction-timeout-ms", "100")
+
+
+def bodies(address, topic="Orders"):
+    return txload.visible(address, topic)
+
+
+def tx_state(broker, txid):
+    return AdminClient(broker.admin_url).get(f"/api/v1/transactions/{txid}")["state"]
+
+
+def test_a_commit_makes_exactly_the_named_members_visible_and_rolls_back_the_rest(broker):
+    with JobCoordinator(GROUP, broker.address) as c:
+        job = c.open(timeout=60)
+        assert job.state == "OPEN"
+        kept = [c.send(job.job_id, [Message("Orders", f"o{i}".encode()), Message("Billing", f"b{i}".encode())])
+                for i in range(3)]
+        dropped = c.send(job.job_id, Message("Orders", b"from-a-discarded-attempt"))
+        assert bodies(broker.address) == {}  # members are half messages until the decision
+        decided = c.commit(job.job_id, kept)
+        assert (decided.state, decided.members) == ("COMMITTED", 3)
+        wait_until(lambda: c.describe(job.job_id).pending == 0, what="every member ended by the broker")
+    assert bodies(broker.address) == {"o0": 1, "o1": 1, "o2": 1}
+    assert bodies(broker.address, "Billing") == {"b0": 1, "b1": 1, "b2": 1}
+    assert tx_state(broker, dropped) == "ROLLED_BACK"
+    assert {AdminClient(broker.admin_url).get(f"/api/v1/transactions/{t}")["by"] for t in kept} == {"job"}
+    assert metric(broker, "txbroker_job_members_resolved_total", outcome="commit") == 3
+    assert metric(broker, "txbroker_jobs_decided_total", by="client", decision="commit") == 1
+
+
+def test_the_first_decision_wins_and_a_late_opposite_one_is_refused_naming_it(broker):
+    with JobCoordinator(GROUP, broker.address) as c:
+        committed = c.open(timeout=60)
+        t = c.send(committed.job_id, Message("Orders", b"kept"))
+        c.commit(committed.job_id, [t])
+        assert c.commit(committed.job_id, [t]).already  # a retried decision changes nothing
+        with pytest.raises(BrokerError) as e:
+            c.abort(committed.job_id)
+        assert e.value.code == ResponseCode.TRANSACTION_SHOULD_COMMIT and "COMMITTED" in e.value.remark
+
+        aborted = c.open(timeout=60)
+        u = c.send(aborted.job_id, Message("Orders", b"never"))
+        c.abort(aborted.job_id)
+        with pytest.raises(BrokerError) as e:
+            c.commit(aborted.job_id, [u])  # a zombie driver cannot commit after an abort
+        assert e.value.code == ResponseCode.TRANSACTION_SHOULD_ROLLBACK and "ABORTED" in e.value.remark
+        with pytest.raises(BrokerError) as e:
+            c.send(aborted.job_id, Message("Orders", b"late member"))
+        assert "ABORTED" in e.value.remark and "no new members" in e.value.remark
+    wait_until(lambda: txload.settled(broker.admin_url), what="both jobs resolved")
+    assert bodies(broker.address) == {"kept": 1}
+
+
+def test_members_own_ends_agree_with_the_decision_or_are_refused(broker):
+    from txbroker.client import LocalTransactionState
+    from txbroker.client.transaction import AsyncTransactionProducer, TransactionListener
+
+    async def main():
+        async with AsyncJobCoordinator(GROUP, broker.address) as c, \
+                AsyncTransactionProducer(GROUP, broker.address, TransactionListener()) as p:
+            job = await c.open(timeout=60)
+            a = await c.send(job.job_id, Message("Orders", b"a"))
+            b = await c.send(job.job_id, Message("Orders", b"b"))
+            with pytest.raises(BrokerError) as e:  # before the decision, the job decides
+                await p.end(a, LocalTransactionState.COMMIT)
+            assert e.value.code == ResponseCode.ILLEGAL_OPERATION and job.job_id in e.value.remark
+            await c.commit(job.job_id, [a])
+            r = await p.end(a, LocalTransactionState.COMMIT)  # the same as the decision: idempotent
+            assert r.state == LocalTransactionState.COMMIT.value
+            with pytest.raises(BrokerError) as e:
+                await p.end(b, LocalTransactionState.COMMIT)
+            assert e.value.code == ResponseCode.TRANSACTION_SHOULD_ROLLBACK
+
+    asyncio.run(main())
+    wait_until(lambda: txload.settled(broker.admin_url), what="the job resolved")
+    assert bodies(broker.address) == {"a": 1}
+
+
+def test_members_of_an_undecided_job_are_never_checked_back_and_the_deadline_aborts_them(broker_factory):
+    b = broker_factory(*FAST_CHECKS)
+    admin = AdminClient(b.admin_url)
+    with JobCoordinator(GROUP, b.address) as c:
+        job = c.open(timeout=2)
+        members = [c.send(job.job_id, Message("Orders", f"m{i}".encode())) for i in range(5)]
+        assert admin.post("/api/v1/check-scan")["checked"] == 0
+        wait_until(lambda: c.describe(job.job_id).state == "ABORTED", 15, what="the broker to abort at the deadline")
+        info = c.describe(job.job_id)
+        assert info.by == "deadline"
+        with pytest.raises(BrokerError) as e:  # the driver comes back too late
+            c.commit(job.job_id, members)
+        assert e.value.code == ResponseCode.TRANSACTION_SHOULD_ROLLBACK and "deadline" in e.value.remark
+    wait_until(lambda: txload.settled(b.admin_url), what="the members rolled back")
+    assert {tx_state(b, t) for t in members} == {"ROLLED_BACK"}
+    assert all(admin.get(f"/api/v1/transactions/{t}")["checks"] == 0 for t in members)
+    assert metric(b, "txbroker_checkbacks_sent_total") == 0
+    assert metric(b, "txbroker_jobs_decided_total", by="deadline", decision="abort") == 1
+    assert bodies(b.address) == {}
+
+
+def test_bad_input_is_refused_clearly_and_changes_nothing(broker):
+    admin = AdminClient(broker.admin_url)
+    with JobCoordinator(GROUP, broker.address) as c, JobCoordinator("other-pg", broker.address) as other:
+        job = c.open(timeout=60)
+        mine = c.send(job.job_id, Message("Orders", b"mine"))
+        second = c.open(timeout=60)
+        elsewhere = c.send(second.job_id, Message("Orders", b"of the second job"))
+        foreign = other.send(other.open(timeout=60).job_id, Message("Orders", b"another group"))
+
+        def refused(call, code, *words):
+            with pytest.raises(BrokerError) as e:
+                call()
+            assert e.value.code == code, e.value
+            for w in words:
+                assert w in e.value.remark, e.value.remark
+
+        refused(lambda: c.commit("no-such-job.e1.5", [mine]), ResponseCode.QUERY_NOT_FOUND, "no-such-job.e1.5")
+        refused(lambda: c.commit("bad id!", [mine]), ResponseCode.MESSAGE_ILLEGAL, "malformed job id")
+        refused(lambda: c.commit(job.job_id, [mine, "never-sent"]), ResponseCode.QUERY_NOT_FOUND, "never-sent")
+        refused(lambda: c.commit(job.job_id, [mine, elsewhere]), ResponseCode.ILLEGAL_OPERATION, second.job_id)
+        refused(lambda: c.commit(job.job_id, [mine, foreign]), ResponseCode.ILLEGAL_OPERATION, "not a member")
+        refused(lambda: other.commit(job.job_id, [mine]), ResponseCode.TRANSACTION_STATE_GROUP_WRONG, GROUP)
+        refused(lambda: c.open(timeout=0.5), ResponseCode.MESSAGE_ILLEGAL, "out of range")
+        refused(lambda: c.open(timeout=8 * 24 * 3600), ResponseCode.MESSAGE_ILLEGAL, "out of range")
+        refused(lambda: c.open(timeout=60, name="bad name"), ResponseCode.MESSAGE_ILLEGAL, "malformed job name")
+        refused(lambda: c.send("no-such-job.e1.5", Message("Orders", b"x")), ResponseCode.QUERY_NOT_FOUND)
+        refused(lambda: other.send(job.job_id, Message("Orders", b"x")), ResponseCode.TRANSACTION_STATE_GROUP_WRONG)
+        # nothing changed: the job is still open with its member pending, and nothing is visible
+        info = c.describe(job.job_id)
+        assert (info.state, info.pending) == ("OPEN", 1)
+        assert admin.get(f"/api/v1/transactions/{foreign}")["state"] == "PREPARED"
+        assert bodies(broker.address) == {}
+        c.commit(job.job_id, [mine])
+    wait_until(lambda: bodies(broker.address) == {"mine": 1}, what="the good decision to take effect")
+
+
+def test_a_named_job_is_found_again_until_aborted(broker):
+    with JobCoordinator(GROUP, broker.address) as c:
+        first = c.open(timeout=60, name="nightly-2026-11-25")
+        again = c.open(timeout=60, name="nightly-2026-11-25")
+        assert again.job_id == first.job_id and again.already
+        c.abort(first.job_id)
+        fresh = c.open(timeout=60, name="nightly-2026-11-25")
+        assert fresh.job_id != first.job_id and fresh.state == "OPEN"
+        t = c.send(fresh.job_id, Message("Orders", b"rerun"))
+        c.commit(fresh.job_id, [t])
+        replay = c.open(timeout=60, name="nightly-2026-11-25")
+        assert (replay.job_id, replay.state) == (fresh.job_id, "COMMITTED")  # a rerun sees it was published
+        assert c.describe(name="nightly-2026-11-25").job_id == fresh.job_id
+
+
+def test_prepare_fixes_the_members_and_commit_without_a_list_keeps_them(broker):
+    with JobCoordinator(GROUP, broker.address) as c:
+        job = c.open(timeout=60)
+        ts = [c.send(job.job_id, Message("Orders", f"p{i}".encode())) for i in range(2)]
+        extra = c.send(job.job_id, Message("Orders", b"speculative loser"))
+        assert c.prepare(job.job_id, ts).state == "PREPARED"
+        with pytest.raises(BrokerError) as e:
+            c.send(job.job_id, Message("Orders", b"too late"))
+        assert "PREPARED" in e.value.remark
+        with pytest.raises(BrokerError):
+            c.commit(job.job_id, [ts[0]])  # not the prepared list
+        c.commit(job.job_id)
+    wait_until(lambda: txload.settled(broker.admin_url), what="the job resolved")
+    assert bodies(broker.address) == {"p0": 1, "p1": 1}
+    assert tx_state(broker, extra) == "ROLLED_BACK"
+
+
+def test_a_group_that_requires_jobs_refuses_lone_transactions(broker):
+    from txbroker.client import LocalTransactionState, TransactionProducer
+    from support.listeners import Decided
+
+    AdminClient(broker.admin_url).put(f"/api/v1/groups/{GROUP}/transaction", {"require_job": True})
+    with TransactionProducer(GROUP, broker.address, Decided(LocalTransactionState.COMMIT)) as p, pytest.raises(BrokerError) as e:
+        p.send_message_in_transaction(Message("Orders", b"lone"))
+    assert "requires every transaction to join a coordinated transaction" in e.value.remark
+    with JobCoordinator(GROUP, broker.address) as c:
+        job = c.open(timeout=60)
+        c.commit(job.job_id, [c.send(job.job_id, Message("Orders", b"in a job"))])
+    wait_until(lambda: bodies(broker.address) == {"in a job": 1}, what="the job's member visible")
+
+
+def test_ten_thousand_members_become_visible_after_one_decision(broker):
+    async def main():
+        async with AsyncJobCoordinator(GROUP, broker.address) as c:
+            job = await c.open(timeout=300)
+            sem = asyncio.Semaphore(256)
+
+            async def one(i):
+                async with sem:
+                    return await c.send(job.job_id, Message("Orders", f"m{i}".encode()), f"{job.job_id}-{i}")
+
+            txids = await asyncio.gather(*(one(i) for i in range(10_000)))
+            await c.commit(job.job_id, txids)
+            return job.job_id
+
+    job_id = asyncio.run(main())
+    with JobCoordinator(GROUP, broker.address) as c:
+        wait_until(lambda: c.describe(job_id).pending == 0, 60, what="10,000 members ended")
+    wait_until(lambda: txload.settled(broker.admin_url), what="published")
+    seen = bodies(broker.address)
+    assert len(seen) == 10_000 and set(seen.values()) == {1}
+
+
+def test_after_failover_the_new_master_finishes_what_the_old_one_decided(broker_factory):
+    flags = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-heartbeat-ms", "100")
+    m = broker_factory(*flags, "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *flags, name="s")
+    wait_until(lambda: AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"][0]["in_sync"],
+               what="the slave in sync")
+
+    async def main():
+        async with AsyncJobCoordinator(GROUP, [m.address, s.address]) as c:
+            job = await c.open(timeout=300)
+            sem = asyncio.Semaphore(256)
+
+            async def one(i):
+                async with sem:
+                    return await c.send(job.job_id, Message("Orders", f"f{i}".encode()), f"{job.job_id}-{i}")
+
+            txids = await asyncio.gather(*(one(i) for i in range(3000)))
+            await c.commit(job.job_id, txids[:2500])  # acknowledged: the slave has the decision
+            m.kill(signal.SIGKILL)  # while the broker is ending the members
+            return job.job_id
+
+    job_id = asyncio.run(main())
+    slave_view = AdminClient(s.admin_url).get(f"/api/v1/jobs/{job_id}")
+    assert slave_view["state"] == "COMMITTED"
+    AdminClient(s.admin_url).post("/api/v1/role", {"role": "master", "epoch": 2})
+    wait_until(lambda: AdminClient(s.admin_url).get(f"/api/v1/jobs/{job_id}")["pending"] == 0, 30,
+               what="the new master to end the remaining members")
+    wait_until(lambda: txload.settled(s.admin_url), what="published on the new master")
+    seen = bodies(s.address)
+    assert set(seen) == {f"f{i}" for i in range(2500)} and set(seen.values()) == {1}
+
+
+def test_a_master_that_starts_on_a_store_with_a_decision_and_unended_members_finishes_them(broker_factory, tmp_path):
+    """The state a kill leaves between a decision and its members' ends, written through the
+    store's own code (no broker running), then a real broker started on it."""
+    from txbroker.protocol.bodies import Message as Msg
+    from txbroker.protocol.codes import TransactionState
+    from txbroker.store.records import EpochRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, TopicRecord
+    from txbroker.store.state import StateMachine
+
+    data = tmp_path / "decided-store"
+
+    async def write():
+        st = StateMachine(str(data), True, lambda e: None)
+        st.append(EpochRecord(1, "m", 1))
+        st.append(TopicRecord("Orders", 1))
+        st.append(JobOpenRecord("j.e1.2", GROUP, 1, 2**50))
+        for i in range(4):
+            st.append(HalfRecord(f"t{i}", GROUP, 1, [Msg("Orders", f"s{i}".encode(), queue_id=0)], "j.e1.2"))
+        st.append(JobDecisionRecord("j.e1.2", int(TransactionState.COMMIT), 2, ["t0", "t1", "t2"]))
+        await st.writer.drain()
+        await st.close()
+
+    asyncio.run(write())
+    b = broker_factory()
+    b.stop()
+    shutil.rmtree(b.data_dir)
+    shutil.copytree(data, b.data_dir)
+    b.start()
+    with JobCoordinator(GROUP, b.address) as c:
+        wait_until(lambda: c.describe("j.e1.2").pending == 0, 30, what="the broker to end the decided job's members")
+    assert "finishing the members of 1 decided jobs" in b.log()
+    assert bodies(b.address) == {"s0": 1, "s1": 1, "s2": 1}
+    assert tx_state(b, "t3") == "ROLLED_BACK"
+
+
+def test_the_cli_lists_shows_and_decides_jobs(broker):
+    with JobCoordinator(GROUP, broker.address) as c:
+        job = c.open(timeout=60)
+        c.send(job.job_id, Message("Orders", b"via cli"))
+    out = run_cli("job", "list", "--admin", broker.admin_url).stdout
+    assert job.job_id in out and "OPEN" in out
+    out = run_cli("job", "show", job.job_id, "--admin", broker.admin_url).stdout
+    assert '"pending": 1' in out
+    out = run_cli("job", "commit", job.job_id, "--admin", broker.admin_url).stdout
+    assert "COMMITTED" in out
+    wait_until(lambda: bodies(broker.address) == {"via cli": 1}, what="the member visible")
+    bad = run_cli("job", "abort", job.job_id, "--admin", broker.admin_url, check=False)
+    assert bad.returncode != 0 and "COMMITTED" in bad.stderr
+
+
+def test_the_admin_api_refuses_to_end_a_member_behind_its_jobs_back(broker):
+    with JobCoordinator(GROUP, broker.address) as c:
+        job = c.open(timeout=60)
+        t = c.send(job.job_id, Message("Orders", b"member"))
+    with pytest.raises(AdminError) as e:
+        AdminClient(broker.admin_url).post(f"/api/v1/transactions/{t}/commit")
+    assert e.value.status == 409 and job.job_id in str(e.value)
+    assert tx_state(broker, t) == "PREPARED"
