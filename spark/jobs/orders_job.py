@@ -3,20 +3,21 @@
 
 RocketMQ's transactional pattern with Spark in the middle:
 
-  1. the events go out as half messages (`format("txbroker")`, commit=deferred): stored, invisible;
+  1. the events go out as half messages joining one broker job (`format("txbroker")`,
+     commit=deferred): stored, invisible; the job's member list (the exact transactions of the task
+     attempts Spark kept) is fixed on the broker;
   2. the local transaction: the result dataset is written as Parquet to OUTPUT/_staging/<job>;
-  3. the commit marker: the job's decision in the ledger (COMMITTED, with the exact transaction ids of
-     the task attempts Spark kept). This single atomic file is the commit point of both;
-  4. the dataset is moved to OUTPUT/job=<job> (visible), and the ENDs make the events visible.
+  3. the commit point: the job's COMMIT decision, one record in the broker's replicated log;
+  4. the dataset is moved to OUTPUT/job=<job>; the broker has made the events visible meanwhile.
 
-A crash before 3 leaves neither: the ledger checker rolls the events back once the driver is known
-dead (or past the deadline) and the next run deletes the staging directory. A crash after 3 leaves
-both: the checker commits the events, the next run finishes the move (`recover`). Transactions of
-task attempts Spark discarded (a failed or speculative attempt) are not in the decision: the checker
-rolls them back at check-back.
+A crash before 3 leaves neither: the broker aborts the job at its deadline (or the next run aborts
+it at once) and the next run deletes the staging directory. A crash after 3 leaves both: the broker
+publishes the events from the decision, the next run finishes the move (`recover`). Transactions of
+task attempts Spark discarded (a failed or speculative attempt) are not in the decision: the broker
+rolls them back when it records it.
 
     python spark/jobs/orders_job.py --brokers 127.0.0.1:10911 --group orders-publisher \
-        --ledger /tmp/ledger --input /tmp/orders --output /tmp/orders-result [--fail-partition 1]
+        --input /tmp/orders --output /tmp/orders-result [--fail-partition 1]
 
 Also runs under spark-submit (the master then comes from spark-submit unless --master is given).
 A broker that requires credentials or TLS: --access-key with --secret-key-file, --tls-ca (and
@@ -44,14 +45,14 @@ def parse_args(argv=None):
     p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[2,4])")
     p.add_argument("--brokers", required=True, help="HOST:PORT[,HOST:PORT...]")
     p.add_argument("--topic", default="OrderEvents")
-    p.add_argument("--group", default="orders-publisher", help="producer group (the checker joins it)")
-    p.add_argument("--ledger", default=os.environ.get("TXBROKER_LEDGER", "~/.txbroker/ledger"))
+    p.add_argument("--group", default="orders-publisher", help="producer group of the job")
     p.add_argument("--input", required=True, help="orders dataset (Parquet); generated if missing")
     p.add_argument("--output", required=True, help="result dataset root (Parquet, one job=<id> directory per run)")
     p.add_argument("--orders", type=int, default=10_000, help="orders to generate when the input is missing")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the publishing stage")
     p.add_argument("--batch-size", type=int, default=500, help="events per transaction")
-    p.add_argument("--deadline-seconds", type=float, default=600.0)
+    p.add_argument("--deadline-seconds", type=float, default=600.0,
+                   help="the broker aborts the job if it is still undecided this long after it started")
     p.add_argument("--fail-partition", type=int, default=None,
                    help="inject a failure: the first attempt of this partition fails after sending its half messages")
     p.add_argument("--fail-mode", choices=["crash", "raise"], default="crash",
@@ -62,9 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--progress-seconds", type=float, default=10.0,
                    help="log the running stage's progress this often (0: only when it ends)")
     p.add_argument("--admin-url", default=None,
-                   help="broker admin URL: wait for the discarded attempts' transactions to be rolled back by "
-                        "check-back, and count them (without it, rolled_back is unknown when Spark discarded "
-                        "task attempts)")
+                   help="broker admin URL: count the discarded attempts' transactions the broker rolled back "
+                        "(without it, rolled_back is unknown when Spark discarded task attempts)")
     p.add_argument("--settle-seconds", type=float, default=120.0, help="how long to wait for that")
     p.add_argument("--summary-json", default=None, help="also write the summary here")
     p.add_argument("--log-level", default="INFO")
@@ -74,23 +74,29 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def recover(output: Path, ledger) -> None:
-    """Finish or clean up earlier runs: a staging dataset whose job was decided is moved or deleted."""
+def recover(output: Path, job_for) -> None:
+    """Finish or clean up earlier runs: a staging dataset whose job was committed is moved into
+    place; one whose job was aborted, or never decided (its driver is gone: the broker aborts it now,
+    so a late driver cannot commit it), is deleted. `job_for(name)` is a DeferredJob."""
     staging = output / "_staging"
     if not staging.is_dir():
         return
     for d in sorted(staging.iterdir()):
-        decision = ledger.job_decision(d.name) if d.is_dir() else None
-        if decision is None:
-            continue  # undecided: still running, or the checker will decide
-        if decision.committed:
+        if not d.is_dir():
+            continue
+        job = job_for(d.name)
+        try:
+            state = job.recover()
+        finally:
+            job.close()
+        if state == "COMMITTED":
             final = output / f"job={d.name}"
             if not final.exists():
                 os.replace(d, final)
                 log.warning("recovered job %s: decided COMMITTED, dataset moved to %s", d.name, final)
         else:
             shutil.rmtree(d, ignore_errors=True)
-            log.warning("cleaned up job %s: decided ABORTED (%s), staging dataset deleted", d.name, decision.reason)
+            log.warning("cleaned up job %s: %s, staging dataset deleted", d.name, state)
 
 
 def ensure_input(path: Path, n: int) -> None:
@@ -137,7 +143,8 @@ def final_state(admin_url: str, txid: str) -> dict:
 
 
 def settle(admin_url: str, group: str, job: str, discarded: list[str], timeout: float) -> dict:
-    """Wait until the discarded attempts' half transactions are no longer pending; report how they ended."""
+    """Wait until the discarded attempts' half transactions are ended (the broker does it when it
+    records the decision); report how they ended."""
     prefix = f"{job}-"
     deadline = time.monotonic() + timeout
     waiting = set(discarded)
@@ -168,8 +175,8 @@ def _cause(e: Exception) -> str:
 
 def _discarded(progress, speculation: bool) -> tuple[int, bool]:
     """(task attempts Spark is known to have discarded, whether it may have discarded others): a
-    failed attempt, a stage run again, or a speculative copy, whose half transactions check-back
-    rolls back without this job hearing of it."""
+    failed attempt, a stage run again, or a speculative copy, whose half transactions the broker rolls
+    back with the decision without this job hearing of it."""
     final = progress.final
     return final.failed, bool(final.failed or final.stage_retries or speculation)
 
@@ -178,7 +185,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stdout,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from txbroker_spark import DeferredJob, JobAborted, Ledger, local_session, register
+    from txbroker_spark import DeferredJob, JobAborted, local_session, register
     from txbroker_spark.datasource import new_job_id
     from txbroker_spark.options import OptionError
     from txbroker_spark.progress import StageProgress
@@ -191,9 +198,11 @@ def main(argv=None) -> int:
         return 2
     t_start = time.monotonic()
     output, inp = Path(args.output).absolute(), Path(args.input).absolute()
-    ledger_dir = os.path.abspath(os.path.expanduser(args.ledger))
-    ledger = Ledger(ledger_dir).ensure()
-    recover(output, ledger)
+
+    def job_for(name: str) -> DeferredJob:
+        return DeferredJob(args.brokers, args.group, name, security=security)
+
+    recover(output, job_for)
 
     if args.master or "PYSPARK_GATEWAY_PORT" not in os.environ:
         spark = local_session("orders-job", args.master or "local[2,4]", log_level="ERROR")
@@ -215,17 +224,16 @@ def main(argv=None) -> int:
     staging = output / "_staging" / job
     final = output / f"job={job}"
     # rolled_back: None (unknown) until the job can count it; discarded_attempts: task attempts Spark
-    # threw away (their half transactions are rolled back by check-back).
-    summary = {"job": job, "rows": 0, "transactions": 0, "committed": 0, "rolled_back": None,
+    # threw away (the broker rolls their half transactions back when the decision is recorded).
+    summary = {"job": job, "job_id": None, "rows": 0, "transactions": 0, "committed": 0, "rolled_back": None,
                "discarded_attempts": 0, "seconds": 0.0,
-               "decision": None, "dataset": str(final), "topic": args.topic, "group": args.group,
-               "ledger": ledger_dir}
+               "decision": None, "dataset": str(final), "topic": args.topic, "group": args.group}
 
     events = (result.select("order_id", "customer_id", "total", "status", F.lit(job).alias("job"))
               .repartition(args.partitions, "order_id"))
     writer = (events.write.format("txbroker")
               .option("brokers", args.brokers).option("topic", args.topic).option("producerGroup", args.group)
-              .option("ledger", ledger_dir).option("jobId", job).option("commit", "deferred")
+              .option("jobId", job).option("commit", "deferred")
               .option("keyColumn", "order_id").option("tagsColumn", "status")
               .option("batchSize", args.batch_size).option("deadlineSeconds", args.deadline_seconds)
               .options(**options_from_args(args)))  # credentials and TLS flags; absent: the environment
@@ -233,12 +241,14 @@ def main(argv=None) -> int:
         writer = writer.option("inject.failPartition", args.fail_partition).option("inject.failMode", args.fail_mode)
         log.info("injecting a failure: the first attempt of partition %d fails (%s) after sending its half messages",
                  args.fail_partition, args.fail_mode)
-    deferred = DeferredJob(ledger_dir, args.brokers, args.group, job, security=security)
+    deferred = job_for(job)
     discarded: list[str] = []
+    stored: list[str] | None = None  # with --admin-url: every half transaction the write stored
     sc = spark.sparkContext
     speculation = sc.getConf().get("spark.speculation", "false").lower() == "true"
     sending = StageProgress(sc, f"{job}-send", f"job {job}: 1/4 sending", log.info, args.progress_seconds)
     maybe_discarded = True  # until the sending stage's counts say otherwise
+    summary["rows"] = orders.count()  # one event per order
     try:
         t0 = time.monotonic()
         log.info("job %s: 1/4 sending one event per order as half messages to %s", job, args.topic)
@@ -247,16 +257,17 @@ def main(argv=None) -> int:
                 writer.mode("append").save()
         finally:
             summary["discarded_attempts"], maybe_discarded = _discarded(sending, speculation)
-        summary["rows"], summary["transactions"] = deferred.rows, len(deferred.txids)
-        log.info("job %s: %d events stored invisibly in %d transactions (%.1fs)", job, summary["rows"],
-                 summary["transactions"], time.monotonic() - t0)
-        if args.admin_url:  # before the decision nothing of this job can have been resolved yet
-            kept = set(deferred.txids)
-            discarded = [t for t in pending_of(args.admin_url.rstrip("/"), args.group, f"{job}-") if t not in kept]
+        prepared = deferred.prepared()
+        summary["job_id"], summary["transactions"] = prepared.job_id, prepared.members
+        log.info("job %s: %d events stored invisibly in %d transactions of broker job %s (%.1fs)", job,
+                 summary["rows"], summary["transactions"], prepared.job_id, time.monotonic() - t0)
+        if args.admin_url:  # before the decision nothing of this job can have been ended yet
+            kept = set(_members(args.admin_url, prepared.job_id))
+            stored = pending_of(args.admin_url.rstrip("/"), args.group, f"{prepared.job_id}-")
+            discarded = [t for t in stored if t not in kept]
             if discarded:
-                log.info("job %s: %d half transactions of discarded task attempts will be rolled back by "
-                         "check-back: %s", job, len(discarded),
-                         ", ".join(discarded[:6]) + (" ..." if len(discarded) > 6 else ""))
+                log.info("job %s: %d half transactions of discarded task attempts are not in the decision: %s", job,
+                         len(discarded), ", ".join(discarded[:6]) + (" ..." if len(discarded) > 6 else ""))
         t0 = time.monotonic()
         log.info("job %s: 2/4 local transaction: writing the result dataset to %s", job, staging)
         with StageProgress(sc, f"{job}-dataset", f"job {job}: 2/4 writing the dataset", log.info,
@@ -264,67 +275,68 @@ def main(argv=None) -> int:
             result.write.mode("errorifexists").parquet(str(staging))
         log.info("job %s: dataset written (%.1fs)", job, time.monotonic() - t0)
         _crash(args, "after-dataset")
-        log.info("job %s: 3/4 commit marker: recording the decision in the ledger", job)
-        deferred.decide(commit=True, reason="dataset written")
+        log.info("job %s: 3/4 commit point: the job's COMMIT decision on the broker", job)
+        deferred.commit()
         _crash(args, "after-decision")
-    except JobAborted as e:  # the checker decided first (deadline): decide() rolled back what it prepared
+    except JobAborted as e:  # the broker decided first (the deadline): it rolls back every event
         log.error("job %s: %s", job, e)
         shutil.rmtree(staging, ignore_errors=True)
         summary["decision"] = "ABORTED"
-        _rolled_back(args, summary, job, len(deferred.txids), maybe_discarded, set(deferred.txids))
+        _rolled_back(args, summary, stored, summary["transactions"] if not maybe_discarded else None)
         return _finish(args, summary, t_start, 2)
     except Exception as e:  # noqa: BLE001 - anything before the decision aborts the job
         log.error("job %s failed before its decision (%s): aborting", job, _cause(e))
-        d = deferred.decide(commit=False, reason=f"job failed: {type(e).__name__}")
-        if d.committed:  # pragma: no cover - cannot happen: only this process commits
-            raise
-        prepared = deferred.ledger.prepared(job)
+        info = deferred.abort()
         shutil.rmtree(staging, ignore_errors=True)
         summary["decision"] = "ABORTED"
-        if prepared is None:  # the write itself failed: the data source's abort rolled back what it knew of
-            log.info("job %s: the data source rolled back the half transactions of its finished tasks; "
-                     "check-back rolls back the rest", job)
+        if info is not None and info.state == "COMMITTED":  # pragma: no cover - only this process commits
+            raise
+        if summary["transactions"] == 0:  # the write itself failed: the data source aborted the job
+            log.info("job %s: the broker rolls back every half transaction the write stored", job)
             return _finish(args, summary, t_start, 1)
-        rep = deferred.publish()
-        summary["transactions"] = len(prepared["txids"])
-        log.info("job %s: %s", job, rep.summary())
-        _rolled_back(args, summary, job, rep.acknowledged, maybe_discarded, set(prepared["txids"]))
+        log.info("job %s: ABORTED; the broker rolls back its %d transactions", job, summary["transactions"])
+        _rolled_back(args, summary, stored, summary["transactions"] if not maybe_discarded else None)
         return _finish(args, summary, t_start, 1)
     summary["decision"] = "COMMITTED"
     os.replace(staging, final)
-    log.info("job %s: 4/4 dataset moved to %s; committing the events", job, final)
-    rep = deferred.publish()
-    summary["committed"] = rep.acknowledged
-    if rep.undelivered or rep.refused:
-        log.error("job %s: %s (the checker will finish undelivered commits)", job, rep.summary())
-    log.info("job %s: %s", job, rep.summary())
-    _rolled_back(args, summary, job, 0, maybe_discarded, set(deferred.txids), discarded, speculation)
+    log.info("job %s: 4/4 dataset moved to %s; waiting for the broker to publish the events", job, final)
+    info = deferred.wait_visible()
+    summary["committed"] = info.members if info.resolved else 0
+    log.info("job %s: %d transactions committed by the broker from the decision%s", job, info.members,
+             "" if info.resolved else f" ({info.pending} still being ended)")
+    _rolled_back(args, summary, discarded if stored is not None else None, 0 if not maybe_discarded else None,
+                 speculation)
+    deferred.close()
     spark.stop()
-    return _finish(args, summary, t_start, 0 if not (rep.undelivered or rep.refused) else 3)
+    return _finish(args, summary, t_start, 0 if info.resolved else 3)
 
 
-def _rolled_back(args, summary: dict, job: str, own: int, maybe_discarded: bool, kept: set[str],
-                 discarded: list[str] | None = None, speculation: bool = False) -> None:
-    """summary["rolled_back"]: the job's own rollbacks plus the discarded attempts' transactions, which
-    check-back rolls back: counted with --admin-url, 0 when Spark discarded no attempt, else unknown."""
-    if args.admin_url:
-        if discarded is None:  # nothing of the job is pending but what it does not know of
-            discarded = [t for t in pending_of(args.admin_url.rstrip("/"), args.group, f"{job}-") if t not in kept]
-        s = settle(args.admin_url.rstrip("/"), args.group, job, discarded, args.settle_seconds)
-        summary["rolled_back"] = own + len(s["rolled_back"])
+def _members(admin_url: str, job_id: str) -> list[str]:
+    with urllib.request.urlopen(f"{admin_url.rstrip('/')}/api/v1/jobs/{job_id}", timeout=10) as r:
+        return json.load(r)["member_ids"]
+
+
+def _rolled_back(args, summary: dict, watched: list[str] | None, otherwise: int | None,
+                 speculation: bool = False) -> None:
+    """summary["rolled_back"]: of `watched` (the half transactions the decision does not keep, listed
+    through --admin-url before it), those the broker rolled back; without --admin-url `otherwise`
+    (None: unknown, when Spark discarded task attempts the job cannot count)."""
+    if watched is not None:
+        s = settle(args.admin_url.rstrip("/"), args.group, summary["job_id"] or summary["job"], watched,
+                   args.settle_seconds)
+        summary["rolled_back"] = len(s["rolled_back"])
         summary["discarded"] = s["discarded"]
         summary["discarded_by"] = s["by"]
         summary["still_pending"] = len(s["still_pending"])
-        log.info("job %s: %d discarded transactions rolled back (%s), %d still pending", job,
+        log.info("job %s: %d half transactions rolled back (%s), %d still pending", summary["job"],
                  len(s["rolled_back"]), ", ".join(sorted(set(s["by"].values()))) or "-", len(s["still_pending"]))
-    elif not maybe_discarded:
-        summary["rolled_back"] = own
-    else:
-        summary["rolled_back"] = None
-        log.info("job %s: Spark discarded %d task attempt(s)%s; check-back rolls back their half transactions "
-                 "from the ledger now that the job is decided, so rolled_back is unknown here (--admin-url waits "
-                 "and counts them; `txbroker tx list --group %s` shows any still pending)", job,
-                 summary["discarded_attempts"], " (speculation is on)" if speculation else "", args.group)
+        return
+    summary["rolled_back"] = otherwise
+    if otherwise is None:
+        log.info("job %s: Spark discarded %d task attempt(s)%s; the broker rolls back their half transactions "
+                 "with the decision, so rolled_back is unknown here (--admin-url counts them; `txbroker job show "
+                 "%s` shows the job)", summary["job"], summary["discarded_attempts"],
+                 " (speculation is on)" if speculation else "", summary["job_id"] or summary["job"])
 
 
 def _finish(args, summary: dict, t_start: float, code: int) -> int:

@@ -4,15 +4,15 @@
     register(spark)                       # or txbroker_spark.session.local_session()
     (df.write.format("txbroker")
        .option("brokers", "127.0.0.1:10911").option("topic", "Orders")
-       .option("producerGroup", "orders-publisher").option("ledger", "/data/ledger")
+       .option("producerGroup", "orders-publisher")
        .mode("append").save())
 
-Run the ledger checker next to the ledger: `python -m txbroker_spark.checker --help`.
-See spark/README.md for the options, the ledger and the guarantees.
+Each write is one coordinated transaction on the broker: the driver's commit is one decision
+request and the broker makes the messages visible. See spark/README.md for the options and the
+guarantees.
 """
 
 from txbroker_spark.deferred import DeferredJob, JobAborted
-from txbroker_spark.ledger import Decision, Ledger
 from txbroker_spark.session import local_session, register
 
-__all__ = ["DeferredJob", "Decision", "JobAborted", "Ledger", "local_session", "register"]
+__all__ = ["DeferredJob", "JobAborted", "local_session", "register"]

@@ -1,22 +1,29 @@
 """The `txbroker` PySpark data source: transactional batch and streaming writes, and reads.
 
-Batch write (`df.write.format("txbroker")...save()`):
-  driver, planning   checks the options (fails fast naming the option), probes the brokers, registers
-                     the job in the ledger (driver host/pid, deadline) and picks a job id.
-  each task attempt  sends its rows as half messages, `batchSize` rows per transaction, with ids
-                     `<job>-p<partition>-t<task attempt id>-c<n>` (unique to the attempt), each
-                     message carrying the job id; returns the ids in its commit message.
-  driver, commit()   records COMMITTED with exactly the ids of the attempts Spark kept, then sends
-                     the ENDs (pipelined). Transactions of attempts Spark discarded (failed, retried,
-                     speculative losers, lost executors) are not in the decision: check-back rolls
-                     them back from the ledger.
-  driver, abort()    records ABORTED and rolls back the ids it knows; check-back does the rest.
+Every write is one coordinated transaction on the broker (a job, broker/jobs.py): the decision is a
+record in the broker's log, so no ledger, checker process or shared volume is involved.
 
-Streaming write (`writeStream.format("txbroker")`): the same per micro-batch. Transaction ids are
-`s<query>-b<batch>-e<epoch>-p<partition>-c<n>-<content hash>`: a batch replayed from the
-checkpoint sends the same ids, which the broker recognises as duplicates (nothing new stored), and
-its commit finds the batch already decided in the ledger and only re-sends the (idempotent) ENDs.
-The epoch changes only after a batch is aborted, so a replay never reuses rolled-back ids.
+Batch write (`df.write.format("txbroker")...save()`):
+  driver, planning   checks the options (fails fast naming the option), probes the brokers, opens the
+                     job by name (option jobId, else a new name) with the deadline deadlineSeconds.
+  each task attempt  sends its rows as half messages joining the job, `batchSize` rows per
+                     transaction, with ids `<job>-p<partition>-t<task attempt id>-c<n>` (unique to the
+                     attempt); returns the ids in its commit message.
+  driver, commit()   one DECIDE_JOB: COMMIT with exactly the ids of the attempts Spark kept. The
+                     broker ends every member itself: the kept ones become visible, the transactions of
+                     attempts Spark discarded (failed, retried, speculative losers, lost executors) are
+                     rolled back. commit=deferred records the member list instead (PREPARE_JOB) and
+                     leaves the decision to the application (deferred.py).
+  driver, abort()    ABORT: the broker rolls back every member.
+  driver lost        before its decision, the broker aborts the job at its deadline; after it, the
+                     broker has already everything it needs.
+
+Streaming write (`writeStream.format("txbroker")`): one job per micro-batch, named
+`<query>.b<batch>`, which the tasks open (the first one creates it, the others find it).
+Transaction ids are `<job id>-p<partition>-c<n>-<content hash>`: a batch replayed after a restart
+into the same open job sends the same ids, which the broker recognises as duplicates; a batch whose
+job was already committed sends nothing and its commit is a no-op; after an abort (or the deadline)
+the replay opens a new job, so rolled-back ids are never reused.
 """
 
 from __future__ import annotations
@@ -38,14 +45,12 @@ from pyspark.sql.types import (
     BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
 
-from txbroker.protocol.codes import TransactionState
-
-from txbroker_spark.ledger import ABORTED, COMMITTED, Decision, Ledger
+from txbroker_spark.jobs import COMMITTED, OPEN, JobAborted, Jobs, check_name
 from txbroker_spark.options import (
-    P_ATTEMPT, P_BATCH, P_EPOCH, P_IMMUNITY, P_JOB, P_KIND, P_PARTITION, P_QUERY, OptionError, WriteOptions,
+    P_ATTEMPT, P_BATCH, P_IMMUNITY, P_JOB, P_KIND, P_PARTITION, P_QUERY, OptionError, WriteOptions,
     parse_read_options, parse_write_options,
 )
-from txbroker_spark.publisher import MessageBuilder, TaskPublisher, content_hash, end_all, probe_brokers
+from txbroker_spark.publisher import MessageBuilder, TaskPublisher, content_hash, probe_brokers
 
 log = logging.getLogger("txbroker_spark")
 TASK_PROGRESS_SECONDS = 30.0  # a long task logs its rows sent so far this often (in the executor's log)
@@ -115,6 +120,11 @@ def _inject_after_send(o: WriteOptions, partition: int, attempt_number: int, pub
     if o.fail_partition != partition or (attempt_number != 0 and o.fail_mode != "always"):
         return
     if o.fail_mode == "crash":
+        if o.marker_file:  # tell a test what the dying attempt stored
+            tmp = o.marker_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"at": "crash", "pid": os.getpid(), "partition": partition, "txids": pub.txids}, f)
+            os.replace(tmp, o.marker_file)
         log.warning("inject.failPartition=%d: attempt %d crashes (its Python worker exits) after sending %d half "
                     "transactions", partition, attempt_number, len(pub.txids))
         sys.stderr.flush()
@@ -123,13 +133,8 @@ def _inject_after_send(o: WriteOptions, partition: int, attempt_number: int, pub
                        f"{len(pub.txids)} half transactions")
 
 
-def _attempts(msgs) -> list[dict]:
-    return [{"partition": m.partition, "task_attempt_id": m.task_attempt_id, "attempt_number": m.attempt_number,
-             "rows": m.rows, "transactions": len(m.txids)} for m in sorted(msgs, key=lambda m: m.partition)]
-
-
-def _ends(o: WriteOptions, txids, state: TransactionState):
-    return end_all(o.brokers, o.group, txids, state, request_timeout=o.request_timeout, security=o.security)
+def _jobs(o: WriteOptions) -> Jobs:
+    return Jobs(o.brokers, o.group, o.security, o.request_timeout)
 
 
 @dataclass
@@ -143,7 +148,25 @@ class TxCommitMessage(WriterCommitMessage):
     duplicates: int = 0
     query: str = ""
     batch_id: int = -1
-    epoch: int = 0
+
+
+def _decide_commit(o: WriteOptions, jobs: Jobs, job: str, what: str, txids: list[str], rows: int, hang: bool) -> None:
+    """The commit point (one request), then wait until the broker made it visible."""
+    if hang:
+        _hang(o, "before-decision", {"job": job, "txids": len(txids)})
+    t0 = time.monotonic()
+    try:
+        jobs.commit(job, txids)
+    except JobAborted as e:
+        raise RuntimeError(f"txbroker: {what}: the broker refused the commit ({e}); nothing of it was "
+                           "published") from None
+    if hang:
+        _hang(o, "after-decision", {"job": job, "txids": len(txids)})
+    info = jobs.wait_resolved(job, o.request_timeout)
+    log.info("%s: committed %d rows in %d transactions (job %s; decision and visibility %.3fs)", what, rows,
+             len(txids), job, time.monotonic() - t0)
+    if not info.resolved:
+        log.warning("%s: the decision is recorded; the broker is still ending %d members", what, info.pending)
 
 
 # ---- batch -----------------------------------------------------------------------------------
@@ -153,14 +176,15 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         _setup_logging()
         self.o = o
         probe_brokers(o.brokers, o.topic, security=o.security, group=o.group)
-        ledger = Ledger(o.ledger).ensure()
-        self.job = o.job_id or new_job_id()
-        if ledger.job_decision(self.job) is not None:
-            raise OptionError("jobId", f"job {self.job} is already decided in the ledger {o.ledger}; use a new id")
-        ledger.register_job(self.job, deadline_ms=o.deadline_ms, meta={
-            "kind": "batch", "group": o.group, "topic": o.topic, "commit": o.commit})
-        log.info("job %s: publishing to %s as group %s (ledger %s; %s)", self.job, o.topic, o.group, o.ledger,
-                 o.security.describe())
+        self.name = check_name("jobId", o.job_id or new_job_id())
+        with _jobs(o) as jobs:
+            info = jobs.open(self.name, o.deadline_ms / 1000)
+        if info.state != OPEN:
+            raise OptionError("jobId", f"job {self.name} is already {info.state} on the broker (job id "
+                                       f"{info.job_id}); use a new id")
+        self.job = info.job_id
+        log.info("job %s: publishing to %s as group %s (broker job %s, deadline in %.0fs; %s)", self.name, o.topic,
+                 o.group, self.job, (info.deadline_ms - time.time() * 1000) / 1000, o.security.describe())
 
     def write(self, iterator) -> TxCommitMessage:
         _setup_logging()
@@ -171,7 +195,7 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         if o.immunity_seconds:
             props[P_IMMUNITY] = str(o.immunity_seconds)
         prefix = f"{job}-p{part}-t{tid}"
-        pub = TaskPublisher(o, lambda n, msgs: f"{prefix}-c{n}")
+        pub = TaskPublisher(o, lambda n, msgs: f"{prefix}-c{n}", job_id=job)
         builder = MessageBuilder(o, props)
         t0 = time.monotonic()
         next_report = t0 + TASK_PROGRESS_SECONDS
@@ -188,16 +212,10 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
                                  job, part, tid, pub.rows, len(pub.txids), now - t0)
             pub.finish()
             _inject_after_send(o, part, attempt_no, pub)
-        except BaseException as e:
+        except BaseException:
+            # Nothing to roll back here: the job's decision names only the attempts Spark keeps, and
+            # the broker rolls back every other member.
             pub.abandon()
-            if pub.txids:  # this attempt will never be committed: roll back what it stored (best effort)
-                try:
-                    rep = _ends(o, pub.txids, TransactionState.ROLLBACK)
-                    log.warning("job %s partition %d attempt %d failed (%s); rolled back its half transactions: %s",
-                                job, part, tid, e, rep.summary())
-                except Exception as end_error:  # noqa: BLE001 - check-back will roll them back
-                    log.warning("job %s partition %d attempt %d: rollback failed (%s); check-back will do it",
-                                job, part, tid, end_error)
             raise
         finally:
             pub.close()
@@ -211,51 +229,22 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         msgs = [m for m in messages if m is not None]
         txids = [t for m in msgs for t in m.txids]
         rows = sum(m.rows for m in msgs)
-        dups = sum(m.duplicates for m in msgs)
-        ledger = Ledger(o.ledger)
-        if o.commit == "deferred":
-            ledger.save_prepared(job, txids, rows, dups, _attempts(msgs))
-            log.info("job %s: %d rows in %d half transactions prepared; the application decides (deferred commit)",
-                     job, rows, len(txids))
-            return
-        _hang(o, "before-decision", {"job": job, "txids": len(txids)})
-        d = ledger.decide_job(job, Decision(COMMITTED, txids, by="driver", rows=rows, duplicates=dups,
-                                            attempts=_attempts(msgs)))
-        if not d.committed:
-            _ends(o, txids, TransactionState.ROLLBACK)
-            raise RuntimeError(f"txbroker: job {job} was {d.decision} by {d.by} ({d.reason}) before the driver could "
-                               "commit it; nothing of it was published")
-        _hang(o, "after-decision", {"job": job, "txids": len(txids)})
-        rep = _ends(o, d.txids, TransactionState.COMMIT)
-        _report_commit(f"job {job}", rows, d.txids, rep)
+        with _jobs(o) as jobs:
+            if o.commit == "deferred":
+                jobs.prepare(job, txids)
+                log.info("job %s: %d rows in %d half transactions prepared; the application decides (deferred "
+                         "commit)", self.name, rows, len(txids))
+                return
+            _decide_commit(o, jobs, job, f"job {self.name}", txids, rows, hang=True)
 
     def abort(self, messages) -> None:
         _setup_logging()
-        o, job = self.o, self.job
-        known = [t for m in messages if m is not None for t in m.txids]
-        ledger = Ledger(o.ledger)
-        d = ledger.decide_job(job, Decision(ABORTED, [], reason="the Spark job failed", by="driver"))
-        if d.committed:  # commit() failed after recording its decision: the decision stands
-            rep = _ends(o, d.txids, TransactionState.COMMIT)
-            log.error("job %s: abort after a recorded COMMIT decision; the decision stands: %s", job, rep.summary())
+        with _jobs(self.o) as jobs:
+            info = jobs.abort(self.job)
+        if info.state == COMMITTED:  # commit() failed after its decision: the decision stands
+            log.error("job %s: abort after the COMMIT decision; the decision stands", self.name)
             return
-        rep = _ends(o, known, TransactionState.ROLLBACK)
-        log.warning("job %s aborted: rolled back %d known half transactions (%s); check-back rolls back the rest",
-                    job, len(known), rep.summary())
-
-
-def _report_commit(what: str, rows: int, txids, rep) -> None:
-    if rep.refused:
-        sample = dict(list(rep.refused.items())[:3])
-        raise RuntimeError(f"txbroker: {what}: the broker refused {len(rep.refused)} of {len(txids)} commits after "
-                           f"the decision was recorded (someone decided them the other way?): {sample}")
-    if rep.undelivered:
-        log.error("%s: decision COMMITTED recorded, but %d of %d ENDs were not delivered (%s); the ledger checker "
-                  "will commit them at check-back", what, len(rep.undelivered), len(txids),
-                  next(iter(rep.undelivered.values())))
-    else:
-        log.info("%s: committed %d rows in %d transactions (%d already committed)", what, rows, len(txids),
-                 rep.already)
+        log.warning("job %s aborted: the broker rolls back its %d stored half transactions", self.name, info.pending)
 
 
 # ---- streaming -------------------------------------------------------------------------------
@@ -285,28 +274,40 @@ class TxBrokerStreamWriter(DataSourceStreamWriter):
         self.o = o
         self.query = stream_identity(o)
         probe_brokers(o.brokers, o.topic, security=o.security, group=o.group)
-        ledger = Ledger(o.ledger).ensure()
-        ledger.register_stream_driver(self.query, deadline_ms=o.deadline_ms)
-        self.epoch = ledger.stream_epoch(self.query)
+
+    def _name(self, batch_id: int) -> str:
+        return f"{self.query}.b{batch_id}"
 
     def write(self, iterator) -> TxCommitMessage:
         _setup_logging()
-        o, query, epoch = self.o, self.query, self.epoch
+        o, query = self.o, self.query
         tc = _task_context()
         part, attempt_no, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
         batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or -1)
         if batch_id < 0:
             raise RuntimeError("txbroker: streaming write outside a micro-batch (no batch id)")
-        job = f"{query}.b{batch_id}.e{epoch}"
-        props = {P_KIND: "stream", P_JOB: job, P_QUERY: query, P_BATCH: str(batch_id), P_EPOCH: str(epoch),
-                 P_PARTITION: str(part), P_ATTEMPT: str(tid)}
+        first = next(iterator, None)
+        if first is None:  # nothing in this partition: no job needed
+            return TxCommitMessage("", part, tid, attempt_no, query=query, batch_id=batch_id)
+        with _jobs(o) as jobs:
+            info = jobs.open(self._name(batch_id), o.deadline_ms / 1000)
+        job = info.job_id
+        if info.state == COMMITTED:  # a replay of a batch whose decision was COMMIT: already published
+            log.info("query %s batch %d partition %d: job %s already committed; sending nothing", query, batch_id,
+                     part, job)
+            return TxCommitMessage(job, part, tid, attempt_no, query=query, batch_id=batch_id)
+        if info.state != OPEN:
+            raise RuntimeError(f"txbroker: query {query} batch {batch_id}: job {job} is {info.state}; it takes no "
+                               "new members")
+        props = {P_KIND: "stream", P_JOB: job, P_QUERY: query, P_BATCH: str(batch_id), P_PARTITION: str(part),
+                 P_ATTEMPT: str(tid)}
         if o.immunity_seconds:
             props[P_IMMUNITY] = str(o.immunity_seconds)
-        prefix = f"s{query}-b{batch_id}-e{epoch}-p{part}"
-        pub = TaskPublisher(o, lambda n, msgs: f"{prefix}-c{n}-{content_hash(msgs)}")
+        prefix = f"{job}-p{part}"
+        pub = TaskPublisher(o, lambda n, msgs: f"{prefix}-c{n}-{content_hash(msgs)}", job_id=job)
         builder = MessageBuilder(o, props)
         try:
-            chunk, row = [], 0
+            chunk, row = [first], 0
             for r in iterator:
                 chunk.append(r)
                 if len(chunk) >= o.batch_size:
@@ -318,82 +319,51 @@ class TxBrokerStreamWriter(DataSourceStreamWriter):
             pub.finish()
             _inject_after_send(o, part, attempt_no, pub)
         except BaseException:
-            # No rollback here: a replay or another attempt may send the very same ids (same rows);
-            # whatever is not in the batch's decision is rolled back by commit() or check-back.
-            pub.abandon()
+            pub.abandon()  # what is not in the batch's decision the broker rolls back
             raise
         finally:
             pub.close()
-        if pub.txids:
-            log.info("query %s batch %d partition %d attempt %d: %d rows in %d half transactions (%d duplicates)",
-                     query, batch_id, part, tid, pub.rows, len(pub.txids), pub.duplicates)
-        return TxCommitMessage(job, part, tid, attempt_no, pub.txids, pub.rows, pub.duplicates, query, batch_id,
-                               epoch)
-
-    def _ident(self, msgs, batch_id: int) -> tuple[str, int]:
-        ids = {(m.query, m.epoch) for m in msgs}
-        if len(ids) > 1:
-            raise RuntimeError(f"txbroker: batch {batch_id} got commit messages of several queries/epochs: {ids}")
-        return ids.pop() if ids else (self.query, self.epoch)
+        log.info("query %s batch %d partition %d attempt %d: %d rows in %d half transactions (%d duplicates)",
+                 query, batch_id, part, tid, pub.rows, len(pub.txids), pub.duplicates)
+        return TxCommitMessage(job, part, tid, attempt_no, pub.txids, pub.rows, pub.duplicates, query, batch_id)
 
     def commit(self, messages, batchId: int) -> None:
         _setup_logging()
         o = self.o
         msgs = [m for m in messages if m is not None]
-        query, epoch = self._ident(msgs, batchId)
         txids = [t for m in msgs for t in m.txids]
         rows = sum(m.rows for m in msgs)
-        dups = sum(m.duplicates for m in msgs)
-        ledger = Ledger(o.ledger)
-        prior = ledger.committed_batch(query, batchId)
-        if prior is not None:
-            e, d = prior
-            decided = set(d.txids)
-            rep = _ends(o, d.txids, TransactionState.COMMIT)
-            extra = [t for t in txids if t not in decided]
-            _ends(o, extra, TransactionState.ROLLBACK)
-            log.warning("query %s batch %d was already committed (epoch %d, %d transactions): a replay; "
-                        "%d of its prepares were duplicates, %d extra rolled back; ENDs: %s",
-                        query, batchId, e, len(d.txids), dups, len(extra), rep.summary())
-            if rep.refused:
-                _report_commit(f"query {query} batch {batchId}", rows, d.txids, rep)
-            return
-        if not txids:
-            return
-        if o.hang_batch is None or o.hang_batch == batchId:
-            _hang(o, "before-decision", {"query": query, "batch": batchId, "txids": len(txids)})
-        d = ledger.decide_batch(query, batchId, epoch, Decision(COMMITTED, txids, by="driver", rows=rows,
-                                                                duplicates=dups, attempts=_attempts(msgs)))
-        if not d.committed:
-            _ends(o, txids, TransactionState.ROLLBACK)
-            raise RuntimeError(f"txbroker: query {query} batch {batchId} was {d.decision} by {d.by} ({d.reason}) "
-                               "before the driver could commit it; restart the query to publish it again")
-        if o.hang_batch is None or o.hang_batch == batchId:
-            _hang(o, "after-decision", {"query": query, "batch": batchId, "txids": len(txids)})
-        rep = _ends(o, d.txids, TransactionState.COMMIT)
-        _report_commit(f"query {query} batch {batchId}", rows, d.txids, rep)
+        what = f"query {self.query} batch {batchId}"
+        with _jobs(o) as jobs:
+            info = jobs.find(self._name(batchId))
+            if info is None:
+                return  # no rows: no job
+            if info.state == COMMITTED:
+                log.warning("%s was already committed (job %s, %d transactions): a replay; %d of its prepares were "
+                            "duplicates", what, info.job_id, info.members, sum(m.duplicates for m in msgs))
+                return
+            jobs_seen = {m.job for m in msgs if m.txids}
+            if jobs_seen - {info.job_id}:
+                raise RuntimeError(f"txbroker: {what}: tasks sent into jobs {sorted(jobs_seen)}, but the batch's job "
+                                   f"is now {info.job_id}; restart the query to publish the batch again")
+            if not txids:
+                jobs.abort(info.job_id)
+                return
+            hang = o.hang_batch is None or o.hang_batch == batchId
+            _decide_commit(o, jobs, info.job_id, what, txids, rows, hang)
 
     def abort(self, messages, batchId: int) -> None:
         _setup_logging()
-        o = self.o
-        msgs = [m for m in messages if m is not None]
-        query, epoch = self._ident(msgs, batchId)
-        known = [t for m in msgs for t in m.txids]
-        ledger = Ledger(o.ledger)
-        prior = ledger.committed_batch(query, batchId)
-        if prior is None:
-            d = ledger.decide_batch(query, batchId, epoch, Decision(ABORTED, [], reason="micro-batch failed",
-                                                                    by="driver"))
-            prior = (epoch, d) if d.committed else None
-        if prior is not None:
-            decided = set(prior[1].txids)
-            _ends(o, prior[1].txids, TransactionState.COMMIT)
-            _ends(o, [t for t in known if t not in decided], TransactionState.ROLLBACK)
-            log.error("query %s batch %d: abort of an already committed batch; the decision stands", query, batchId)
-            return
-        rep = _ends(o, known, TransactionState.ROLLBACK)
-        log.warning("query %s batch %d aborted: %s; the next run uses epoch %d", query, batchId, rep.summary(),
-                    epoch + 1)
+        with _jobs(self.o) as jobs:
+            info = jobs.find(self._name(batchId))
+            if info is None or info.state != OPEN:
+                if info is not None and info.state == COMMITTED:
+                    log.error("query %s batch %d: abort of an already committed batch; the decision stands",
+                              self.query, batchId)
+                return
+            info = jobs.abort(info.job_id)
+        log.warning("query %s batch %d aborted (job %s); the restarted query replays it in a new job", self.query,
+                    batchId, info.job_id)
 
 
 # ---- read ------------------------------------------------------------------------------------

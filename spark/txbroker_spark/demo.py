@@ -3,13 +3,14 @@
     python -m txbroker_spark.demo [--brokers HOST:PORT[,...] --admin-url URL] [--orders 2000]
 
 Without --brokers it starts a local master+slave broker pair (SYNC replication, SYNC flush, fast
-check-back) on free ports in a temporary directory. Then it starts the ledger checker, runs the orders
-job (spark/jobs/orders_job.py) in local[*,4] (every core, up to 4 attempts per task) with the first
+check-back) on free ports in a temporary directory. Then it runs the orders job
+(spark/jobs/orders_job.py) in local[*,4] (every core, up to 4 attempts per task) with the first
 attempt of partition 1 crashing after it has sent its half messages,
 reads the topic back with a plain consumer, and prints a verification table: every order of the
 committed dataset arrived exactly once, with the dataset's content, and nothing from the failed
-attempt (its transactions were rolled back by check-back from the ledger). Exit status 0 when every
-check holds.
+attempt (the broker rolled its transactions back when it recorded the job's decision, which does
+not name them). No checker process and no ledger: the decision lives in the broker. Exit status 0
+when every check holds.
 """
 
 from __future__ import annotations
@@ -163,22 +164,14 @@ def main(argv=None) -> int:
             procs += started
             _say(f"started a local master+slave broker pair on {brokers} (SYNC replication and flush), "
                  f"data in {workdir}")
-        # Check-back every 0.5 s for this group, and enough checks to outlast the job.
-        _admin(admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction",
-               {"check_interval_ms": 500, "timeout_ms": 500, "check_max": 1000})
-        ledger = workdir / "ledger"
-        checker_log = open(workdir / "checker.log", "ab")
-        checker = subprocess.Popen([sys.executable, "-m", "txbroker_spark.checker", "--brokers", brokers,
-                                    "--group", GROUP, "--ledger", str(ledger)],
-                                   stdout=checker_log, stderr=subprocess.STDOUT)
-        checker_log.close()
-        procs.append(checker)
-        _say(f"started the ledger checker for group {GROUP} (ledger {ledger})")
+        # The group's transactions must all join a job (TxProducerGroup checkMode ledger): the
+        # broker answers for them from the job's decision, so nothing else has to.
+        _admin(admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction", {"require_job": True})
 
         job_path = _find_job(args.job)
         summary_path = workdir / "summary.json"
         cmd = [sys.executable, str(job_path), "--master", args.master, "--brokers", brokers, "--topic", TOPIC,
-               "--group", GROUP, "--ledger", str(ledger), "--input", str(workdir / "orders"),
+               "--group", GROUP, "--input", str(workdir / "orders"),
                "--output", str(workdir / "result"), "--orders", str(args.orders), "--partitions",
                str(args.partitions), "--batch-size", "100", "--fail-partition", str(args.fail_partition),
                "--fail-mode", "crash", "--admin-url", admin_url, "--summary-json", str(summary_path)]
@@ -213,22 +206,21 @@ def main(argv=None) -> int:
 def verify(brokers: str, admin_url: str, summary: dict, t_start: float) -> int:
     from txbroker.client import PullConsumer
 
-    from txbroker_spark.ledger import Ledger
     from txbroker_spark.options import P_ATTEMPT, P_JOB
 
     dataset = _read_dataset(Path(summary["dataset"]))
     with PullConsumer(brokers) as consumer:
-        events = [m for m in consumer.read_all(TOPIC) if m.properties.get(P_JOB) == summary["job"]]
+        events = [m for m in consumer.read_all(TOPIC) if m.properties.get(P_JOB) == summary["job_id"]]
     bodies = [json.loads(m.body) for m in events]
     counts = Counter(b["order_id"] for b in bodies)
-    decision = Ledger(summary["ledger"]).job_decision(summary["job"])
-    committed = set(decision.txids) if decision else set()
+    job = _admin(admin_url, "GET", f"/api/v1/jobs/{summary['job_id']}")
+    committed = set(job["member_ids"]) if job["state"] == "COMMITTED" else set()
     failed_attempts = sorted({t.split("-t")[-1].split("-c")[0] for t in summary.get("discarded", [])})
     from_failed = sum(1 for m in events if m.properties.get(P_ATTEMPT) in failed_attempts)
     matching = sum(1 for b in bodies if dataset.get(b["order_id"]) == (str(b["total"]), b["status"]))
     outside = sum(1 for m in events if m.transaction_id not in committed)
     pending = _admin(admin_url, "GET", f"/api/v1/transactions?group={GROUP}")["total"]
-    by_checkback = sum(1 for b in summary.get("discarded_by", {}).values() if b == "check")
+    by_job = sum(1 for b in summary.get("discarded_by", {}).values() if b == "job")
     n = len(dataset)
     rows = [
         ("orders in the committed dataset", n, n),
@@ -239,7 +231,7 @@ def verify(brokers: str, admin_url: str, summary: dict, t_start: float) -> int:
         ("events outside the job's committed transactions", 0, outside),
         (f"events from the failed attempt (task {','.join(failed_attempts) or '-'})", 0, from_failed),
         ("failed attempt's transactions rolled back", len(summary.get("discarded", [])), summary["rolled_back"]),
-        ("... of which by check-back from the ledger", len(summary.get("discarded", [])), by_checkback),
+        ("... of which by the broker, from the job's decision", len(summary.get("discarded", [])), by_job),
         ("transactions still pending", 0, pending),
     ]
     ok = all(exp == got for _, exp, got in rows) and n > 0 and bool(failed_attempts)

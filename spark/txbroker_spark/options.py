@@ -6,7 +6,6 @@ Every error names the option (`txbroker option 'topic': ...`), so a misconfigure
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -15,18 +14,15 @@ if TYPE_CHECKING:
     from txbroker_spark.security import BrokerSecurity
 
 TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # the broker's rule (RocketMQ's)
-DEFAULT_LEDGER = "~/.txbroker/ledger"
 MAX_TOTAL_BODY = 4 * 1024 * 1024  # the broker's default max_message_size (per request)
 
-# Message properties every published message carries (the first message of a transaction is
-# what a check-back shows the checker).
+# Message properties every published message carries (which job, task and batch sent it).
 P_KIND = "SPARK_KIND"  # batch | stream
 P_JOB = "SPARK_JOB_ID"
 P_PARTITION = "SPARK_PARTITION"
 P_ATTEMPT = "SPARK_TASK_ATTEMPT"
 P_QUERY = "SPARK_QUERY_ID"
 P_BATCH = "SPARK_BATCH_ID"
-P_EPOCH = "SPARK_EPOCH"
 P_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 
@@ -43,10 +39,6 @@ class OptionError(ValueError):
 
     def __reduce__(self):
         return type(self), (self.option, self.problem, self.source)
-
-
-def default_ledger() -> str:
-    return os.environ.get("TXBROKER_LEDGER") or DEFAULT_LEDGER
 
 
 def _get(options, name: str, default=None):
@@ -135,7 +127,6 @@ class WriteOptions:
     brokers: list[str]
     topic: str
     group: str
-    ledger: str
     body_column: str | None = None
     body_format: str = "json"  # json | bytes | string
     key_column: str | None = None
@@ -174,12 +165,16 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     topic = parse_topic(options)
     group = _get(options, "producerGroup")
     if group is None:
-        raise OptionError("producerGroup", "is required: the producer group whose checker answers check-backs")
+        raise OptionError("producerGroup", "is required: the producer group the write's job belongs to")
     if len(group) > 255 or any(c.isspace() for c in group):
         raise OptionError("producerGroup", f"must be at most 255 characters without spaces, got {group!r}")
-    ledger = _get(options, "ledger", default_ledger())
-    o = WriteOptions(brokers=brokers, topic=topic, group=group, ledger=os.path.abspath(os.path.expanduser(ledger)),
-                     columns=schema.fieldNames(), security=_security(options))
+    if _get(options, "ledger") is not None:
+        import logging
+
+        logging.getLogger("txbroker_spark").warning(
+            "txbroker option 'ledger' is no longer used and is ignored: the broker keeps each write's decision")
+    o = WriteOptions(brokers=brokers, topic=topic, group=group, columns=schema.fieldNames(),
+                     security=_security(options))
 
     body = _column(schema, options, "bodyColumn")
     fmt = (_get(options, "bodyFormat", "auto")).lower()
@@ -220,6 +215,7 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     if job is not None:
         if streaming:
             raise OptionError("jobId", "is for batch writes; a streaming query's identity is its checkpoint")
+        # the broker job's name; a job the application opened under it (deferred commit) is joined
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}", job):
             raise OptionError("jobId", f"must be 1-48 characters from letters, digits, '_', '.', '-', got {job!r}")
         o.job_id = job

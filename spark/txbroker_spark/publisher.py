@@ -1,11 +1,8 @@
-"""Talking to the broker from Spark: building messages from rows, sending a task's rows as half
-messages (pipelined, in batches, one transaction id per batch), and ending many transactions at
-once from the driver.
+"""Talking to the broker from Spark tasks: building messages from rows, and sending a task's rows as
+half messages joining the write's job (pipelined, in batches, one transaction id per batch).
 
-Neither the tasks nor the driver's commit register in the producer group (no HEARTBEAT): a
-SEND_MESSAGE with a transaction id and an END_TRANSACTION only need the group's name. So the
-broker's check-backs go only to the ledger checker (`python -m txbroker_spark.checker`), the one
-process that can answer them for a job whose driver is gone.
+Tasks do not register in the producer group (no HEARTBEAT): nobody answers check-backs, and nobody
+needs to, since the broker ends a job's members from the job's decision (jobs.py).
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import hashlib
 import logging
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 
 import msgspec
 
@@ -26,9 +22,9 @@ from txbroker.client import background
 from txbroker.client.connection import BrokerClient
 from txbroker.client.errors import BrokerError, ClientError, TlsHandshakeError
 from txbroker.protocol.bodies import (
-    EndTransactionRequest, EndTransactionResponse, Message, RouteRequest, RouteResponse, SendRequest, SendResponse,
+    JobInfo, Message, QueryJobRequest, RouteRequest, RouteResponse, SendRequest, SendResponse,
 )
-from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
+from txbroker.protocol.codes import RequestCode, ResponseCode
 
 from txbroker_spark.options import OptionError, WriteOptions
 from txbroker_spark.security import BrokerSecurity
@@ -140,8 +136,9 @@ class TaskPublisher:
     """Sends one task's messages as half messages, `batch_size` rows (or `max_batch_bytes`) per
     transaction, with up to `max_inflight` prepares in flight while the task reads more rows."""
 
-    def __init__(self, o: WriteOptions, txid_for):
+    def __init__(self, o: WriteOptions, txid_for, job_id: str):
         self.o = o
+        self.job_id = job_id
         self._txid_for = txid_for  # (chunk number, messages) -> transaction id
         self._loop = background.loop()
         self._client = BrokerClient(o.brokers, request_timeout=o.request_timeout, **o.security.client_kwargs())
@@ -187,7 +184,7 @@ class TaskPublisher:
 
     async def _prepare(self, msgs: list[Message], txid: str) -> SendResponse:
         try:
-            return await self._client.request(RequestCode.SEND_MESSAGE, SendRequest(self.o.group, msgs, txid),
+            return await self._client.request(RequestCode.SEND_MESSAGE, SendRequest(self.o.group, msgs, txid, self.job_id),
                                               SendResponse, retry=True)
         except BrokerError as e:
             raise _refusal(e, self.o) from None
@@ -211,74 +208,16 @@ class TaskPublisher:
             pass
 
 
-# ---- the driver side: many ENDs at once ------------------------------------------------------
-
-@dataclass
-class EndReport:
-    state: str
-    acknowledged: int = 0  # ended now, or found already ended this way
-    already: int = 0
-    refused: dict[str, str] = field(default_factory=dict)  # the broker said no (e.g. decided the other way)
-    undelivered: dict[str, str] = field(default_factory=dict)  # no answer: check-back will finish them
-    queue_offsets: int = 0
-
-    def summary(self) -> str:
-        return (f"{self.state}: {self.acknowledged} acknowledged ({self.already} already), "
-                f"{len(self.refused)} refused, {len(self.undelivered)} undelivered")
-
-
-async def end_all_async(brokers, group: str, txids, state: TransactionState, *, request_timeout: float = 30.0,
-                        concurrency: int = 256, security: BrokerSecurity | None = None) -> EndReport:
-    report = EndReport(state.name)
-    txids = list(dict.fromkeys(txids))
-    if not txids:
-        return report
-    security = security or BrokerSecurity()
-    client = BrokerClient(brokers, request_timeout=request_timeout, **security.client_kwargs())
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(txid: str) -> None:
-        async with sem:
-            try:
-                r: EndTransactionResponse = await client.request(
-                    RequestCode.END_TRANSACTION, EndTransactionRequest(group, txid, int(state), 0, False),
-                    EndTransactionResponse, retry=True)
-            except BrokerError as e:
-                if state == TransactionState.ROLLBACK and e.code == ResponseCode.QUERY_NOT_FOUND:
-                    report.acknowledged += 1  # never stored: nothing to roll back
-                elif security.refusal(e) is not None:  # credentials or rights: not a decision, not delivered
-                    report.undelivered[txid] = str(security.refusal(e))
-                else:
-                    report.refused[txid] = f"{e.code_name}: {e.remark}"
-            except ClientError as e:
-                report.undelivered[txid] = str(security.refusal(e) or e)
-            else:
-                report.acknowledged += 1
-                report.already += bool(r.already)
-                report.queue_offsets += len(r.queue_offsets)
-
-    try:
-        await asyncio.gather(*(one(t) for t in txids))
-    finally:
-        await client.close()
-    return report
-
-
-def end_all(brokers, group: str, txids, state: TransactionState, **kwargs) -> EndReport:
-    return background.run(end_all_async(brokers, group, txids, state, **kwargs))
-
-
 async def _probe(brokers, topic: str, timeout: float, security: BrokerSecurity, group: str | None) -> int | None:
     client = BrokerClient(brokers, request_timeout=timeout, connect_timeout=min(timeout, 3.0),
                           **security.client_kwargs())
     try:
         if group is not None:
-            # May these credentials act for the group? An END (UNKNOWN: change nothing) for an id that
-            # does not exist is checked against the group's right first, then answered QUERY_NOT_FOUND.
+            # May these credentials act for the group? A query for a job name nobody uses is checked
+            # against the group's right first, then answered QUERY_NOT_FOUND; it changes nothing.
             try:
-                await client.request(RequestCode.END_TRANSACTION, EndTransactionRequest(
-                    group, f"txbroker-spark-probe-{uuid.uuid4().hex}", int(TransactionState.UNKNOWN), 0, False),
-                    EndTransactionResponse, retry=False)
+                await client.request(RequestCode.QUERY_JOB, QueryJobRequest(
+                    group, name=f"txbroker-spark-probe-{uuid.uuid4().hex}"), JobInfo, retry=False)
             except BrokerError as e:
                 if security.refusal(e) is not None:  # no right to the group (or no credentials at all)
                     raise

@@ -1,7 +1,7 @@
-"""Credentials and TLS towards a secured broker: the data source's options, the checker's and the
-orders job's flags, and the environment, resolved into one `BrokerSecurity`.
+"""Credentials and TLS towards a secured broker: the data source's options, the orders job's
+flags, and the environment, resolved into one `BrokerSecurity`.
 
-    option          flag (checker, orders job)   environment
+    option          flag (orders job)            environment
     accessKey       --access-key                 TXBROKER_ACCESS_KEY        the access key (SCRAM-SHA-256)
     secretKeyFile   --secret-key-file            TXBROKER_SECRET_KEY_FILE   a file holding the secret, readable
                                                                             on the driver and every executor
@@ -264,7 +264,7 @@ def parse_security(options, environ=None) -> BrokerSecurity:
         server_name=given["tlsServerName"], tls_from_env=tls_env and tls_on)
 
 
-# ---- the same settings as command-line flags (the checker, the orders job) ------------------------
+# ---- the same settings as command-line flags (the orders job) ------------------------
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("credentials and TLS, for a broker that requires them (default: the environment, "

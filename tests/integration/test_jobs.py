@@ -220,9 +220,10 @@ def test_ten_thousand_members_become_visible_after_one_decision(broker):
 def test_after_failover_the_new_master_finishes_what_the_old_one_decided(broker_factory):
     flags = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-heartbeat-ms", "100")
     m = broker_factory(*flags, "--broker-name", "m", name="m")
-    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *flags, name="s")
-    wait_until(lambda: AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"][0]["in_sync"],
-               what="the slave in sync")
+    s, s2 = (broker_factory("--role", "slave", "--master", m.address, "--broker-name", n, *flags, name=n)
+             for n in ("s", "s2"))
+    wait_until(lambda: sum(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]
+                           ["slaves"]) == 2, what="both slaves in sync")
 
     async def main():
         async with AsyncJobCoordinator(GROUP, [m.address, s.address]) as c:
@@ -242,6 +243,7 @@ def test_after_failover_the_new_master_finishes_what_the_old_one_decided(broker_
     slave_view = AdminClient(s.admin_url).get(f"/api/v1/jobs/{job_id}")
     assert slave_view["state"] == "COMMITTED"
     AdminClient(s.admin_url).post("/api/v1/role", {"role": "master", "epoch": 2})
+    AdminClient(s2.admin_url).post("/api/v1/role", {"role": "slave", "master": s.address, "epoch": 2})
     wait_until(lambda: AdminClient(s.admin_url).get(f"/api/v1/jobs/{job_id}")["pending"] == 0, 30,
                what="the new master to end the remaining members")
     wait_until(lambda: txload.settled(s.admin_url), what="published on the new master")

@@ -1,5 +1,5 @@
 """Fixtures for the Spark tests: one local SparkSession per test process, and per test a real broker
-(fast check-back) with a ledger checker process in front of a fresh ledger directory.
+whose producer group requires jobs (no checker, no ledger: the broker keeps each write's decision).
 
 The tests need pyspark (with pyarrow) and Java; without them they are skipped.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spark_helpers import GROUP, GROUP_SETTINGS, TxEnv, admin, start_checker, stop  # noqa: E402
+from spark_helpers import GROUP, GROUP_SETTINGS, TxEnv, admin  # noqa: E402
 
 _MISSING = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
 if shutil.which("java") is None:
@@ -41,11 +41,8 @@ def spark():
 
 
 @pytest.fixture
-def tx_env(broker_factory, tmp_path):
-    """A broker with fast check-back, the group's check settings, a ledger and its checker."""
+def tx_env(broker_factory):
+    """A broker with fast check-back and the group's settings (it requires jobs)."""
     broker = broker_factory("--check-interval-ms", "300", "--transaction-timeout-ms", "200")
     admin(broker.admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction", GROUP_SETTINGS)
-    env = TxEnv(broker=broker, ledger=tmp_path / "ledger", checker_log=tmp_path / "checker.log")
-    env.checker = start_checker(env.brokers, GROUP, env.ledger, env.checker_log)
-    yield env
-    stop(env.checker)
+    return TxEnv(broker=broker)

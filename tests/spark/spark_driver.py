@@ -1,8 +1,8 @@
 """A Spark driver run as its own process by the tests (so it can be SIGKILLed at a hook point).
 
-    python spark_driver.py batch  --brokers B --topic T --group G --ledger L --rows N [--partitions P]
+    python spark_driver.py batch  --brokers B --topic T --group G --rows N [--partitions P]
                                   [--master M] [--conf k=v ...] [--opt k=v ...]
-    python spark_driver.py stream --brokers B --topic T --group G --ledger L --input DIR --checkpoint DIR
+    python spark_driver.py stream --brokers B --topic T --group G --input DIR --checkpoint DIR
                                   [--opt k=v ...]
 
 Rows are {"id": i, "payload": "row-i"}; the body is the row as JSON (the default). Extra data source
@@ -21,7 +21,6 @@ def main() -> int:
     p.add_argument("--brokers", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True)
-    p.add_argument("--ledger", required=True)
     p.add_argument("--rows", type=int, default=100)
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--input")
@@ -35,8 +34,7 @@ def main() -> int:
 
     conf = dict(kv.split("=", 1) for kv in args.conf)
     spark = local_session("txbroker-test-driver", args.master, conf=conf, log_level="ERROR")
-    opts = {"brokers": args.brokers, "topic": args.topic, "producerGroup": args.group, "ledger": args.ledger,
-            "batchSize": "10"}
+    opts = {"brokers": args.brokers, "topic": args.topic, "producerGroup": args.group, "batchSize": "10"}
     opts.update(dict(kv.split("=", 1) for kv in args.opt))
     if args.mode == "batch":
         df = spark.range(args.rows, numPartitions=args.partitions).selectExpr("id", "concat('row-', id) AS payload")

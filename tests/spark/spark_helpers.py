@@ -1,10 +1,9 @@
-"""Helpers for the Spark tests: a broker + ledger checker environment, consumers, driver subprocesses."""
+"""Helpers for the Spark tests: a broker environment, its jobs, consumers, driver subprocesses."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,8 +16,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "spark_driver.py"
 GROUP = "spark-tests"
-# Check-back every 0.3 s once a half message is 0.2 s old, and enough checks to outlast any job here.
-GROUP_SETTINGS = {"check_interval_ms": 300, "timeout_ms": 200, "check_max": 10000}
+# Every transaction of the group must join a job (TxProducerGroup checkMode ledger): the broker ends
+# them from the job's decision. Fast check-back, so anything checked back would show at once.
+GROUP_SETTINGS = {"check_interval_ms": 300, "timeout_ms": 200, "check_max": 10000, "require_job": True}
 
 
 def free_port_unused() -> int:
@@ -49,23 +49,6 @@ def admin(url: str, method: str, path: str, body=None):
         return json.load(r)
 
 
-def start_checker(brokers: str, group: str, ledger: Path, log_path: Path, *extra: str,
-                  env: dict | None = None) -> subprocess.Popen:
-    log = open(log_path, "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "txbroker_spark.checker", "--brokers", brokers, "--group", group,
-                             "--ledger", str(ledger), *extra], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
-    log.close()
-
-    def ready():
-        if proc.poll() is not None:
-            raise AssertionError(f"checker exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-        return "checker ready" in log_path.read_text(errors="replace")
-
-    wait_until(ready, 30, 0.05, "the ledger checker to be ready")
-    return proc
-
-
 def stop(proc: subprocess.Popen | None) -> None:
     if proc is not None and proc.poll() is None:
         proc.terminate()
@@ -79,10 +62,7 @@ def stop(proc: subprocess.Popen | None) -> None:
 @dataclass
 class TxEnv:
     broker: object  # conftest.BrokerProcess
-    ledger: Path
-    checker_log: Path
     group: str = GROUP
-    checker: subprocess.Popen | None = None
     # a secured broker: an AdminClient with admin credentials (and TLS), and credentials=/tls= for consumers
     admin_client: object = None
     client_kwargs: dict | None = None
@@ -96,7 +76,7 @@ class TxEnv:
         return self.broker.admin_url
 
     def options(self, topic: str, **extra) -> dict:
-        opts = {"brokers": self.brokers, "topic": topic, "producerGroup": self.group, "ledger": str(self.ledger)}
+        opts = {"brokers": self.brokers, "topic": topic, "producerGroup": self.group}
         opts.update({k: str(v) for k, v in extra.items()})
         return opts
 
@@ -125,12 +105,25 @@ class TxEnv:
                     return []
                 raise
 
-    def checker_answers(self) -> dict[str, list[str]]:
-        """txid -> the answers the checker gave for it, from its log."""
-        out: dict[str, list[str]] = {}
-        for m in re.finditer(r"check-back (\S+) \(job [^)]*\): (\w+)", self.checker_log.read_text(errors="replace")):
-            out.setdefault(m.group(1), []).append(m.group(2))
-        return out
+    def jobs(self) -> list[dict]:
+        """The group's jobs (coordinated transactions) on the broker, newest first."""
+        return self._admin("GET", f"/api/v1/jobs?group={self.group}&limit=1000")["jobs"]
+
+    def job(self, job_id: str) -> dict:
+        """One job, with its member ids (the prepared or kept list)."""
+        return self._admin("GET", f"/api/v1/jobs/{job_id}")
+
+    def only_job(self) -> dict:
+        jobs = self.jobs()
+        assert len(jobs) == 1, jobs
+        return self.job(jobs[0]["job_id"])
+
+    def wait_job(self, predicate, timeout: float = 90.0, what: str = "the job") -> dict:
+        def seen():
+            jobs = self.jobs()
+            return next((self.job(j["job_id"]) for j in jobs if predicate(j)), None)
+
+        return wait_until(seen, timeout, 0.2, what)
 
     def metric(self, name: str, label: str = "") -> float:
         """Sum of a Prometheus counter's samples (optionally those with `label`, e.g. 'kind="half"')."""

@@ -1,4 +1,5 @@
-"""Batch writes against a real broker and a real ledger checker: exactly once under injected failures.
+"""Batch writes against a real broker: exactly once under injected failures, each write one job
+whose decision the broker keeps and carries out (no checker, no ledger).
 
 Each test compares what a consumer reads with the dataset that was committed: same count, same
 content, every row once, nothing from an attempt Spark discarded, nothing left pending.
@@ -14,7 +15,7 @@ from spark_helpers import bodies_by_id
 
 pytest.importorskip("pyspark.sql.datasource")
 
-from txbroker_spark import DeferredJob, Ledger  # noqa: E402
+from txbroker_spark import DeferredJob, JobAborted  # noqa: E402
 from txbroker_spark.datasource import new_job_id  # noqa: E402
 from txbroker_spark.options import P_ATTEMPT, P_JOB, P_PARTITION  # noqa: E402
 
@@ -39,29 +40,24 @@ def save(df, env, topic, **opts):
     df.write.format("txbroker").options(**env.options(topic, **opts)).mode("append").save()
 
 
-def only_decision(env) -> tuple[str, object]:
-    led = Ledger(env.ledger)
-    jobs = led.jobs()
-    assert len(jobs) == 1, jobs
-    return jobs[0], led.job_decision(jobs[0])
-
-
 def assert_exactly_the_dataset(env, topic, n=ROWS):
-    env.wait_settled()
+    """Right after save(): the driver's commit returns once the broker made the decision visible."""
     events = env.events(topic)
     counts = bodies_by_id(events)
     assert len(events) == n and set(counts) == set(range(n)) and max(counts.values()) == 1
     assert bodies(events) == [order_row(i) for i in range(n)]
-    job, d = only_decision(env)
-    assert d.committed and all(m.transaction_id in set(d.txids) for m in events)
-    assert {m.properties[P_JOB] for m in events} == {job}
-    return events, job, d
+    job = env.only_job()
+    assert (job["state"], job["by"], job["resolved"]) == ("COMMITTED", "client", True)
+    assert {m.transaction_id for m in events} == set(job["member_ids"])
+    assert {m.properties[P_JOB] for m in events} == {job["job_id"]}
+    env.wait_settled()  # the members the decision does not keep: rolled back by the broker
+    return events, job
 
 
 def test_write_then_read_back_with_spark(spark, tx_env):
     save(orders(spark), tx_env, "Plain", keyColumn="order_id", tagsColumn="region", batchSize=25)
-    events, job, d = assert_exactly_the_dataset(tx_env, "Plain")
-    assert d.rows == ROWS and len(d.txids) == 6 and d.by == "driver"  # 3 partitions x ceil(40/25)
+    events, job = assert_exactly_the_dataset(tx_env, "Plain")
+    assert job["members"] == 6  # 3 partitions x ceil(40/25)
     assert {(m.keys, m.tags) for m in events} == {(f"order-{i}", str(i % 7)) for i in range(ROWS)}
 
     df = spark.read.format("txbroker").option("brokers", tx_env.brokers).option("topic", "Plain").load()
@@ -69,7 +65,7 @@ def test_write_then_read_back_with_spark(spark, tx_env):
                           "transaction_id", "properties"]
     rows = df.collect()
     assert sorted(json.loads(r.body)["id"] for r in rows) == list(range(ROWS))
-    assert {r.transaction_id for r in rows} == set(d.txids)
+    assert {r.transaction_id for r in rows} == set(job["member_ids"])
     # an offset range per queue: from offset 5 of queue 0 to its end, nothing else
     q0 = [r for r in rows if r.queue_id == 0]
     part = (spark.read.format("txbroker").option("brokers", tx_env.brokers).option("topic", "Plain")
@@ -95,35 +91,32 @@ def test_body_from_a_column_as_bytes_or_string(spark, tx_env):
     df = orders(spark, 30, 2).selectExpr("id", "order_id", "binary(concat('payload-', id)) AS raw")
     save(df, tx_env, "Raw", bodyColumn="raw", keyColumn="order_id")
     save(df, tx_env, "Text", bodyColumn="order_id")
-    tx_env.wait_settled()
     assert sorted(m.body for m in tx_env.events("Raw")) == sorted(f"payload-{i}".encode() for i in range(30))
     assert sorted(m.body for m in tx_env.events("Text")) == sorted(f"order-{i}".encode() for i in range(30))
 
 
-def test_retried_task_after_crash_publishes_once(spark, tx_env):
+def test_retried_task_after_crash_publishes_once(spark, tx_env, tmp_path):
     """Attempt 0 of partition 1 sends its half messages, then its Python worker dies (an executor lost
-    mid-write). Spark retries it; only the retry's transactions are in the decision; check-back
-    rolls the dead attempt's back from the ledger."""
-    save(orders(spark), tx_env, "Crash", batchSize=10, **{"inject.failPartition": 1, "inject.failMode": "crash"})
-    events, job, d = assert_exactly_the_dataset(tx_env, "Crash")
-    kept = {a["partition"]: a for a in d.attempts}
-    assert kept[1]["attempt_number"] >= 1 and kept[0]["attempt_number"] == 0
-    answers = tx_env.checker_answers()
-    discarded = [t for t in answers if t.startswith(f"{job}-p1-") and t not in set(d.txids)]
-    assert len(discarded) == 4  # 40 rows / 10 per transaction, from the crashed attempt
+    mid-write). Spark retries it; only the retry's transactions are in the decision; the broker
+    rolls the dead attempt's back when it records the decision, with no check-back."""
+    marker = tmp_path / "crashed.json"
+    save(orders(spark), tx_env, "Crash", batchSize=10, **{"inject.failPartition": 1, "inject.failMode": "crash",
+                                                          "inject.markerFile": str(marker)})
+    events, job = assert_exactly_the_dataset(tx_env, "Crash")
+    discarded = json.loads(marker.read_text())["txids"]  # what the crashed attempt had stored
+    assert len(discarded) == 4 and not set(discarded) & set(job["member_ids"])
     for t in discarded:
-        assert answers[t][-1] == "ROLLBACK"
         tx = tx_env.transaction(t)
-        assert tx["state"] == "ROLLED_BACK" and tx["by"] == "check"
+        assert (tx["state"], tx["by"], tx["checks"]) == ("ROLLED_BACK", "job", 0)
     assert not {m.properties[P_ATTEMPT] for m in events if m.properties[P_PARTITION] == "1"} & \
         {t.split("-t")[1].split("-")[0] for t in discarded}
 
 
-def test_retried_task_after_exception_rolls_back_its_own(spark, tx_env):
-    """A task that raises after sending rolls back its own half messages before it fails."""
+def test_retried_task_after_exception_is_rolled_back_by_the_decision(spark, tx_env):
+    """A task that raises after sending: Spark retries it; its half messages are not in the decision."""
     save(orders(spark), tx_env, "Raise", batchSize=10, **{"inject.failPartition": 2, "inject.failMode": "raise"})
-    events, job, d = assert_exactly_the_dataset(tx_env, "Raise")
-    assert {a["partition"]: a["attempt_number"] for a in d.attempts}[2] >= 1
+    events, job = assert_exactly_the_dataset(tx_env, "Raise")
+    assert len({m.properties[P_ATTEMPT] for m in events if m.properties[P_PARTITION] == "2"}) == 1
 
 
 def test_failed_job_aborts_and_publishes_nothing(spark, tx_env):
@@ -134,27 +127,28 @@ def test_failed_job_aborts_and_publishes_nothing(spark, tx_env):
     assert "inject.failPartition=0" in str(e.value)
     tx_env.wait_settled()
     assert tx_env.events("Abort") == []
-    job, d = only_decision(tx_env)
-    assert d.decision == "ABORTED" and d.by == "driver"
+    job = tx_env.only_job()
+    assert (job["state"], job["by"]) == ("ABORTED", "client")
 
 
 def test_deferred_commit_runs_a_local_transaction_in_between(spark, tx_env, tmp_path):
     job = new_job_id("t")
     save(orders(spark, 50, 2), tx_env, "Deferred", jobId=job, commit="deferred", batchSize=10)
-    d = DeferredJob(str(tx_env.ledger), tx_env.brokers, tx_env.group, job)
-    assert d.rows == 50 and len(d.txids) == 6  # 2 partitions x ceil(25/10)
+    d = DeferredJob(tx_env.brokers, tx_env.group, job)
+    prepared = d.prepared()
+    assert (prepared.state, prepared.members) == ("PREPARED", 6)  # 2 partitions x ceil(25/10)
     assert tx_env.events("Deferred") == []  # nothing visible before the decision
     assert len(tx_env.pending()) == 6
-    d.decide(commit=True, reason="local transaction done")
-    report = d.publish()
-    assert report.acknowledged == 6 and not report.undelivered
-    assert report.acknowledged == d.publish().already  # idempotent
+    assert d.commit().state == "COMMITTED"
+    assert d.wait_visible().resolved
+    assert d.commit().already  # idempotent
     assert bodies(tx_env.events("Deferred")) == [order_row(i) for i in range(50)]
 
     job2 = new_job_id("t")
     save(orders(spark, 20, 2), tx_env, "Deferred", jobId=job2, commit="deferred", batchSize=10)
-    d2 = DeferredJob(str(tx_env.ledger), tx_env.brokers, tx_env.group, job2)
-    d2.decide(commit=False, reason="local transaction failed")
-    d2.publish()
+    d2 = DeferredJob(tx_env.brokers, tx_env.group, job2)
+    assert d2.abort().state == "ABORTED"
+    with pytest.raises(JobAborted):  # a late commit of an aborted job
+        d2.commit()
     tx_env.wait_settled()
     assert bodies(tx_env.events("Deferred")) == [order_row(i) for i in range(50)]

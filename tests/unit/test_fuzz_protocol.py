@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import types
+
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -36,6 +38,8 @@ MSG_IDS = st.one_of(st.sampled_from(["00000000000000020000", "000000000000000300
 
 def strategy_for(tp, name: str = ""):
     origin = getattr(tp, "__origin__", None)
+    if isinstance(tp, types.UnionType):  # e.g. list[str] | None
+        return st.one_of(*(st.none() if t is type(None) else strategy_for(t, name) for t in tp.__args__))
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return struct_strategy(tp)
     if origin is list:

@@ -23,7 +23,6 @@ from txbroker import __version__
 from txbroker.broker.auth.handshake import AuthFailure
 from txbroker.broker.config import ConfigError
 from txbroker.broker.replies import Reply, RequestError
-from txbroker.broker.jobs import job_info
 from txbroker.protocol.bodies import DecideJobRequest, EndTransactionRequest, QueryJobRequest
 from txbroker.protocol.codes import ResponseCode, TransactionState
 from txbroker.store import keys
@@ -315,13 +314,12 @@ class AdminApp:
         if states is not None and not set(states) <= {"OPEN", "PREPARED", "COMMITTED", "ABORTED"}:
             return _error(400, f"state must be open, prepared, committed, aborted, undecided or all, got "
                                f"{want.lower()!r}", "MALFORMED")
-        members = self.b.state.job_members
         source = self.b.state.jobs.values() if states and "COMMITTED" not in states and "ABORTED" not in states \
             else self.b.state.iter_jobs()
         items = [j for j in source if (states is None or j.state in states) and (group is None or j.producer_group == group)]
         items.sort(key=lambda j: j.open_lsn, reverse=True)
         return web.json_response({"total": len(items), "jobs": [
-            _job_doc(job_info(j, len(members.get(j.job_id, ())))) for j in items[:limit]]})
+            _job_doc(self.b.jobs.info(j)) for j in items[:limit]]})
 
     async def get_job(self, request):
         reply = self.b.jobs.query(QueryJobRequest("", request.match_info["job_id"]))

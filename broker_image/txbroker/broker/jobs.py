@@ -48,9 +48,9 @@ RESOLVE_SLICE = 1000  # members ended per loop iteration (one group-commit batch
 DEADLINE_TICK_S = 0.25
 
 
-def job_info(j: JobState, pending: int = 0, already: bool = False) -> JobInfo:
+def job_info(j: JobState, pending: int = 0, already: bool = False, resolving: bool = False) -> JobInfo:
     return JobInfo(j.job_id, j.producer_group, j.state, j.open_ms, j.deadline_ms, j.name, len(j.members), pending,
-                   j.decided_ms, j.by, already)
+                   j.decided_ms, j.by, already, j.decided and not pending and not resolving)
 
 
 def check_job_id(job_id: str) -> None:
@@ -149,7 +149,10 @@ class JobService:
                 return error(ResponseCode.QUERY_NOT_FOUND, f"no job named {req.name!r} on this broker")
         else:
             j = self._find(req.job_id, "", any_group=True)
-        return ok(job_info(j, self._pending(j)))
+        return ok(self.info(j))
+
+    def info(self, j: JobState, already: bool = False) -> JobInfo:
+        return job_info(j, self._pending(j), already, j.job_id in self._resolving)
 
     # ---- checks ----------------------------------------------------------------------------------
 
@@ -218,7 +221,7 @@ class JobService:
 
     def _answer(self, j: JobState, already: bool) -> Reply:
         lsn = j.decision_lsn or j.open_lsn
-        return ok(job_info(j, self._pending(j), already), self._state.published_future(lsn))
+        return ok(self.info(j, already), self._state.published_future(lsn))
 
     # ---- the broker's own work: deadlines and resolving members -------------------------------------
 

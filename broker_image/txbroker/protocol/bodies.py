@@ -304,6 +304,7 @@ class JobInfo(Struct, array_like=True, omit_defaults=True):
     decided_ms: int = 0
     by: str = ""  # who decided: client | deadline | admin
     already: bool = False  # this request changed nothing: the job was already so
+    resolved: bool = False  # decided, and every member's end written and published: the decision took effect
 
 
 class SaslRequest(Struct, array_like=True):
