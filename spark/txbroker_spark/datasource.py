@@ -92,18 +92,24 @@ def _task_context():
 
 
 def _hang(o: WriteOptions, where: str, detail: dict) -> None:
-    """Test hook: announce the point in a marker file, then wait to be killed (at most 10 min)."""
+    """Test hook: announce the point in a marker file, then wait to be killed, or released by a file
+    `<marker>.release` (a driver paused and resumed), at most 10 min."""
     if o.hang_at != where:
         return
+    release = None
     if o.marker_file:
+        release = o.marker_file + ".release"
         tmp = o.marker_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"at": where, "pid": os.getpid(), **detail}, f)
         os.replace(tmp, o.marker_file)
-    log.warning("inject.hangAt=%s: waiting here to be killed (%s)", where, detail)
+    log.warning("inject.hangAt=%s: waiting here to be killed or released (%s)", where, detail)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        time.sleep(0.5)
+        if release and os.path.exists(release):
+            log.warning("inject.hangAt=%s: released, going on", where)
+            return
+        time.sleep(0.2)
     raise RuntimeError(f"inject.hangAt={where}: nobody killed this process within 10 minutes")
 
 
