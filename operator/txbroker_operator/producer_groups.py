@@ -26,12 +26,17 @@ def group_name(body: Mapping[str, Any]) -> str:
 
 
 def broker_settings(spec: Mapping[str, Any]) -> dict:
-    """spec -> the broker's per-group transaction settings."""
+    """spec -> the broker's per-group transaction settings. checkMode ledger is require_job: every
+    transaction of the group must join a coordinated transaction (a job, broker/jobs.py), which the
+    broker ends from the job's decision, so nobody answers check-backs for it; the broker refuses the
+    group's half messages that join no job."""
+    mode = spec.get("checkMode", "connection")
     out = {"check_interval_ms": int(spec.get("checkIntervalSeconds", 60)) * 1000,
            "timeout_ms": int(spec.get("timeoutSeconds", 6)) * 1000,
            "check_max": int(spec.get("checkMax", 15)),
            "default_immunity_ms": int(spec.get("immunitySeconds", 0)) * 1000,
-           "webhook_url": spec.get("webhookUrl", "") if spec.get("checkMode") == "http" else ""}
+           "webhook_url": spec.get("webhookUrl", "") if mode == "http" else "",
+           "require_job": mode == "ledger"}
     return out
 
 

@@ -102,7 +102,7 @@ GROUP_KEYS = ("access-key", "secret-key")
 
 
 def group_credentials(namespace: str, name: str) -> tuple[str, str]:
-    """A TxProducerGroup's credentialsSecretRef: the access key and secret its producers (or its
-    ledger checker) authenticate with. The operator only checks it; the producers mount it."""
+    """A TxProducerGroup's credentialsSecretRef: the access key and secret its producers (or the
+    coordinator of its jobs) authenticate with. The operator only checks it; the producers mount it."""
     data = _secret(namespace, name, GROUP_KEYS, "credentialsSecretRef")
     return data["access-key"].decode().strip(), data["secret-key"].decode().strip()

@@ -76,8 +76,9 @@ def parse_args(argv=None):
 
 def recover(output: Path, job_for) -> None:
     """Finish or clean up earlier runs: a staging dataset whose job was committed is moved into
-    place; one whose job was aborted, or never decided (its driver is gone: the broker aborts it now,
-    so a late driver cannot commit it), is deleted. `job_for(name)` is a DeferredJob."""
+    place; one whose job was aborted (or never opened) is deleted; one still undecided is left
+    alone (its run may still be at work; if its driver is gone, the broker aborts the job at its
+    deadline and a later run deletes it). `job_for(name)` is a DeferredJob."""
     staging = output / "_staging"
     if not staging.is_dir():
         return
@@ -86,10 +87,12 @@ def recover(output: Path, job_for) -> None:
             continue
         job = job_for(d.name)
         try:
-            state = job.recover()
+            state = job.state()
         finally:
             job.close()
-        if state == "COMMITTED":
+        if state in ("OPEN", "PREPARED"):
+            log.info("job %s is still %s: left alone", d.name, state)
+        elif state == "COMMITTED":
             final = output / f"job={d.name}"
             if not final.exists():
                 os.replace(d, final)

@@ -11,8 +11,9 @@ the decision (RocketMQ's pattern with Spark in the middle).
                                              # events visible (d.abort() rolls them back)
     ... make the local transaction's result visible (idempotent, may be redone after a crash) ...
 
-If the application dies before `commit`, the broker aborts the job at its deadline (or a rerun
-aborts it at once: `DeferredJob.recover`); after `commit`, the broker publishes the events anyway.
+If the application dies before `commit`, the broker aborts the job at its deadline; after
+`commit`, the broker publishes the events anyway. A rerun asks `state()` to finish or undo its
+local side.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from txbroker.protocol.bodies import JobInfo
 
-from txbroker_spark.jobs import ABORTED, COMMITTED, OPEN, PREPARED, JobAborted, Jobs
+from txbroker_spark.jobs import ABORTED, COMMITTED, OPEN, JobAborted, Jobs
 from txbroker_spark.security import BrokerSecurity
 
 __all__ = ["DeferredJob", "JobAborted"]
@@ -67,15 +68,12 @@ class DeferredJob:
     def wait_visible(self, timeout: float = 60.0) -> JobInfo:
         return self.jobs.wait_resolved(self.prepared().job_id, timeout)
 
-    def recover(self) -> str:
-        """A rerun's view of an earlier run's job: COMMITTED stays (finish the local side), an
-        undecided one is aborted (its driver is gone: this run owns the name); returns the state."""
+    def state(self) -> str:
+        """The job's state for a rerun: COMMITTED (finish the local side), ABORTED (or never opened:
+        undo it), OPEN or PREPARED (undecided: another run may still be at work; the broker aborts
+        it at its deadline if its driver is gone)."""
         info = self.info()
-        if info is None:
-            return ABORTED
-        if info.state in (OPEN, PREPARED):
-            info = self.jobs.abort(info.job_id)
-        return info.state
+        return ABORTED if info is None else info.state
 
     def close(self) -> None:
         self.jobs.close()

@@ -5,7 +5,7 @@
 #   driver ARGS...    the driver pod: spark-submit in client mode, bound to the pod's address
 #   executor          an executor pod: KubernetesExecutorBackend, configured by SPARK_* variables
 #                     that the driver sets on the pod
-#   anything else     run as given (spark-submit for the Job, python for the checker)
+#   anything else     run as given (spark-submit for the Job, python for tools)
 set -eo pipefail
 
 SPARK_HOME=${SPARK_HOME:-/opt/spark}

@@ -181,6 +181,7 @@ def test_producer_group_interval_change_changes_check_back_live(operator):
     for pod in ("pgb-0", "pgb-1"):
         groups = admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")
         assert groups["payments"]["check_interval_ms"] == 3_600_000 and groups["payments"]["generation"] == 1
+        assert groups["payments"]["require_job"] is False      # checkMode connection (the default)
 
     checked = threading.Event()
 

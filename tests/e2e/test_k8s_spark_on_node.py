@@ -92,8 +92,8 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
                                                    if line.startswith("SUMMARY ")).split()[1:])
     assert summary["decision"] == "COMMITTED" and summary["rows"] == str(ORDERS), summary
     # Spark saw the executor go and ran its work again elsewhere (a task it was running, or the
-    # output it had written); its attempts' half transactions are not in the decision, and
-    # check-back rolls them back
+    # output it had written); its attempts' half transactions are not in the job's decision, and
+    # the broker rolls them back when it records it
     assert f"Lost executor {lost_id}" in log, log[-4000:]
 
     assert_every_order_once(tb, ns, "orders", ORDERS)

@@ -1,4 +1,4 @@
-"""The demo end to end (`python -m txbroker_spark.demo`): a master+slave broker pair, the checker,
+"""The demo end to end (`python -m txbroker_spark.demo`): a master+slave broker pair, no checker,
 the orders job in local[*,4] with an injected task crash, and the consumer's verification table,
 checked as a user reads it."""
 
@@ -44,7 +44,7 @@ def test_demo_shows_every_event_exactly_once(tmp_path):
     assert failed[:2] == (0, 0)
     rolled = rows["failed attempt's transactions rolled back"]
     assert rolled[0] == rolled[1] == int(s["rolled_back"])
-    assert rows["... of which by check-back from the ledger"][:2] == rolled[:2]
+    assert rows["... of which by the broker, from the job's decision"][:2] == rolled[:2]
     assert f"{ORDERS} rows, {s['transactions']} transactions, {s['committed']} committed, " \
            f"{s['rolled_back']} rolled back" in out
     assert "RESULT: every event arrived exactly once, none from the failed attempt" in out

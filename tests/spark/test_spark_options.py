@@ -84,7 +84,7 @@ def test_reused_job_id_is_refused(spark, tx_env):
     _save(_df(spark), opts)
     with pytest.raises(Exception) as e:
         _save(_df(spark), opts)
-    assert_names_option(e, "jobId", "already decided")
+    assert_names_option(e, "jobId", "already COMMITTED")
 
 
 def test_read_options(spark, tx_env):

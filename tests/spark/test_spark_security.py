@@ -1,15 +1,15 @@
-"""The data source, the checker and the orders job against secured brokers (real processes): a
-broker with `--auth-file` (SCRAM), and one with TLS requiring client certificates as well.
+"""The data source and the orders job against secured brokers (real processes): a broker with
+`--auth-file` (SCRAM), and one with TLS requiring client certificates as well.
 
 - credentials as options (accessKey + secretKeyFile) for a write whose crashed task attempt leaves
-  half messages that the checker, authenticated through the environment, rolls back at check-back;
-  a Spark read with the same options;
+  half messages that the broker rolls back with the job's decision; a Spark read with the same
+  options;
 - no credentials, a wrong secret (file or option), credentials without the producer group, a reader
   without credentials: the job fails at planning, naming the option, and nothing is sent; no error
   shows the secret;
 - TLS + credentials from the environment only (as the chart passes them), through the orders job
-  (deferred commit); the checker with flags; plaintext, an untrusted CA and a missing client
-  certificate each fail naming the TLS option.
+  (deferred commit); plaintext, an untrusted CA and a missing client certificate each fail naming
+  the TLS option.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from spark_helpers import GROUP, GROUP_SETTINGS, TxEnv, bodies_by_id, start_checker, stop
+from spark_helpers import GROUP, GROUP_SETTINGS, TxEnv, bodies_by_id
 
 pytest.importorskip("pyspark.sql.datasource")
 
 from txbroker.client import Credentials, TlsConfig  # noqa: E402
 from txbroker.client.admin import AdminClient  # noqa: E402
-from txbroker_spark import Ledger  # noqa: E402
 
 ORDERS_JOB = Path(__file__).resolve().parents[2] / "spark" / "jobs" / "orders_job.py"
 JOB_KEY, JOB_SECRET = "spark-job", "spark-job-secret-7f3a"  # the secret must never show in errors or logs
@@ -79,9 +78,9 @@ class Certs:
         return TlsConfig(ca_file=self.ca_file, cert_file=self.client_cert, key_file=self.client_key)
 
 
-def secured_env(broker_factory, tmp_path: Path, certs: Certs | None, checker_args=(), checker_env=None) -> TxEnv:
-    """A broker requiring credentials (and TLS with client certificates, given certs), fast check-back
-    for the group, and the ledger checker started with the given flags / environment."""
+def secured_env(broker_factory, tmp_path: Path, certs: Certs | None) -> TxEnv:
+    """A broker requiring credentials (and TLS with client certificates, given certs), and the
+    group's settings (it requires jobs)."""
     auth = write_credentials(tmp_path / "credentials.toml", USERS)
     args = ["--auth-file", str(auth), "--check-interval-ms", "300", "--transaction-timeout-ms", "200"]
     tls = None
@@ -91,10 +90,8 @@ def secured_env(broker_factory, tmp_path: Path, certs: Certs | None, checker_arg
     broker = broker_factory(*args, admin_tls=tls.context() if tls else None)
     admin = AdminClient(broker.admin_url, credentials=Credentials("admin", "admin-secret"), tls=tls)
     admin.put(f"/api/v1/groups/{GROUP}/transaction", GROUP_SETTINGS)
-    env = TxEnv(broker=broker, ledger=tmp_path / "ledger", checker_log=tmp_path / "checker.log", admin_client=admin,
-                client_kwargs={"credentials": Credentials(JOB_KEY, JOB_SECRET), "tls": tls})
-    env.checker = start_checker(env.brokers, GROUP, env.ledger, env.checker_log, *checker_args, env=checker_env)
-    return env
+    return TxEnv(broker=broker, admin_client=admin,
+                 client_kwargs={"credentials": Credentials(JOB_KEY, JOB_SECRET), "tls": tls})
 
 
 @pytest.fixture
@@ -105,12 +102,9 @@ def secret_file(tmp_path) -> Path:
 
 
 @pytest.fixture
-def auth_env(broker_factory, tmp_path, secret_file):
-    """Credentials only; the checker takes them from the environment (TXBROKER_ACCESS_KEY, TXBROKER_SECRET_KEY_FILE)."""
-    env = secured_env(broker_factory, tmp_path, None,
-                      checker_env={"TXBROKER_ACCESS_KEY": JOB_KEY, "TXBROKER_SECRET_KEY_FILE": str(secret_file)})
-    yield env
-    stop(env.checker)
+def auth_env(broker_factory, tmp_path):
+    """Credentials only."""
+    return secured_env(broker_factory, tmp_path, None)
 
 
 def orders(spark, n=ROWS, partitions=3):
@@ -123,28 +117,22 @@ def failure(call) -> str:
     return str(e.value)
 
 
-def test_write_and_read_with_credentials_and_checkback_by_an_authenticated_checker(spark, auth_env, secret_file):
+def test_write_and_read_with_credentials_a_crashed_attempt_rolled_back_by_the_decision(spark, auth_env, secret_file,
+                                                                                       tmp_path):
     creds = {"accessKey": JOB_KEY, "secretKeyFile": str(secret_file)}
     (orders(spark).write.format("txbroker")
-     .options(**auth_env.options("SecOrders", batchSize=10, **creds, **{"inject.failPartition": 1,
-                                                                         "inject.failMode": "crash"}))
+     .options(**auth_env.options("SecOrders", batchSize=10, **creds, **{
+         "inject.failPartition": 1, "inject.failMode": "crash", "inject.markerFile": str(tmp_path / "crash.json")}))
      .mode("append").save())
-    auth_env.wait_settled()
     events = auth_env.events("SecOrders")
     assert sorted(bodies_by_id(events).elements()) == list(range(ROWS))  # each row once
-    led = Ledger(auth_env.ledger)
-    (job,) = led.jobs()
-    d = led.job_decision(job)
-    assert d.committed and {m.transaction_id for m in events} <= set(d.txids)
-    # the crashed attempt's half messages: rolled back by check-back, answered by the checker that
-    # authenticated with the credentials from its environment
-    answers = auth_env.checker_answers()
-    discarded = [t for t in answers if t.startswith(f"{job}-p1-") and t not in set(d.txids)]
-    assert len(discarded) == 3  # 30 rows, 10 per transaction
-    for t in discarded:
-        assert answers[t][-1] == "ROLLBACK" and auth_env.transaction(t)["state"] == "ROLLED_BACK"
-    log = auth_env.checker_log.read_text()
-    assert f"access key '{JOB_KEY}' (secret from {secret_file})" in log and JOB_SECRET not in log
+    job = auth_env.only_job()
+    assert job["state"] == "COMMITTED" and {m.transaction_id for m in events} == set(job["member_ids"])
+    # the crashed attempt's half messages: rolled back by the broker with the decision
+    discarded = json.loads((tmp_path / "crash.json").read_text())["txids"]
+    assert len(discarded) == 3 and not set(discarded) & set(job["member_ids"])  # 30 rows, 10 per transaction
+    auth_env.wait_settled()
+    assert {auth_env.transaction(t)["state"] for t in discarded} == {"ROLLED_BACK"}
 
     rows = (spark.read.format("txbroker").option("brokers", auth_env.brokers).option("topic", "SecOrders")
             .options(**creds).load().collect())
@@ -174,19 +162,16 @@ def test_missing_or_wrong_credentials_fail_at_planning_naming_the_option(spark, 
                    .option("topic", "SecRefused").load().collect())
     assert "txbroker option 'accessKey'" in text and "requires credentials" in text
     # refused before anything was registered or sent
-    assert Ledger(auth_env.ledger).ensure().jobs() == [] and auth_env.pending() == []
+    assert auth_env.jobs() == [] and auth_env.pending() == []
 
 
 @pytest.fixture
-def tls_env(broker_factory, tmp_path, secret_file):
-    """TLS with client certificates and credentials; the checker given them as flags."""
+def tls_env(broker_factory, tmp_path):
+    """TLS with client certificates and credentials."""
     certs = Certs(tmp_path)
-    env = secured_env(broker_factory, tmp_path, certs, checker_args=(
-        "--access-key", JOB_KEY, "--secret-key-file", str(secret_file), "--tls-ca", certs.ca_file,
-        "--tls-cert", certs.client_cert, "--tls-key", certs.client_key))
+    env = secured_env(broker_factory, tmp_path, certs)
     env.certs = certs
-    yield env
-    stop(env.checker)
+    return env
 
 
 def test_orders_job_over_tls_with_settings_from_the_environment(spark, tls_env, tmp_path, secret_file):
@@ -198,7 +183,7 @@ def test_orders_job_over_tls_with_settings_from_the_environment(spark, tls_env, 
            "TXBROKER_TLS_KEY": certs.client_key}
     summary = tmp_path / "summary.json"
     r = subprocess.run([sys.executable, str(ORDERS_JOB), "--master", "local[2]", "--brokers", tls_env.brokers,
-                        "--topic", "SecOrderEvents", "--group", GROUP, "--ledger", str(tls_env.ledger),
+                        "--topic", "SecOrderEvents", "--group", GROUP,
                         "--input", str(tmp_path / "orders"), "--output", str(tmp_path / "result"),
                         "--orders", "120", "--partitions", "2", "--batch-size", "25",
                         "--summary-json", str(summary)], env=env, capture_output=True, text=True, timeout=280)

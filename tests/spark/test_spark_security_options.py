@@ -1,5 +1,5 @@
 """Credentials and TLS settings (txbroker_spark/security.py) without Spark or a broker: each problem
-names the option (or the environment variable, or the checker's flag), the environment is the
+names the option (or the environment variable, or the orders job's flag), the environment is the
 fallback per group, and the secret shows nowhere (repr, descriptions, errors)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -79,7 +80,7 @@ def test_environment_is_the_fallback_per_group(tmp_path):
 def test_the_secret_shows_nowhere(tmp_path):
     from pyspark.sql.types import LongType, StructField, StructType
 
-    opts = {"brokers": "127.0.0.1:10911", "topic": "T", "producerGroup": "g", "ledger": str(tmp_path),
+    opts = {"brokers": "127.0.0.1:10911", "topic": "T", "producerGroup": "g",
             "accessKey": "k", "secretKey": SECRET, "tlsServerName": "x", "tls": "true"}
     w = parse_write_options(opts, StructType([StructField("id", LongType())]), streaming=False)
     r = parse_read_options(opts)
@@ -93,19 +94,23 @@ def test_the_secret_shows_nowhere(tmp_path):
     assert str(e) == "txbroker option 'secretKeyFile' (from $TXBROKER_SECRET_KEY_FILE): cannot read"
 
 
-def checker(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+ORDERS_JOB = Path(__file__).resolve().parents[2] / "spark" / "jobs" / "orders_job.py"
+
+
+def orders_job(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TXBROKER_")}
-    return subprocess.run([sys.executable, "-m", "txbroker_spark.checker", "--brokers", "127.0.0.1:1", "--group", "g",
-                           *args], capture_output=True, text=True, timeout=60, env={**clean, **(env or {})})
+    return subprocess.run([sys.executable, str(ORDERS_JOB), "--brokers", "127.0.0.1:1", "--group", "g", *args],
+                          capture_output=True, text=True, timeout=60, env={**clean, **(env or {})})
 
 
-def test_checker_flags_and_environment_are_checked_at_start(tmp_path):
-    r = checker("--ledger", str(tmp_path), "--access-key", "k", "--secret-key-file", str(tmp_path / "missing"))
-    assert r.returncode == 2 and "error: --secret-key-file: cannot read" in r.stderr, r.stderr
-    r = checker("--ledger", str(tmp_path), env={"TXBROKER_ACCESS_KEY": "k"})
-    assert r.returncode == 2 and "error: TXBROKER_SECRET_KEY_FILE: is required with TXBROKER_ACCESS_KEY" in r.stderr
-    r = checker("--ledger", str(tmp_path), "--tls-key", "/k")
-    assert r.returncode == 2 and "error: --tls-cert: is required with tlsKeyFile" in r.stderr, r.stderr
-    help_text = checker("--help").stdout
+def test_the_orders_jobs_flags_and_environment_are_checked_at_start(tmp_path):
+    where = ("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
+    r = orders_job(*where, "--access-key", "k", "--secret-key-file", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "--secret-key-file" in r.stderr and "cannot read" in r.stderr, r.stderr
+    r = orders_job(*where, env={"TXBROKER_ACCESS_KEY": "k"})
+    assert r.returncode == 2 and "TXBROKER_SECRET_KEY_FILE" in r.stderr and "TXBROKER_ACCESS_KEY" in r.stderr, r.stderr
+    r = orders_job(*where, "--tls-key", "/k")
+    assert r.returncode == 2 and "--tls-cert" in r.stderr and "is required with" in r.stderr, r.stderr
+    help_text = orders_job("--help").stdout
     for flag in ("--access-key", "--secret-key-file", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"):
         assert flag in help_text

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import msgspec
+from txbroker.broker.config import TransactionSettings
+from txbroker.broker.settings import SettingsBook
 from txbroker_operator import failover, manifests, producer_groups, status
 from txbroker_operator.brokers import BrokerInfo
 from txbroker_operator.failover import Blocked, Promote
@@ -154,9 +157,27 @@ def test_producer_group_spec_becomes_broker_settings():
     s = producer_groups.broker_settings({"checkIntervalSeconds": 2, "timeoutSeconds": 1, "checkMax": 4,
                                          "immunitySeconds": 30, "checkMode": "http", "webhookUrl": "http://h/c"})
     assert s == {"check_interval_ms": 2000, "timeout_ms": 1000, "check_max": 4, "default_immunity_ms": 30000,
-                 "webhook_url": "http://h/c"}
+                 "webhook_url": "http://h/c", "require_job": False}
     assert producer_groups.broker_settings({"checkMode": "ledger", "webhookUrl": "http://h/c"})["webhook_url"] == ""
     assert producer_groups.group_name({"metadata": {"name": "pg"}, "spec": {"groupName": "PG_Orders"}}) == "PG_Orders"
+
+
+def test_check_mode_ledger_requires_every_transaction_of_the_group_to_join_a_job():
+    """ledger: the broker answers from the jobs' decisions and refuses the group's half messages that
+    join no job (require_job); every other mode, and none given (the CRD's default, connection), does not."""
+    assert producer_groups.broker_settings({"checkMode": "ledger"})["require_job"] is True
+    assert producer_groups.broker_settings({"checkMode": "connection"})["require_job"] is False
+    assert producer_groups.broker_settings({"checkMode": "http", "webhookUrl": "http://h/c"})["require_job"] is False
+    assert producer_groups.broker_settings({})["require_job"] is False
+    # the broker takes them as the group's settings (what PUT /api/v1/groups/{group}/transaction does),
+    # and what it then lists (GET /api/v1/groups) matches them: the next pass pushes nothing again
+    for mode, required in (("ledger", True), ("connection", False)):
+        want = producer_groups.broker_settings({"checkMode": mode})
+        book = SettingsBook(TransactionSettings())
+        assert book.update_group("orders-publisher", want, 3).require_job is required
+        listed = {**msgspec.to_builtins(book.for_group("orders-publisher")), "generation": 3}
+        assert producer_groups._matches(listed, want, 3)
+        assert not producer_groups._matches({**listed, "require_job": not required}, want, 3)
 
 
 def test_a_master_serves_only_while_its_pod_is_ready_and_its_broker_answers_as_master():

@@ -77,7 +77,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: [create]
 {{- end -}}
 
-{{/* ---- spark-*: the Spark job (spark.*), its ledger checker and what they need ---- */}}
+{{/* ---- spark-*: the Spark job (spark.*) and what it needs ---- */}}
 
 {{- define "txbroker.spark.name" -}}
 {{- default (printf "%s-spark" .Release.Name) .Values.spark.name | trunc 40 | trimSuffix "-" -}}
@@ -130,10 +130,6 @@ sparkSubmit
 {{- $n | default (printf "%s-group" (include "txbroker.spark.name" .)) -}}
 {{- end -}}
 
-{{- define "txbroker.spark.ledgerClaim" -}}
-{{- .Values.spark.ledger.existingClaim | default (printf "%s-ledger" (include "txbroker.spark.name" .)) -}}
-{{- end -}}
-
 {{- define "txbroker.spark.dataClaim" -}}
 {{- .Values.spark.data.existingClaim | default (printf "%s-data" (include "txbroker.spark.name" .)) -}}
 {{- end -}}
@@ -157,7 +153,7 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- define "txbroker.spark.args" -}}
 {{- $s := .Values.spark -}}
 {{- $args := list "--brokers" (include "txbroker.spark.brokers" .) "--topic" $s.topic "--group" $s.producerGroup
-      "--ledger" $s.ledger.mountPath "--input" $s.job.input "--output" $s.job.output
+      "--input" $s.job.input "--output" $s.job.output
       "--orders" (int64 $s.job.orders | toString) "--partitions" (int64 $s.job.partitions | toString)
       "--batch-size" (int64 $s.job.batchSize | toString) "--deadline-seconds" (int64 $s.deadlineSeconds | toString) -}}
 {{- range $s.job.extraArgs }}{{ $args = append $args (toString .) }}{{ end -}}
@@ -205,39 +201,18 @@ containers:
     image: {{ include "txbroker.spark.image" $ | quote }}
     securityContext:
       {{- toYaml $s.securityContext | nindent 6 }}
-    {{- if $driver }}
-    env:
-      - name: TXBROKER_LEDGER
-        value: {{ $s.ledger.mountPath | quote }}
-    {{- end }}
-    {{- if or $driver $s.data.enabled }}
+    {{- if $s.data.enabled }}
     volumeMounts:
-      {{- if $driver }}
-      - name: txbroker-ledger
-        mountPath: {{ $s.ledger.mountPath }}
-        {{- with $s.ledger.subPath }}
-        subPath: {{ . }}
-        {{- end }}
-      {{- end }}
-      {{- if $s.data.enabled }}
       - name: txbroker-data
         mountPath: {{ $s.data.mountPath }}
         {{- with $s.data.subPath }}
         subPath: {{ . }}
         {{- end }}
-      {{- end }}
     {{- end }}
-{{- if or $driver $s.data.enabled }}
+{{- if $s.data.enabled }}
 volumes:
-  {{- if $driver }}
-  - name: txbroker-ledger
-    persistentVolumeClaim:
-      claimName: {{ include "txbroker.spark.ledgerClaim" $ }}
-  {{- end }}
-  {{- if $s.data.enabled }}
   - name: txbroker-data
     persistentVolumeClaim:
       claimName: {{ include "txbroker.spark.dataClaim" $ }}
-  {{- end }}
 {{- end }}
 {{- end -}}
