@@ -147,6 +147,7 @@ class StateMachine:
             j = decode_job(v)
             if not j.decided:
                 self.jobs[j.job_id] = j
+                self.job_members.setdefault(j.job_id, set())
         for topic, count in list(self.topics.items()) + [(TRANS_CHECK_MAX_TIME_TOPIC, 1)]:
             for q in range(count):
                 self._load_queue_end(keys.queue_prefix(topic, q))

@@ -77,8 +77,8 @@ def truncate(state: "StateMachine", last_kept: int) -> int:
         elif kind in _JOB_RECORDS:
             jobs.add(r.job_id)
     _rederive_transactions(state, scratch, txids, last_kept)
-    _rederive_jobs(state, scratch, jobs, last_kept)
-    _rederive_latest(state, wb, offsets, topics, last_kept)
+    names = _rederive_jobs(state, scratch, jobs, last_kept)
+    _rederive_latest(state, wb, offsets, topics, last_kept, names)
     wb.delete(b"published", h["meta"])
     db.db.write(wb, sync_write_options())
     log.warning("truncated %d records after LSN %d (%d transactions, %d consumer offsets, %d topics re-derived)",
@@ -115,12 +115,13 @@ def _rederive_transactions(state: "StateMachine", scratch: Batch, txids: set[str
             state._apply(CheckRecord([t for t in r.transaction_ids if t in txids], r.check_ms), lsn, scratch)
 
 
-def _rederive_jobs(state: "StateMachine", scratch: Batch, job_ids: set[str], last_kept: int) -> None:
-    """Each touched job's entry again, from its kept records (its open record dropped: it is gone,
-    and so is its name's pointer to it; the jobs that name had before were all aborted)."""
+def _rederive_jobs(state: "StateMachine", scratch: Batch, job_ids: set[str], last_kept: int) -> set[str]:
+    """Each touched job's entry again, from its kept records (its open record dropped: it is gone).
+    Returns the touched jobs' names: which job each names is derived again from the kept log."""
+    names: set[str] = set()
     if not job_ids:
-        return
-    from txbroker.store.state import JOB_ID_PREFIX, JOB_NAME_PREFIX
+        return names
+    from txbroker.store.state import JOB_ID_PREFIX
 
     db, h = state.db, state.db.handles
     first = last_kept + 1
@@ -132,10 +133,9 @@ def _rederive_jobs(state: "StateMachine", scratch: Batch, job_ids: set[str], las
         if stored is None:
             continue
         j = decode_job(stored)
-        if j.open_lsn > last_kept:
-            if j.name and db.jobs.get(JOB_NAME_PREFIX + j.name.encode()) == job_id.encode():
-                scratch.wb.delete(JOB_NAME_PREFIX + j.name.encode(), h["jobs"])
-        else:
+        if j.name:  # replaying a kept open record below re-points the name; the walk back settles it
+            names.add(j.name)
+        if j.open_lsn <= last_kept:
             first = min(first, j.open_lsn)
     for k, raw in db.log.items(from_key=keys.lsn_key(first)):
         lsn = keys.lsn_from_key(k)
@@ -144,17 +144,22 @@ def _rederive_jobs(state: "StateMachine", scratch: Batch, job_ids: set[str], las
         r = decode_record(raw)
         if type(r) in _JOB_RECORDS and r.job_id in job_ids:
             state._apply(r, lsn, scratch)
+    return names
 
 
-def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics: set[str], last_kept: int) -> None:
-    """Consumer offsets and topics as the latest kept record set them (walking the log back)."""
-    if not offsets and not topics:
+def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics: set[str], last_kept: int,
+                     names: set[str] = frozenset()) -> None:
+    """Consumer offsets, topics and job names' newest jobs as the latest kept record set them
+    (walking the log back)."""
+    if not offsets and not topics and not names:
         return
+    from txbroker.store.state import JOB_NAME_PREFIX
+
     h = state.db.handles
-    offsets, topics = set(offsets), set(topics)
+    offsets, topics, names = set(offsets), set(topics), set(names)
     it = state.db.log.iter()
     it.seek_for_prev(keys.lsn_key(last_kept))
-    while it.valid() and (offsets or topics):
+    while it.valid() and (offsets or topics or names):
         r = decode_record(it.value())
         if type(r) is OffsetRecord:
             for topic, queue, offset in r.offsets:
@@ -164,8 +169,13 @@ def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics
         elif type(r) is TopicRecord and r.name in topics:
             topics.discard(r.name)
             wb.put(b"topic/" + r.name.encode(), str(r.queue_count).encode(), h["meta"])
+        elif type(r) is JobOpenRecord and r.name in names:
+            names.discard(r.name)
+            wb.put(JOB_NAME_PREFIX + r.name.encode(), r.job_id.encode(), h["jobs"])
         it.prev()
     for group, topic, queue in offsets:  # set only by dropped records
         wb.delete(keys.offset_key(group, topic, queue), h["offsets"])
     for name in topics:
         wb.delete(b"topic/" + name.encode(), h["meta"])
+    for name in names:
+        wb.delete(JOB_NAME_PREFIX + name.encode(), h["jobs"])
