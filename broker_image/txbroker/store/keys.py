@@ -75,12 +75,28 @@ def key_index_prefix(topic: str, key: str) -> bytes:
     return topic.encode() + b"\x00" + key.encode() + b"\x00"
 
 
-def key_entries(lsn: int, destinations, keyed):
-    """The key-index keys of record `lsn`'s keyed messages: (key, message index) pairs."""
+_U32 = struct.Struct(">I").pack
+
+
+def key_entries(lsn: int, destinations, keyed) -> list[tuple[bytes, int]]:
+    """The key-index keys of record `lsn`'s keyed messages: (key, message index) pairs. (A commit
+    of keyed messages pays this per message: the topic's part and the LSN are encoded once.)"""
+    out = []
+    append = out.append
+    lsn_part = _U64.pack(lsn)
+    topics: dict[str, bytes] = {}
     for i, text in keyed:
         topic = destinations[i][0]
-        for key in text.split():
-            yield key_index_prefix(topic, key) + cq_value(lsn, i), i
+        head = topics.get(topic)
+        if head is None:
+            head = topics[topic] = topic.encode() + b"\x00"
+        tail = b"\x00" + lsn_part + _U32(i)
+        if " " in text:
+            for key in text.split():
+                append((head + key.encode() + tail, i))
+        else:
+            append((head + text.encode() + tail, i))
+    return out
 
 
 def send_back_key(group: str, msg_id: str, reconsume_times: int) -> bytes:

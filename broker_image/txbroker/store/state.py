@@ -464,8 +464,9 @@ class StateMachine:
 
     def _index_keys(self, b: Batch, lsn: int, destinations, offsets, keyed) -> None:
         """Key-index entries (lookup by message key) for the keyed messages of a visible record."""
+        put, h, lsn_key = b.wb.put, self._h_keys, keys.lsn_key
         for key, i in keys.key_entries(lsn, destinations, keyed):
-            b.wb.put(key, keys.lsn_key(offsets[i]), self._h_keys)
+            put(key, lsn_key(offsets[i]), h)
 
     def send_back_lsn(self, key: bytes) -> int | None:
         """Where the send-back `key` was stored, if it was."""
