@@ -195,18 +195,22 @@ def test_a_group_that_requires_jobs_refuses_lone_transactions(broker):
     wait_until(lambda: bodies(broker.address) == {"in a job": 1}, what="the job's member visible")
 
 
+async def send_members(c, job_id: str, n: int, body_prefix: str) -> list[str]:
+    """n member transactions of one message each, 256 in flight."""
+    sem = asyncio.Semaphore(256)
+
+    async def one(i):
+        async with sem:
+            return await c.send(job_id, Message("Orders", f"{body_prefix}{i}".encode()), f"{job_id}-{i}")
+
+    return await asyncio.gather(*(one(i) for i in range(n)))
+
+
 def test_ten_thousand_members_become_visible_after_one_decision(broker):
     async def main():
         async with AsyncJobCoordinator(GROUP, broker.address) as c:
             job = await c.open(timeout=300)
-            sem = asyncio.Semaphore(256)
-
-            async def one(i):
-                async with sem:
-                    return await c.send(job.job_id, Message("Orders", f"m{i}".encode()), f"{job.job_id}-{i}")
-
-            txids = await asyncio.gather(*(one(i) for i in range(10_000)))
-            await c.commit(job.job_id, txids)
+            await c.commit(job.job_id, await send_members(c, job.job_id, 10_000, "m"))
             return job.job_id
 
     job_id = asyncio.run(main())
@@ -228,13 +232,7 @@ def test_after_failover_the_new_master_finishes_what_the_old_one_decided(broker_
     async def main():
         async with AsyncJobCoordinator(GROUP, [m.address, s.address]) as c:
             job = await c.open(timeout=300)
-            sem = asyncio.Semaphore(256)
-
-            async def one(i):
-                async with sem:
-                    return await c.send(job.job_id, Message("Orders", f"f{i}".encode()), f"{job.job_id}-{i}")
-
-            txids = await asyncio.gather(*(one(i) for i in range(3000)))
+            txids = await send_members(c, job.job_id, 3000, "f")
             await c.commit(job.job_id, txids[:2500])  # acknowledged: the slave has the decision
             m.kill(signal.SIGKILL)  # while the broker is ending the members
             return job.job_id
