@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 from cluster import wait_for
-from operator_env import CHART, read_topic, start_operator, txbroker, wait_broker
+from operator_env import CHART, admin, read_topic, start_operator, txbroker, wait_broker
 
 import spark_operator
 
@@ -97,6 +97,13 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     assert f"Lost executor {lost_id}" in log, log[-4000:]
 
     assert_every_order_once(tb, ns, "orders", ORDERS)
+    # the decision was the broker's: one committed job, in a group that (checkMode ledger) takes no
+    # transaction outside a job; nothing left pending, no checker anywhere
+    broker = admin(tb.get("pod", "orders-0", ns))
+    (job,) = broker.get("/api/v1/jobs")["jobs"]
+    assert (job["state"], job["by"], job["resolved"]) == ("COMMITTED", "client", True), job
+    assert broker.get("/api/v1/groups")[job["producer_group"]]["require_job"] is True
+    assert broker.get("/api/v1/transactions")["total"] == 0
 
 
 def assert_every_order_once(tb, ns: str, broker: str, orders: int) -> None:

@@ -48,6 +48,10 @@ REQUEST_BODIES: dict[int, type] = {
     RequestCode.REPLICATION_SUBSCRIBE: bodies.ReplicaSubscribe,
     RequestCode.REPLICATION_ACK: bodies.ReplicaAck,
     RequestCode.SASL_AUTHENTICATE: bodies.SaslRequest,
+    RequestCode.OPEN_JOB: bodies.OpenJobRequest,
+    RequestCode.PREPARE_JOB: bodies.PrepareJobRequest,
+    RequestCode.DECIDE_JOB: bodies.DecideJobRequest,
+    RequestCode.QUERY_JOB: bodies.QueryJobRequest,
 }
 ALL_BODY_TYPES = sorted({t for t in vars(bodies).values()
                          if isinstance(t, type) and issubclass(t, msgspec.Struct) and t is not msgspec.Struct},
