@@ -46,5 +46,9 @@ bench: venv  ## run the benchmarks, then txbroker beside Apache RocketMQ (writes
 	$(PY) -m pip install --quiet -r bench/requirements.txt
 	$(PY) bench/run_all.py $(BENCH_ARGS)
 
+SEEDS ?= 1-3
+chaos: venv  ## randomized fault schedules with the history checker (root; SEEDS=1-100, chaos/README.md)
+	$(PY) -m chaos --seeds $(SEEDS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache

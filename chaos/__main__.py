@@ -1,0 +1,112 @@
+"""`python -m chaos` (`make chaos SEEDS=1-100`): randomized fault schedules against a real cluster,
+each judged by the history checker. As root (network namespaces, packet filters).
+
+    .venv/bin/python -m chaos --seeds 1-20 [--duration 30] [--results DIR]
+
+Per seed: a hub namespace and one per broker (net.py), three brokers (1 master, 2 slaves, SYNC
+replication and flush) failed over by the operator's own decisions (cluster.py), the workload
+(workload.py) and a nemesis from the seed (schedule.py), then the check (checker.py). Prints a line
+per schedule and a summary: faults by kind, operations, anomalies by kind (the seeds that had any),
+and per fault kind the longest time without an acknowledged commit and the failed operations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from chaos.net import Network, in_ns
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_seeds(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def run_one(seed: int, duration: float, results: Path) -> dict:
+    tag = f"{seed % 10000}"
+    net = Network(tag, 3).up()
+    report = results / f"seed-{seed}.json"
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"txbroker-chaos-{seed}-") as work:
+            r = subprocess.run(in_ns(net.hub, sys.executable, "-m", "chaos.schedule", "--seed", str(seed),
+                                     "--duration", str(duration), "--workdir", work, "--tag", tag,
+                                     "--report", str(report)),
+                               cwd=ROOT, capture_output=True, text=True, timeout=duration + 240)
+            if r.returncode != 0:
+                return {"seed": seed, "error": (r.stdout + r.stderr)[-3000:]}
+    finally:
+        net.down()
+    return json.loads(report.read_text())
+
+
+def summary(reports: list[dict]) -> str:
+    ok = [r for r in reports if "error" not in r]
+    faults, anomalies, ops = Counter(), Counter(), Counter()
+    bad_seeds = defaultdict(list)
+    gaps, failed = defaultdict(list), defaultdict(list)
+    for r in ok:
+        faults.update(r["faults"])
+        ops.update(r["operations"])
+        for kind, n in r["anomalies"].items():
+            anomalies[kind] += n
+            bad_seeds[kind].append(r["seed"])
+        for ev in r["liveness"]:
+            gaps[ev["kind"]].append(ev["longest_without_commit_s"])
+            failed[ev["kind"]].append(ev["failed_ops"])
+    lines = [f"{len(reports)} schedules ({len(reports) - len(ok)} errors), seeds "
+             f"{min(r['seed'] for r in reports)}-{max(r['seed'] for r in reports)}",
+             "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())),
+             "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())),
+             "anomalies: " + (", ".join(f"{k} {v} (seeds {bad_seeds[k][:10]})" for k, v in anomalies.items())
+                              or "none"),
+             "liveness per fault (longest time without an acknowledged commit, s: median / max; failed client "
+             "operations: median / max):"]
+    for kind in sorted(gaps):
+        lines.append(f"  {kind:28} {statistics.median(gaps[kind]):6.2f} / {max(gaps[kind]):6.2f}   "
+                     f"{statistics.median(failed[kind]):5.0f} / {max(failed[kind]):5d}")
+    for r in reports:
+        if "error" in r:
+            lines.append(f"seed {r['seed']}: ERROR {r['error'][-500:]}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="1-3", help="e.g. 1-100 or 4,9,12")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of faults and load per schedule")
+    ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-<time>)")
+    args = ap.parse_args()
+    results = Path(args.results or ROOT / "bench" / "results" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}")
+    results.mkdir(parents=True, exist_ok=True)
+    reports = []
+    for seed in parse_seeds(args.seeds):
+        t0 = time.monotonic()
+        r = run_one(seed, args.duration, results)
+        reports.append(r)
+        if "error" in r:
+            print(f"seed {seed}: ERROR (see {results})", flush=True)
+            continue
+        print(f"seed {seed}: {sum(r['faults'].values())} faults ({dict(r['faults'])}), {r['failovers']} failovers, "
+              f"{r['commits_acknowledged']} commits acknowledged, {r['failed_operations']} failed operations, "
+              f"anomalies {r['anomalies'] or 'none'} ({time.monotonic() - t0:.0f}s)", flush=True)
+    text = summary(reports)
+    (results / "summary.txt").write_text(text + "\n")
+    print(text)
+    return 1 if any(r.get("anomalies") or "error" in r for r in reports) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
