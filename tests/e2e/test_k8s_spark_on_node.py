@@ -76,8 +76,20 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     driver = spark_pods(tb, ns, "driver")[0]["metadata"]["name"]
 
     # delete one executor while the job writes (its transactions are open on the broker)
+    # tasks are sending: the driver's progress line says so, or the broker holds the job still OPEN
+    # (the write's commit prepares it) with half messages in it
     sending = re.compile(r"1/4 sending: stage \d+: \d+/\d+ tasks done, [1-9]\d* running")
-    wait_for(lambda: sending.search(tb.pod_log(driver, ns)), 300, "tasks sending half messages")
+    broker = admin(tb.get("pod", "orders-0", ns))
+
+    def writing() -> bool:
+        jobs = broker.get("/api/v1/jobs?state=open")["jobs"]
+        return bool(sending.search(tb.pod_log(driver, ns)) or any(j["pending"] for j in jobs))
+
+    try:
+        wait_for(writing, 300, "tasks sending half messages")
+    except TimeoutError:
+        raise AssertionError("no progress line with tasks sending; the driver's log:\n"
+                             + tb.pod_log(driver, ns)[-6000:]) from None
     lost, lost_id = executors[0]["metadata"]["name"], executors[0]["metadata"]["labels"]["spark-exec-id"]
     tb.kubectl("-n", ns, "delete", "pod", lost, "--wait=false")
 
@@ -99,7 +111,6 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     assert_every_order_once(tb, ns, "orders", ORDERS)
     # the decision was the broker's: one committed job, in a group that (checkMode ledger) takes no
     # transaction outside a job; nothing left pending, no checker anywhere
-    broker = admin(tb.get("pod", "orders-0", ns))
     (job,) = broker.get("/api/v1/jobs")["jobs"]
     assert (job["state"], job["by"], job["resolved"]) == ("COMMITTED", "client", True), job
     assert broker.get("/api/v1/groups")[job["producer_group"]]["require_job"] is True
