@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,11 @@ def run_one(seed: int, duration: float, results: Path) -> dict:
                                      "--duration", str(duration), "--workdir", work, "--tag", tag,
                                      "--report", str(report)),
                                cwd=ROOT, capture_output=True, text=True, timeout=duration + 240)
+            failed = r.returncode != 0 or (report.exists() and json.loads(report.read_text()).get("anomalies"))
+            if failed:  # keep the brokers' logs beside the report, for the operations around it
+                for log in Path(work).glob("*.log"):
+                    shutil.copy(log, results / f"seed-{seed}-{log.name}")
+                (results / f"seed-{seed}-harness.log").write_text(r.stdout + r.stderr)
             if r.returncode != 0:
                 return {"seed": seed, "error": (r.stdout + r.stderr)[-3000:]}
     finally:

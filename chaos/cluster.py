@@ -127,7 +127,12 @@ class Controller:
             return
         old = self.master
         new = self.procs[decision.successor]
-        try:
+        try:  # as the operator's take_over: the others follow the successor first, then it is promoted
+            for m in failover.fence_before_promotion(members, new.name):
+                try:
+                    self.access.demote(m.ip, new.address, decision.epoch)
+                except (brokers.Unreachable, brokers.BrokerError) as e:
+                    log.info("%s does not follow %s yet: %s", m.name, new.name, e)
             self.access.promote(new.ip, decision.epoch)
         except (brokers.Unreachable, brokers.BrokerError) as e:
             log.warning("promotion of %s failed: %s", new.name, e)

@@ -107,6 +107,17 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
                    f"{best.info.log_end_offset}) at epoch {epoch}{behind}")
 
 
+def fence_before_promotion(members: Mapping[str, Member], successor: str) -> list[Member]:
+    """The brokers to turn into followers of `successor` (at the new epoch) before it is promoted:
+    every other broker that answers, the old master and the slaves alike. A slave still following
+    the old master would acknowledge its writes should it come back (a paused master resumes with
+    client requests queued in its sockets), and under SYNC replication that acknowledgement is all
+    it needs: writes acknowledged at the old epoch that the new master lacks (found by the fault
+    harness, chaos/, seed 19). A broker that does not answer now is turned at the next pass."""
+    return [m for m in members.values()
+            if m.name != successor and m.info is not None and not m.deleting]
+
+
 def decide_switchover(members: Mapping[str, Member], status: Mapping[str, Any], master: str,
                       allowed: set[str], why: str) -> Promote | None:
     """Hand mastership to a caught-up slave among `allowed` (planned: the master is healthy)."""

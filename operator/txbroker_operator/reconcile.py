@@ -255,15 +255,17 @@ class Pass:
             self.log.warning("could not set broker roles (the next pass retries): %s", e)
 
     def take_over(self, head: Member) -> Member:
-        """Make `head` master. Any other broker still acting as master is fenced first, so nothing is
-        acknowledged after this point that the new master lacks; then, since every acknowledged
-        write is on the most caught-up slave, that one is promoted if `head` is behind it."""
+        """Make `head` master. Every other broker that answers is turned into its follower first
+        (the old master fenced, the slaves no longer following it), so nothing is acknowledged after
+        this point that the new master lacks; then, since every acknowledged write is on the most
+        caught-up slave, that one is promoted if `head` is behind it."""
         deposed = {self.previous_master}
-        for m in self.members.values():
-            if m is not head and m.alive_master:
-                self.access.demote(m.ip, head.address, self.epoch)
+        for m in failover.fence_before_promotion(self.members, head.name):
+            if m.alive_master:
                 deposed.add(m.name)
-                self.log.info("fenced %s before promoting %s", m.name, head.name)
+            self.access.demote(m.ip, head.address, self.epoch)
+            self.log.info("%s follows %s (epoch %d) before %s is promoted", m.name, head.name, self.epoch,
+                          head.name)
         for m in self.members.values():
             if not m.deleting:
                 m.info = self.access.try_info(m.ip)

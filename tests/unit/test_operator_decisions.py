@@ -210,3 +210,16 @@ def test_failed_over_condition_moves_with_every_failover():
 def test_applied_generation_is_the_oldest_one_running():
     assert producer_groups.applied_generation([{"name": "b-0", "generation": 3}, {"name": "b-1", "generation": 2}]) == 2
     assert producer_groups.applied_generation([]) is None
+
+
+def test_before_a_promotion_every_broker_that_answers_stops_following_the_old_master():
+    """Found by the fault harness (chaos/, seed 19): a slave still following a paused master acknowledged
+    the writes that master took on resuming (queued in its sockets) while the successor was already
+    master. So the old master and every slave that answers follow the successor before it is promoted;
+    one that does not answer (paused, gone) is turned at the next pass."""
+    members = {"b-0": member("b-0", 0, info(role="master", offset=120)),
+               "b-1": member("b-1", 1, info(offset=110)),
+               "b-2": member("b-2", 2, info(offset=118)),
+               "b-3": member("b-3", 3, None)}
+    fenced = failover.fence_before_promotion(members, "b-2")
+    assert sorted(m.name for m in fenced) == ["b-0", "b-1"]
