@@ -9,19 +9,20 @@ its deadline; one that dies after deciding leaves nothing to do: the broker ends
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from txbroker.client import JobCoordinator
 from txbroker.client.errors import BrokerError, TlsHandshakeError
-from txbroker.protocol.bodies import JobInfo
+from txbroker.protocol.bodies import (  # noqa: F401 - the job states as the broker says them, re-exported
+    JOB_ABORTED as ABORTED, JOB_COMMITTED as COMMITTED, JOB_OPEN as OPEN, JOB_PREPARED as PREPARED, JobInfo,
+)
 from txbroker.protocol.codes import ResponseCode
 
 from txbroker_spark.options import OptionError
 from txbroker_spark.security import BrokerSecurity
 
 log = logging.getLogger("txbroker_spark")
-
-OPEN, PREPARED, COMMITTED, ABORTED = "OPEN", "PREPARED", "COMMITTED", "ABORTED"
 
 
 class JobAborted(RuntimeError):
@@ -107,8 +108,6 @@ class Jobs:
 
 
 def check_name(option: str, name: str) -> str:
-    import re
-
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,95}", name):
         raise OptionError(option, f"{name!r} cannot name a broker job: 1-96 of letters, digits, '.', '_', ':', '-'")
     return name

@@ -306,3 +306,17 @@ def test_the_admin_api_refuses_to_end_a_member_behind_its_jobs_back(broker):
         AdminClient(broker.admin_url).post(f"/api/v1/transactions/{t}/commit")
     assert e.value.status == 409 and job.job_id in str(e.value)
     assert tx_state(broker, t) == "PREPARED"
+
+
+def test_an_operators_decision_with_a_malformed_member_list_is_refused(broker):
+    with JobCoordinator(GROUP, broker.address) as c:
+        job = c.open(timeout=60)
+        t = c.send(job.job_id, Message("Orders", b"kept by the operator"))
+    admin = AdminClient(broker.admin_url)
+    for body in ({"members": "not a list"}, {"members": [1, 2]}, [t, 3]):
+        with pytest.raises(AdminError) as e:
+            admin.post(f"/api/v1/jobs/{job.job_id}/commit", body)
+        assert e.value.status == 400 and "members" in str(e.value)
+    assert admin.get(f"/api/v1/jobs/{job.job_id}")["state"] == "OPEN"  # nothing changed
+    assert admin.post(f"/api/v1/jobs/{job.job_id}/commit", {"members": [t]})["state"] == "COMMITTED"
+    wait_until(lambda: bodies(broker.address) == {"kept by the operator": 1}, what="the kept member visible")

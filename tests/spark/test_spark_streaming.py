@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_helpers import assert_published_once, kill_group, run_driver, spawn_driver, wait_marker, wait_until, \
-    write_input_files
+from spark_helpers import assert_published_once, kill_group, run_driver, spawn_driver, wait_marker, write_input_files
 
 pytest.importorskip("pyspark.sql.datasource")
 pytestmark = pytest.mark.timeout(600)  # each test starts its own Spark driver(s)

@@ -337,7 +337,10 @@ class AdminApp:
         members = None
         if request.can_read_body:
             body = await request.json()
-            members = body.get("members") if isinstance(body, dict) else None
+            members = body.get("members") if isinstance(body, dict) else body
+            if members is not None and not (isinstance(members, list) and all(isinstance(t, str) for t in members)):
+                return _error(400, 'body must be {"members": ["TRANSACTION_ID", ...]} (or none: the prepared list, '
+                                   'or for an OPEN job every member stored so far)', "MALFORMED")
         state = TransactionState.COMMIT if action == "commit" else TransactionState.ROLLBACK
         reply = self.b.jobs.decide(DecideJobRequest("", job_id, int(state), members), by="admin")
         if reply.durable is not None:

@@ -52,11 +52,6 @@ RESOLVE_SLICE_MESSAGES = 20_000
 DEADLINE_TICK_S = 0.25
 
 
-def job_info(j: JobState, pending: int = 0, already: bool = False, resolving: bool = False) -> JobInfo:
-    return JobInfo(j.job_id, j.producer_group, j.state, j.open_ms, j.deadline_ms, j.name, len(j.members), pending,
-                   j.decided_ms, j.by, already, j.decided and not pending and not resolving)
-
-
 def check_job_id(job_id: str) -> None:
     if not JOB_ID.fullmatch(job_id or ""):
         raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
@@ -96,7 +91,7 @@ class JobService:
         job_id = f"{req.name or 'job'}.e{self._state.epoch}.{self._state.next_lsn}"
         _lsn, durable = self._state.append(JobOpenRecord(job_id, req.producer_group, t, t + req.timeout_ms, req.name))
         self._metrics.jobs_opened.inc()
-        return ok(job_info(self._state.jobs[job_id]), durable)
+        return ok(self.info(self._state.jobs[job_id]), durable)
 
     def prepare(self, req: PrepareJobRequest) -> Reply:
         self._role.require_master()
@@ -109,7 +104,7 @@ class JobService:
         self._deadline_passed(j)
         self._check_members(j, members)
         _lsn, durable = self._state.append(JobPrepareRecord(j.job_id, members, now_ms()))
-        return ok(job_info(j, self._pending(j)), durable)
+        return ok(self.info(j), durable)
 
     def decide(self, req: DecideJobRequest, by: str = "client") -> Reply:
         self._role.require_master()
@@ -144,7 +139,7 @@ class JobService:
             self._check_members(j, members)
         _lsn, durable = self._state.append(JobDecisionRecord(j.job_id, int(wanted), now_ms(), members, by))
         self._decided(j, by)
-        return ok(job_info(j, self._pending(j)), durable)
+        return ok(self.info(j), durable)
 
     def query(self, req: QueryJobRequest) -> Reply:
         if req.name:
@@ -156,7 +151,11 @@ class JobService:
         return ok(self.info(j))
 
     def info(self, j: JobState, already: bool = False) -> JobInfo:
-        return job_info(j, self._pending(j), already, j.job_id in self._resolving)
+        """The job as every request answers it; resolved once every member's end is published."""
+        pending = self._pending(j)
+        resolved = j.decided and not pending and j.job_id not in self._resolving
+        return JobInfo(j.job_id, j.producer_group, j.state, j.open_ms, j.deadline_ms, j.name, len(j.members), pending,
+                       j.decided_ms, j.by, already, resolved)
 
     # ---- checks ----------------------------------------------------------------------------------
 
@@ -196,22 +195,16 @@ class JobService:
         for txid in members:
             if txid in ours:
                 continue
-            p = self._state.pending.get(txid)
-            if p is not None:
-                if p.job_id != j.job_id:
-                    raise RequestError(ResponseCode.ILLEGAL_OPERATION,
-                                       f"transaction {txid} is not a member of job {j.job_id}"
-                                       + (f" but of job {p.job_id}" if p.job_id else " (it joined no job)"))
-                continue
-            f = self._state.finished(txid)
-            if f is None:
+            t = self._state.pending.get(txid) or self._state.finished(txid)
+            if t is None:
                 raise RequestError(ResponseCode.QUERY_NOT_FOUND,
                                    f"job {j.job_id}: no transaction {txid[:140]!r} on this broker")
-            if f.job_id != j.job_id:
+            if t.job_id != j.job_id:
                 raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"transaction {txid} is not a member of job "
-                                   f"{j.job_id}" + (f" but of job {f.job_id}" if f.job_id else " (it joined no job)"))
+                                   f"{j.job_id}" + (f" but of job {t.job_id}" if t.job_id else " (it joined no job)"))
+            # a pending member of this job is in `ours`: this one has ended already
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
-                               f"job {j.job_id}: member {txid} was already {f.state} by its {f.by}")
+                               f"job {j.job_id}: member {txid} was already {t.state} by its {t.by}")
 
     def _refuse_decided(self, j: JobState, wanted: str) -> Reply:
         code = ResponseCode.TRANSACTION_SHOULD_COMMIT if j.state == JOB_COMMITTED else ResponseCode.TRANSACTION_SHOULD_ROLLBACK
@@ -254,11 +247,11 @@ class JobService:
             except Exception:  # a failed pass must not end deadline watching for good
                 log.exception("job deadline pass failed; retrying")
 
-    def expire(self, now: int | None = None) -> int:
+    def expire(self) -> int:
         """ABORT every undecided job past its deadline; returns how many."""
         if not self._role.is_master:
             return 0
-        now = now_ms() if now is None else now
+        now = now_ms()
         late = [j for j in self._state.jobs.values() if now >= j.deadline_ms]
         for j in late:
             self._abort_expired(j)
@@ -318,5 +311,4 @@ class JobService:
 
     def counts(self) -> dict[str, int]:
         return {"open": sum(1 for j in self._state.jobs.values() if j.state == JOB_OPEN),
-                "prepared": sum(1 for j in self._state.jobs.values() if j.state == JOB_PREPARED),
-                "resolving": sum(1 for job_id in self._state.job_members if job_id not in self._state.jobs)}
+                "prepared": sum(1 for j in self._state.jobs.values() if j.state == JOB_PREPARED)}

@@ -72,8 +72,8 @@ class Broker:
         self.retention = RetentionService(self)
         self._housekeeping: asyncio.Task | None = None
         self._checking_master: asyncio.Task | None = None
-        self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics,
-                                               config.reject_transaction_message, self.settings)
+        self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics, self.settings,
+                                               config.reject_transaction_message)
         self.jobs = JobService(self.state, self.transactions, self.role, self.metrics)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)

@@ -14,12 +14,14 @@ import time
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.replies import Reply, RequestError, error, ok
 from txbroker.broker.role import RoleState
+from txbroker.broker.settings import SettingsBook
 from txbroker.broker.topics import TopicRegistry
 from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionResponse, SendRequest, SendResponse
 from txbroker.protocol.codes import ResponseCode, TransactionState
 from txbroker.store import keys
 from txbroker.store.records import (
-    COMMITTED, JOB_COMMITTED, JOB_OPEN, PARKED, PREPARED, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx, ResumeRecord,
+    COMMITTED, JOB_COMMITTED, JOB_OPEN, PARKED, PREPARED, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx,
+    ResumeRecord,
 )
 from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
 
@@ -32,9 +34,9 @@ def now_ms() -> int:
 
 class TransactionService:
     def __init__(self, state: StateMachine, topics: TopicRegistry, role: RoleState, metrics: BrokerMetrics,
-                 reject_transaction_message: bool = False, settings=None):
+                 settings: SettingsBook, reject_transaction_message: bool = False):
         self._state = state
-        self._settings = settings  # SettingsBook: a group that requires jobs
+        self._settings = settings  # a group may require its transactions to join a job
         self._topics = topics
         self._role = role
         self._metrics = metrics
@@ -57,7 +59,7 @@ class TransactionService:
             return self._duplicate_prepare(req, existing)
         if req.job_id:
             self._check_job_open(req)
-        elif self._settings is not None and self._settings.for_group(req.producer_group).require_job:
+        elif self._settings.for_group(req.producer_group).require_job:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"producer group {req.producer_group!r} requires every transaction to join a "
                                "coordinated transaction (require_job; TxProducerGroup checkMode ledger): open a job "

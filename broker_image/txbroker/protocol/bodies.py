@@ -294,6 +294,13 @@ class QueryJobRequest(Struct, array_like=True, omit_defaults=True):
     name: str = ""  # or the newest job of this name
 
 
+# A job's states, as JobInfo.state and the jobs column family say them.
+JOB_OPEN = "OPEN"
+JOB_PREPARED = "PREPARED"
+JOB_COMMITTED = "COMMITTED"
+JOB_ABORTED = "ABORTED"
+
+
 class JobInfo(Struct, array_like=True, omit_defaults=True):
     """A job as the broker holds it; the answer to every job request."""
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import msgspec
 from msgspec import Struct, field
 
-from txbroker.protocol.bodies import Message
+from txbroker.protocol.bodies import JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, Message  # noqa: F401 - re-exported
 
 STORE_FORMAT_VERSION = 2
 READABLE_FORMATS = frozenset({1, 2})
@@ -181,12 +181,6 @@ class FinishedTx(Struct, array_like=True, omit_defaults=True):
     by: str = "producer"
     checks: int = 0
     job_id: str = ""
-
-
-JOB_OPEN = "OPEN"
-JOB_PREPARED = "PREPARED"
-JOB_COMMITTED = "COMMITTED"
-JOB_ABORTED = "ABORTED"
 
 
 class JobState(Struct, array_like=True, omit_defaults=True):

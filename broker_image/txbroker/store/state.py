@@ -395,7 +395,8 @@ class StateMachine:
         for k, v in self.db.jobs.items(from_key=JOB_ID_PREFIX):
             if not k.startswith(JOB_ID_PREFIX):
                 break
-            yield self.job(decode_job(v).job_id)
+            job_id = k[len(JOB_ID_PREFIX):].decode()
+            yield self.jobs.get(job_id) or self._jobs_writing.get(k) or decode_job(v)
 
     def _apply_half(self, r: HalfRecord, lsn: int, b: Batch) -> None:
         first = r.messages[0].properties
