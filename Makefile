@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,operator,spark]'
 	touch $(STAMP)
 
-test: venv  ## run every test: unit, integration with real brokers, Spark local mode, then e2e on a real node
+test: venv  ## run every test: unit, integration with real brokers, Spark local mode, fixed-seed fault schedules, then e2e on a real node
+	bash chaos/setup.sh
 	$(PY) -m pytest -n $(PYTEST_WORKERS) tests --ignore=tests/e2e
 	$(MAKE) test-e2e
 
@@ -47,8 +48,10 @@ bench: venv  ## run the benchmarks, then txbroker beside Apache RocketMQ (writes
 	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 SEEDS ?= 1-3
-chaos: venv  ## randomized fault schedules with the history checker (root; SEEDS=1-100, chaos/README.md)
-	$(PY) -m chaos --seeds $(SEEDS)
+CHAOS_ARGS ?=
+chaos: venv  ## randomized fault schedules with the history checker (root; SEEDS=1-100 CHAOS_ARGS=--mode ASYNC, chaos/README.md)
+	bash chaos/setup.sh
+	$(PY) -m chaos --seeds $(SEEDS) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -36,18 +36,31 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def run_one(seed: int, duration: float, results: Path) -> dict:
+def _unmount_under(work: str) -> None:
+    """The brokers' tmpfs data directories, if the schedule died before unmounting them."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        point = line.split()[1]
+        if point.startswith(work + "/"):
+            subprocess.run(["umount", "-l", point], check=False)
+
+
+def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_logs: bool = False,
+            kinds: int | None = None) -> dict:
     tag = f"{seed % 10000}"
     net = Network(tag, 3).up()
     report = results / f"seed-{seed}.json"
     try:
         with tempfile.TemporaryDirectory(prefix=f"txbroker-chaos-{seed}-") as work:
-            r = subprocess.run(in_ns(net.hub, sys.executable, "-m", "chaos.schedule", "--seed", str(seed),
-                                     "--duration", str(duration), "--workdir", work, "--tag", tag,
-                                     "--report", str(report)),
-                               cwd=ROOT, capture_output=True, text=True, timeout=duration + 240)
+            try:
+                r = subprocess.run(in_ns(net.hub, sys.executable, "-m", "chaos.schedule", "--seed", str(seed),
+                                         "--duration", str(duration), "--workdir", work, "--tag", tag,
+                                         "--report", str(report), "--mode", mode,
+                                         *(["--kinds", str(kinds)] if kinds else [])),
+                                   cwd=ROOT, capture_output=True, text=True, timeout=duration + 240)
+            finally:
+                _unmount_under(work)
             failed = r.returncode != 0 or (report.exists() and json.loads(report.read_text()).get("anomalies"))
-            if failed:  # keep the brokers' logs beside the report, for the operations around it
+            if failed or keep_logs:  # keep the brokers' logs beside the report, for the operations around it
                 for log in Path(work).glob("*.log"):
                     shutil.copy(log, results / f"seed-{seed}-{log.name}")
                 (results / f"seed-{seed}-harness.log").write_text(r.stdout + r.stderr)
@@ -60,12 +73,14 @@ def run_one(seed: int, duration: float, results: Path) -> dict:
 
 def summary(reports: list[dict]) -> str:
     ok = [r for r in reports if "error" not in r]
-    faults, anomalies, ops = Counter(), Counter(), Counter()
+    faults, anomalies, ops, group = Counter(), Counter(), Counter(), Counter()
+    lost_async = [(r["seed"], r["lost_under_async"]) for r in ok if r.get("mode") == "ASYNC"]
     bad_seeds = defaultdict(list)
     gaps, failed = defaultdict(list), defaultdict(list)
     for r in ok:
         faults.update(r["faults"])
         ops.update(r["operations"])
+        group.update(r.get("group", {}))
         for kind, n in r["anomalies"].items():
             anomalies[kind] += n
             bad_seeds[kind].append(r["seed"])
@@ -76,8 +91,11 @@ def summary(reports: list[dict]) -> str:
              f"{min(r['seed'] for r in reports)}-{max(r['seed'] for r in reports)}",
              "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())),
              "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())),
+             "consumer group: " + ", ".join(f"{k} {v}" for k, v in sorted(group.items())),
              "anomalies: " + (", ".join(f"{k} {v} (seeds {bad_seeds[k][:10]})" for k, v in anomalies.items())
                               or "none"),
+             *([f"ASYNC: acknowledged commits lost {sum(n for _, n in lost_async)} in {len(lost_async)} schedules "
+                f"(per seed: {dict((s, n) for s, n in lost_async if n)})"] if lost_async else []),
              "liveness per fault (longest time without an acknowledged commit, s: median / max; failed client "
              "operations: median / max):"]
     for kind in sorted(gaps):
@@ -93,6 +111,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="1-3", help="e.g. 1-100 or 4,9,12")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of faults and load per schedule")
+    ap.add_argument("--mode", choices=["SYNC", "ASYNC"], default="SYNC",
+                    help="replication and flush mode of the brokers (ASYNC: lost commits are counted, not anomalies)")
+    ap.add_argument("--kinds", type=int, default=None,
+                    help="draw faults from the first N kinds only (7: the schedules of the harness's first runs)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the brokers' logs of every schedule, not only failing ones")
     ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-<time>)")
     args = ap.parse_args()
     results = Path(args.results or ROOT / "bench" / "results" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -100,7 +123,7 @@ def main() -> int:
     reports = []
     for seed in parse_seeds(args.seeds):
         t0 = time.monotonic()
-        r = run_one(seed, args.duration, results)
+        r = run_one(seed, args.duration, results, args.mode, args.keep_logs, args.kinds)
         reports.append(r)
         if "error" in r:
             print(f"seed {seed}: ERROR (see {results})", flush=True)

@@ -10,6 +10,13 @@ healed and every transaction decided. Jepsen's rules for a transactional queue, 
   unresolved  a transaction still pending or parked after the settle time (I4)
   split brain two brokers acting as master at one epoch at the same time (I5)
 
+and for the consumer group on Orders (at-least-once: a message consumed again is counted apart,
+as `redelivered`, not as an anomaly):
+
+  group lost       a message Orders holds that the group never consumed
+  group phantom    a consumed message that Orders does not hold (rolled back, never committed)
+  offset regressed a queue's committed offset read lower than an earlier read of it
+
 Each anomaly names the transaction and its messages; the run's report adds the seed and the
 nemesis events around it.
 """
@@ -54,6 +61,30 @@ def check(h: History, delivered: Counter, pending: int, masters_by_epoch: dict[i
         if len(names) > 1:
             out["split brain"].append(f"epoch {epoch}: {sorted(names)} acted as master at once")
     return dict(out)
+
+
+def check_group(h: History, orders: set[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for body in sorted(orders - set(h.consumed)):
+        out["group lost"].append(f"{body}: in Orders, never consumed by the group")
+    for body in sorted(set(h.consumed) - orders):
+        out["group phantom"].append(f"{body}: consumed, not in Orders")
+    highest: dict[int, tuple[float, int]] = {}
+    reported: set[tuple[int, int]] = set()
+    for t, queue, offset in sorted(h.offsets):
+        seen = highest.get(queue)
+        if seen is not None and offset < seen[1] and (queue, seen[1]) not in reported:
+            reported.add((queue, seen[1]))
+            out["offset regressed"].append(f"queue {queue}: committed offset {offset} read {t - seen[0]:.1f} s after "
+                                           f"{seen[1]}")
+        if seen is None or offset >= seen[1]:
+            highest[queue] = (t, offset)
+    return dict(out)
+
+
+def group_counts(h: History) -> dict[str, int]:
+    return {"consumed": len(h.consumed), "redelivered": sum(n - 1 for n in h.consumed.values() if n > 1),
+            "retried on purpose": len(h.refused), "offset reads": len(h.offsets)}
 
 
 def counts(h: History) -> dict[str, int]:

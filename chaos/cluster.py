@@ -12,6 +12,7 @@ started again (the kubelet's restart) as a slave of the current master.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -25,20 +26,25 @@ from chaos.net import Network, in_ns
 
 log = logging.getLogger("chaos")
 TXBROKER = str(Path(sys.executable).with_name("txbroker"))
-FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "1000",
-         "--replication-heartbeat-ms", "200", "--check-interval-ms", "500", "--transaction-timeout-ms", "300",
-         "--log-level", "WARNING")
+FLAGS = ("--replication-timeout-ms", "1000", "--replication-heartbeat-ms", "200", "--check-interval-ms", "500",
+         "--transaction-timeout-ms", "300", "--log-level", "WARNING")
 GRACE_SECONDS = 2.0
+# A broker's wall clock is skewed through libfaketime (chaos/setup.sh installs it): the offset is
+# read from a file the nemesis rewrites; monotonic clocks stay true, as a skewed NTP would leave them.
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+DISK_MB = 384  # each broker's data directory is a tmpfs of this size, so the nemesis can fill it
 
 
 class BrokerProc:
-    def __init__(self, index: int, net: Network, workdir: Path):
+    def __init__(self, index: int, net: Network, workdir: Path, mode: str):
         self.index = index
         self.name = f"b{index}"
         self.net = net
         self.ip = net.ips[index]
+        self.mode = mode  # SYNC or ASYNC: replication and flush
         self.data = workdir / self.name
         self.log_path = workdir / f"{self.name}.log"
+        self.clock_file = workdir / f"{self.name}.clock"
         self.proc: subprocess.Popen | None = None
         self.paused = False
         self.starts = 0
@@ -48,15 +54,54 @@ class BrokerProc:
     def address(self) -> str:
         return f"{self.ip}:{c.CLIENT_PORT}"
 
+    def mount(self) -> None:
+        self.data.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", f"txbc-{self.name}", str(self.data)],
+                       check=True)
+        self.skew_clock(0)
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.data)], check=False, capture_output=True)
+
     def start(self, master: str | None) -> None:
         role = ["--master", master, "--role", "slave"] if master else []
-        cmd = in_ns(self.net.brokers[self.index], TXBROKER, "broker", "--data-dir", str(self.data),
+        cmd = in_ns(self.net.brokers[self.index], TXBROKER, "broker", "--data-dir", str(self.data / "store"),
                     "--broker-name", self.name, "--listen", self.address,
-                    "--admin-listen", f"{self.ip}:{c.ADMIN_PORT}", *role, *FLAGS)
+                    "--admin-listen", f"{self.ip}:{c.ADMIN_PORT}", *role, "--replication-mode", self.mode,
+                    "--flush-disk-type", self.mode, *FLAGS)
+        env = dict(os.environ, LD_PRELOAD=FAKETIME, FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
+                   FAKETIME_CACHE_DURATION="1", DONT_FAKE_MONOTONIC="1")
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.paused = False
         self.starts += 1
+
+    # ---- faults of the machine, not the process ------------------------------------------------
+
+    def skew_clock(self, seconds: int) -> None:
+        """The broker's wall clock runs `seconds` off from now on (0: true again)."""
+        self.clock_file.write_text(f"{seconds:+d}\n")
+
+    def fill_disk(self) -> None:
+        """Fill the broker's filesystem to the last byte (a log that grew, another tenant)."""
+        fd = os.open(self.data / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            st = os.statvfs(self.data)
+            try:  # all but a little at once; the rest a page at a time
+                os.posix_fallocate(fd, 0, max(st.f_bavail * st.f_frsize - (1 << 20), 1))
+                os.lseek(fd, 0, os.SEEK_END)
+            except OSError:
+                pass
+            try:
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+
+    def free_disk(self) -> None:
+        (self.data / "filler").unlink(missing_ok=True)
 
     @property
     def running(self) -> bool:
@@ -86,7 +131,7 @@ class BrokerProc:
 class Controller:
     def __init__(self, procs: list[BrokerProc]):
         self.procs = {p.name: p for p in procs}
-        self.spec = {"replicas": len(procs), "replication": "SYNC",
+        self.spec = {"replicas": len(procs), "replication": procs[0].mode,
                      "failover": {"gracePeriodSeconds": GRACE_SECONDS}}
         self.status: dict = {"master": "b0", "epoch": 1, "brokers": []}
         self.down_since: float | None = None
@@ -157,10 +202,12 @@ class Controller:
                     log.info("demoting %s: %s", m.name, e)
 
 
-def start_cluster(net: Network, workdir: Path, size: int = 3) -> tuple[list[BrokerProc], Controller]:
+def start_cluster(net: Network, workdir: Path, mode: str = "SYNC", size: int = 3) -> tuple[list[BrokerProc], Controller]:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    procs = [BrokerProc(i, net, workdir) for i in range(size)]
+    procs = [BrokerProc(i, net, workdir, mode) for i in range(size)]
+    for p in procs:
+        p.mount()
     procs[0].start(None)
     for p in procs[1:]:
         p.start(procs[0].address)

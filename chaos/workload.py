@@ -1,6 +1,9 @@
 """The clients and what they saw: transactional producers (one to three messages per transaction,
 some rolled back, some left UNKNOWN for check-back), a job coordinator (coordinated transactions,
-some members not kept, some jobs aborted) and a plain producer, all given every broker address.
+some members not kept, some jobs aborted), a plain producer, and a consumer group of two members
+on the Orders topic whose listener fails a message's first delivery now and then (so it comes back
+through the retry topic); all given every broker address. A sampler reads the group's committed
+offsets from the master twice a second.
 
 Every operation is recorded in the History with its outcome as the client knows it: acknowledged
 (the broker answered SUCCESS to the decision, or to the plain send), refused, or unknown (no
@@ -15,14 +18,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from collections import Counter
+
 from txbroker.client import (
-    AsyncJobCoordinator, AsyncProducer, AsyncTransactionProducer, BrokerError, ClientError, LocalTransactionState as S,
-    Message, TransactionListener,
+    AsyncJobCoordinator, AsyncProducer, AsyncPullConsumer, AsyncPushConsumer, AsyncTransactionProducer, BrokerError,
+    ClientError, ConsumeStatus, LocalTransactionState as S, Message, TransactionListener,
 )
 
 TOPICS = ("Orders", "Billing")
 GROUP = "chaos-pg"
 JOB_GROUP = "chaos-jobs"
+CONSUMER_GROUP = "chaos-cg"
 
 
 @dataclass
@@ -40,6 +46,9 @@ class History:
     txs: dict[str, Tx] = field(default_factory=dict)  # txid (or plain-<n>) -> Tx
     commits: list[float] = field(default_factory=list)  # monotonic time of each acknowledged commit
     failures: list[float] = field(default_factory=list)  # monotonic time of each failed client operation
+    consumed: Counter = field(default_factory=Counter)  # body -> deliveries the group's listener accepted
+    refused: Counter = field(default_factory=Counter)  # body -> deliveries it failed on purpose (retried)
+    offsets: list[tuple[float, int, int]] = field(default_factory=list)  # (time, queue, committed offset) seen
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, key: str, tx: Tx) -> None:
@@ -174,11 +183,56 @@ async def _plain(addresses, h: History, stop: threading.Event) -> None:
         await p.close()
 
 
+class _Listener:
+    """Accepts what it is given, except a message's first delivery, one time in ten."""
+
+    def __init__(self, h: History, rnd: random.Random):
+        self.h, self.rnd = h, rnd
+
+    def consume_message(self, msgs, ctx):
+        with self.h.lock:
+            for m in msgs:
+                body = m.body.decode()
+                if not self.h.refused[body] and self.rnd.random() < 0.1:
+                    self.h.refused[body] += 1
+                    return ConsumeStatus.RECONSUME_LATER
+            self.h.consumed.update(m.body.decode() for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+async def _consumers(addresses, h: History, seed: int, done: threading.Event) -> None:
+    rnd = random.Random(seed * 1000 + 77)
+    members = [AsyncPushConsumer(CONSUMER_GROUP, addresses, "Orders", _Listener(h, rnd), request_timeout=5,
+                                 rebalance_interval=2.0, offset_commit_interval=0.5, long_poll_ms=1000)
+               for _ in range(2)]
+    for m in members:
+        while not done.is_set():
+            try:
+                await m.start()
+                break
+            except ClientError:  # Orders not created yet, or the master changing
+                await asyncio.sleep(0.2)
+    async with AsyncPullConsumer(addresses, request_timeout=3) as reader:
+        while not done.is_set():
+            try:
+                offsets, _ends = await reader.committed_offsets(CONSUMER_GROUP, "Orders")
+                now = time.monotonic()
+                with h.lock:
+                    h.offsets.extend((now, q, o) for q, o in offsets.items())
+            except ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    for m in members:
+        await m.shutdown()
+
+
 def run(addresses: list[str], h: History, stop: threading.Event, done: threading.Event, seed: int,
-        producers: int = 3) -> None:
-    """Send until `stop`; the transactional producers keep answering check-backs until `done`."""
+        consumers_done: threading.Event, producers: int = 3) -> None:
+    """Send until `stop`; the transactional producers keep answering check-backs until `done`; the
+    consumer group consumes until `consumers_done`."""
     async def main():
         await asyncio.gather(*(_producer(addresses, h, stop, w, seed, done) for w in range(producers)),
-                             _coordinator(addresses, h, stop, seed), _plain(addresses, h, stop))
+                             _coordinator(addresses, h, stop, seed), _plain(addresses, h, stop),
+                             _consumers(addresses, h, seed, consumers_done))
 
     asyncio.run(main())
