@@ -98,6 +98,14 @@ def summary(reports: list[dict]) -> str:
                 f"(per seed: {dict((s, n) for s, n in lost_async if n)})"] if lost_async else []),
              "liveness per fault (longest time without an acknowledged commit, s: median / max; failed client "
              "operations: median / max):"]
+    promoted = [(f["first_commit_after_s"], f["old_master_paused"]) for r in ok for f in r.get("after_promotion", [])]
+    if promoted:
+        got = sorted(t for t, _ in promoted if t is not None)
+        paused = sorted(t for t, p in promoted if p and t is not None)
+        lines.append(f"first acknowledged commit after a promotion: {len(got)} of {len(promoted)} failovers, "
+                     f"median {statistics.median(got):.3f} s, max {got[-1]:.3f} s"
+                     + (f"; with the old master paused ({len(paused)}): median {statistics.median(paused):.3f} s, "
+                        f"max {paused[-1]:.3f} s" if paused else ""))
     for kind in sorted(gaps):
         lines.append(f"  {kind:28} {statistics.median(gaps[kind]):6.2f} / {max(gaps[kind]):6.2f}   "
                      f"{statistics.median(failed[kind]):5.0f} / {max(failed[kind]):5d}")

@@ -184,8 +184,8 @@ class Controller:
             return
         self.status.update(master=new.name, epoch=decision.epoch)
         self.down_since = None
-        self.failovers.append({"at": time.time(), "from": old, "to": new.name, "epoch": decision.epoch,
-                               "message": decision.message})
+        self.failovers.append({"at": time.monotonic(), "from": old, "to": new.name, "epoch": decision.epoch,
+                               "message": decision.message, "old_master_paused": self.procs[old].paused})
         log.warning("failover: %s", decision.message)
         self._demote_strays(observe.observe(self.pods(), self.access))
 

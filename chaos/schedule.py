@@ -122,6 +122,18 @@ def _liveness(events: list[dict], h: workload.History, end: float) -> list[dict]
     return out
 
 
+def _after_promotions(failovers: list[dict], h: workload.History) -> list[dict]:
+    """Per failover: how long after the promotion the first commit was acknowledged (through the
+    new master: the only one that can acknowledge once the others follow it)."""
+    commits = sorted(h.commits)
+    out = []
+    for f in failovers:
+        first = next((t for t in commits if t >= f["at"]), None)
+        out.append({"to": f["to"], "epoch": f["epoch"], "old_master_paused": f["old_master_paused"],
+                    "first_commit_after_s": None if first is None else round(first - f["at"], 3)})
+    return out
+
+
 def run(seed: int, duration: float, workdir: Path, tag: str, mode: str, kinds: tuple[str, ...] = KINDS) -> dict:
     rnd = random.Random(seed)
     net = Network(tag, 3)  # made by the parent; this process only adds and removes packet filters
@@ -200,7 +212,8 @@ def _run(rnd: random.Random, seed: int, duration: float, net: Network, procs: li
     lost_async = anomalies.pop("lost", []) if mode == "ASYNC" else []
     report = {"seed": seed, "mode": mode, "kinds": len(kinds), "duration_s": duration, "faults": Counter(e["kind"] for e in nemesis.events),
               "events": [{k: v for k, v in e.items() if k not in ("start", "healed")} for e in nemesis.events],
-              "failovers": len(ctl.failovers), "blocked_failovers": ctl.blocked,
+              "failovers": len(ctl.failovers), "after_promotion": _after_promotions(ctl.failovers, h),
+              "blocked_failovers": ctl.blocked,
               "operations": checker.counts(h), "commits_acknowledged": len(h.commits),
               "failed_operations": len(h.failures), "parked_after_settling": parked, "anomalies": {k: len(v) for k, v in anomalies.items()},
               "lost_under_async": len(lost_async), "lost_under_async_details": lost_async[:20],

@@ -60,13 +60,7 @@ class Access:
         return decoded
 
     def info(self, ip: str) -> "BrokerInfo":
-        d = self._call(ip, "GET", "/api/v1/broker")
-        rep = d.get("replication") or {}
-        return BrokerInfo(role=d["role"], epoch=int(d["epoch"]), log_end_offset=int(d["log_end_offset"]),
-                          master=d.get("master") or "", fenced_by=int(d.get("fenced_by") or 0),
-                          pending=int(d.get("pending_transactions", 0)), parked=int(d.get("parked_transactions", 0)),
-                          slaves=tuple(rep.get("slaves") or ()), connected=bool(rep.get("connected")),
-                          sync_replicas=int(rep.get("sync_replicas") or 0) if rep.get("mode") == "SYNC" else 0)
+        return BrokerInfo.from_api(self._call(ip, "GET", "/api/v1/broker"))
 
     def try_info(self, ip: str | None) -> "BrokerInfo | None":
         if not ip:
@@ -122,6 +116,15 @@ class BrokerInfo:
     slaves: tuple[dict, ...]     # as a master: per follower address, acknowledged offset, lag, in_sync
     connected: bool              # as a slave: replicating from its master right now
     sync_replicas: int = 0       # as a SYNC master: slaves that must hold a write before it is acknowledged
+
+    @classmethod
+    def from_api(cls, d: dict) -> "BrokerInfo":
+        rep = d.get("replication") or {}
+        return cls(role=d["role"], epoch=int(d["epoch"]), log_end_offset=int(d["log_end_offset"]),
+                   master=d.get("master") or "", fenced_by=int(d.get("fenced_by") or 0),
+                   pending=int(d.get("pending_transactions", 0)), parked=int(d.get("parked_transactions", 0)),
+                   slaves=tuple(rep.get("slaves") or ()), connected=bool(rep.get("connected")),
+                   sync_replicas=int(rep.get("sync_replicas") or 0) if rep.get("mode") == "SYNC" else 0)
 
     @property
     def is_master(self) -> bool:
