@@ -157,8 +157,7 @@ class Controller:
                     p.start(self.master_address() if p.name != self.master else None)
         members = observe.observe(self.pods(), self.access)
         self.status["brokers"] = status.broker_entries(members, self.master, self.status["brokers"])
-        head = members.get(self.master)
-        if failover.down_reason(head) == "":
+        if failover.master_down_reason(members, self.master) == "":
             self.down_since = None
             self._demote_strays(members)
             return

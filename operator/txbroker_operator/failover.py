@@ -6,6 +6,8 @@ Rules (DESIGN.md, "Roles, replication, failover"):
   is Ready AND its broker's admin API answers as master (down_reason); a pod that is gone, being
   deleted or not ready, a broker that does not answer, and a fenced or demoted one all count as lost
   (not Ready alone counts once the pod has been seen Ready: before that the master is starting);
+- so does a SYNC master that answers but is cut off from its slaves: it acknowledges no write while
+  slaves that answer replicate from nobody (cut_off_reason);
 - the successor is the most caught-up slave (highest log end offset; lowest ordinal on a tie);
 - under SYNC replication, only a slave the master last reported in sync while it could acknowledge
   writes (status `promotable`) may be promoted, unless
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import constants as c
-from .observe import Member, caught_up, highest_epoch
+from .observe import Member, acknowledging, caught_up, highest_epoch
 from .status import promotable
 
 
@@ -63,6 +65,28 @@ def down_reason(m: Member | None) -> str:
     if not m.ready:
         return NOT_READY
     return ""
+
+
+def cut_off_reason(members: Mapping[str, Member], master: str) -> str:
+    """Why a master that answers still serves no producer, or "". Under SYNC replication a master
+    none of whose slaves can reach it (or it them) acknowledges no write; when enough slaves answer
+    the operator and replicate from nobody, promoting one of them restores service (the fault
+    harness held such partitions for their whole length before this). A slave that replicates but
+    lags is slow, not cut off; a master whose slaves are down has nobody to hand over to."""
+    head = members.get(master)
+    if head is None or head.info is None or not head.info.is_master or acknowledging(head):
+        return ""
+    cut = [m.name for m in candidates(members, master) if m.ready and not m.info.connected]
+    if not cut or len(cut) < head.info.sync_replicas:
+        return ""
+    return (f"it acknowledges no write: SYNC replication needs {head.info.sync_replicas} slave(s) in sync, and "
+            f"{', '.join(cut)} answer{'s' if len(cut) == 1 else ''} but replicate{'s' if len(cut) == 1 else ''} "
+            "from nobody (cut off from it)")
+
+
+def master_down_reason(members: Mapping[str, Member], master: str) -> str:
+    """Why the master does not serve (gone, not answering, not master, cut off), or "" when it does."""
+    return down_reason(members.get(master)) or cut_off_reason(members, master)
 
 
 def candidates(members: Mapping[str, Member], master: str) -> list[Member]:

@@ -163,7 +163,7 @@ class Pass:
 
     def handle_lost_master(self) -> None:
         current = self.members.get(self.master)
-        why = failover.down_reason(current)
+        why = failover.master_down_reason(self.members, self.master)
         if not why:
             self.status.pop("masterUnavailableSince", None)
             if current.refused:   # it answers: alive, but the operator's credentials or TLS are wrong

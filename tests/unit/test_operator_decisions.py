@@ -223,3 +223,35 @@ def test_before_a_promotion_every_broker_that_answers_stops_following_the_old_ma
                "b-3": member("b-3", 3, None)}
     fenced = failover.fence_before_promotion(members, "b-2")
     assert sorted(m.name for m in fenced) == ["b-0", "b-1"]
+
+
+def _sync_master(in_sync: int):
+    slaves = [{"name": f"b-{i}", "in_sync": i <= in_sync, "lag": 0} for i in (1, 2)]
+    return member("b-0", 0, info("master", slaves=slaves, sync_replicas=1))
+
+
+def _cut_slave(name, index, connected=False, ready=True):
+    return member(name, index, BrokerInfo(role="slave", epoch=1, log_end_offset=100, master="10.0.0.1:10911",
+                                          fenced_by=0, pending=0, parked=0, slaves=(), connected=connected,
+                                          sync_replicas=0), ready=ready)
+
+
+def test_a_sync_master_cut_off_from_slaves_that_answer_counts_as_down():
+    members = {"b-0": _sync_master(0), "b-1": _cut_slave("b-1", 1), "b-2": _cut_slave("b-2", 2)}
+    why = failover.master_down_reason(members, "b-0")
+    assert "acknowledges no write" in why and "b-1, b-2" in why
+
+
+def test_a_master_that_acknowledges_or_has_nobody_to_hand_over_to_is_not_cut_off():
+    # one slave in sync: it acknowledges (SYNC needs one)
+    assert failover.master_down_reason({"b-0": _sync_master(1), "b-1": _cut_slave("b-1", 1),
+                                        "b-2": _cut_slave("b-2", 2)}, "b-0") == ""
+    # the slaves replicate, only slowly: slow, not cut off
+    assert failover.master_down_reason({"b-0": _sync_master(0), "b-1": _cut_slave("b-1", 1, connected=True),
+                                        "b-2": _cut_slave("b-2", 2, connected=True)}, "b-0") == ""
+    # the slaves are down or not ready: nobody to hand over to
+    assert failover.master_down_reason({"b-0": _sync_master(0), "b-1": member("b-1", 1, None),
+                                        "b-2": _cut_slave("b-2", 2, ready=False)}, "b-0") == ""
+    # ASYNC: a master acknowledges without slaves
+    asynchronous = member("b-0", 0, info("master", slaves=[]))
+    assert failover.master_down_reason({"b-0": asynchronous, "b-1": _cut_slave("b-1", 1)}, "b-0") == ""
