@@ -138,6 +138,7 @@ class Controller:
         self.failovers: list[dict] = []  # (time, from, to, epoch, reason)
         self.blocked: dict[str, int] = {}
         self.access = brokers.PLAIN
+        self.last_look: dict = {}  # the members the last pass observed
 
     @property
     def master(self) -> str:
@@ -155,7 +156,7 @@ class Controller:
                 if p.proc is not None and not p.running and time.monotonic() >= p.down_until:
                     log.info("restarting %s (exit %s) as a slave of %s", p.name, p.proc.returncode, self.master)
                     p.start(self.master_address() if p.name != self.master else None)
-        members = observe.observe(self.pods(), self.access)
+        members = self.last_look = observe.observe(self.pods(), self.access)
         self.status["brokers"] = status.broker_entries(members, self.master, self.status["brokers"])
         if failover.master_down_reason(members, self.master) == "":
             self.down_since = None

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from txbroker.client import PullConsumer
 from txbroker.client.admin import AdminClient
-from txbroker_operator import brokers, observe
 
 from chaos import checker, workload
 from chaos.cluster import BrokerProc, Controller, start_cluster
@@ -96,9 +95,8 @@ def _controller_loop(ctl: Controller, stop: threading.Event, masters: dict[int, 
     while not stop.is_set():
         try:
             ctl.pass_once()
-            members = observe.observe(ctl.pods(), brokers.PLAIN)
             acting: dict[int, set[str]] = {}
-            for m in members.values():  # answering as master, not fenced, in this one look
+            for m in ctl.last_look.values():  # answering as master, not fenced, in the pass's one look
                 if m.info is not None and m.info.is_master and not m.info.fenced_by:
                     acting.setdefault(m.info.epoch, set()).add(m.name)
             for epoch, names in acting.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -55,18 +56,28 @@ class Member:
 
 
 def observe(pods: list[dict], access: brokers.Access, ask_brokers: bool = True) -> dict[str, Member]:
+    """The pods as members, each with what its broker says. The brokers are asked at once: a silent
+    one (paused, partitioned) costs the pass one request timeout, not one per silent broker."""
     members = {}
     for p in pods:
         idx = int(p["metadata"].get("labels", {}).get(c.LABEL_INDEX, 0))
-        m = members[p["metadata"]["name"]] = Member(p["metadata"]["name"], idx, p, None)
-        if ask_brokers and m.ip and not m.deleting:
-            try:
-                m.info = access.info(m.ip)
-            except brokers.BrokerError as e:
-                m.refused = str(e)
-            except (brokers.Unreachable, KeyError, ValueError, TypeError):
-                pass
+        members[p["metadata"]["name"]] = Member(p["metadata"]["name"], idx, p, None)
+    asked = [m for m in members.values() if ask_brokers and m.ip and not m.deleting]
+    if len(asked) > 1:
+        with ThreadPoolExecutor(len(asked), thread_name_prefix="observe") as pool:
+            list(pool.map(lambda m: _ask(m, access), asked))
+    elif asked:
+        _ask(asked[0], access)
     return members
+
+
+def _ask(m: Member, access: brokers.Access) -> None:
+    try:
+        m.info = access.info(m.ip)
+    except brokers.BrokerError as e:
+        m.refused = str(e)
+    except (brokers.Unreachable, KeyError, ValueError, TypeError):
+        pass
 
 
 def slave_sync(master: Member | None) -> dict[str, dict]:
