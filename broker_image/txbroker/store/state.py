@@ -80,6 +80,8 @@ class StateMachine:
         # Transactions finished by the batch not yet on disk: the outcome the tx column family will hold.
         self._finishing: dict[str, FinishedTx] = {}
         self._unwritten_send_backs: dict[bytes, int] = {}  # likewise, send-backs: key -> LSN
+        # consumer offsets written but not published: key -> (the value readers see, last write's LSN)
+        self._offsets_unpublished: dict[bytes, tuple[int | None, int]] = {}
         self.next_lsn = 1
         self.log_bytes = 0  # bytes of records written, counted from the first retention mark (retention.py)
         self.log_complete_from = 1  # retention deleted records before this LSN (some needed ones stay)
@@ -312,8 +314,13 @@ class StateMachine:
                 self._unwritten_send_backs[record.send_back] = lsn
         elif kind is OffsetRecord:
             put = b.wb.put
+            shadow = self._offsets_unpublished
             for topic, queue, offset in record.offsets:
-                put(keys.offset_key(record.consumer_group, topic, queue), keys.lsn_key(offset), self._h_offsets)
+                k = keys.offset_key(record.consumer_group, topic, queue)
+                before = shadow.get(k)
+                # readers keep the value from before the first write of this key not yet published
+                shadow[k] = (before[0] if before and before[1] > self.durable_lsn else self._stored_offset(k), lsn)
+                put(k, keys.lsn_key(offset), self._h_offsets)
         elif kind is CheckRecord:
             for txid in record.transaction_ids:
                 p = self.pending[txid]
@@ -505,7 +512,19 @@ class StateMachine:
         return end
 
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
-        v = self.db.offsets.get(keys.offset_key(group, topic, queue_id))
+        """The group's offset as published: a commit the slaves do not hold yet (unacknowledged under
+        SYNC replication, and a failover can take it away) is not read, so no reader sees an offset
+        that later moves backwards."""
+        k = keys.offset_key(group, topic, queue_id)
+        shadow = self._offsets_unpublished.get(k)
+        if shadow is not None:
+            if shadow[1] > self.durable_lsn:
+                return shadow[0]
+            del self._offsets_unpublished[k]
+        return self._stored_offset(k)
+
+    def _stored_offset(self, k: bytes) -> int | None:
+        v = self.db.offsets.get(k)
         return keys.lsn_from_key(v) if v is not None else None
 
     def publish_through(self, lsn: int) -> None:
@@ -557,6 +576,7 @@ class StateMachine:
         self.next_lsn = last_kept + 1
         self.durable_lsn = self.local_durable_lsn = last_kept
         self._unpublished.clear()
+        self._offsets_unpublished.clear()
         self._finishing.clear()
         self._unwritten_send_backs.clear()
         self._published_marked = False
