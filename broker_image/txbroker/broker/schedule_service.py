@@ -71,7 +71,7 @@ class ScheduleService:
 
     def start(self) -> None:
         if self._task is None:
-            self._next = {q: self._b.state.committed_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q) or 0
+            self._next = {q: self._b.state.committed_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q, published=False) or 0
                           for q in range(len(self.levels_ms))}
             self._running = True
             self._task = asyncio.ensure_future(self._run())

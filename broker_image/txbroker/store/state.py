@@ -511,12 +511,13 @@ class StateMachine:
             end = self.visible_end.get(prefix, 0)
         return end
 
-    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+    def committed_offset(self, group: str, topic: str, queue_id: int, published: bool = True) -> int | None:
         """The group's offset as published: a commit the slaves do not hold yet (unacknowledged under
         SYNC replication, and a failover can take it away) is not read, so no reader sees an offset
-        that later moves backwards."""
+        that later moves backwards. `published=False`: as written (the broker's own progress, which
+        goes on from its own unpublished writes)."""
         k = keys.offset_key(group, topic, queue_id)
-        shadow = self._offsets_unpublished.get(k)
+        shadow = self._offsets_unpublished.get(k) if published else None
         if shadow is not None:
             if shadow[1] > self.durable_lsn:
                 return shadow[0]
