@@ -95,9 +95,7 @@ def summary(reports: list[dict]) -> str:
              "anomalies: " + (", ".join(f"{k} {v} (seeds {bad_seeds[k][:10]})" for k, v in anomalies.items())
                               or "none"),
              *([f"ASYNC: acknowledged commits lost {sum(n for _, n in lost_async)} in {len(lost_async)} schedules "
-                f"(per seed: {dict((s, n) for s, n in lost_async if n)})"] if lost_async else []),
-             "liveness per fault (longest time without an acknowledged commit, s: median / max; failed client "
-             "operations: median / max):"]
+                f"(per seed: {dict((s, n) for s, n in lost_async if n)})"] if lost_async else [])]
     promoted = [(f["first_commit_after_s"], f["old_master_paused"]) for r in ok for f in r.get("after_promotion", [])]
     if promoted:
         got = sorted(t for t, _ in promoted if t is not None)
@@ -106,6 +104,8 @@ def summary(reports: list[dict]) -> str:
                      f"median {statistics.median(got):.3f} s, max {got[-1]:.3f} s"
                      + (f"; with the old master paused ({len(paused)}): median {statistics.median(paused):.3f} s, "
                         f"max {paused[-1]:.3f} s" if paused else ""))
+    lines.append("liveness per fault (longest time without an acknowledged commit, s: median / max; failed client "
+                 "operations: median / max):")
     for kind in sorted(gaps):
         lines.append(f"  {kind:28} {statistics.median(gaps[kind]):6.2f} / {max(gaps[kind]):6.2f}   "
                      f"{statistics.median(failed[kind]):5.0f} / {max(failed[kind]):5d}")
