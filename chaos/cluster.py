@@ -156,6 +156,7 @@ class Controller:
                 if p.proc is not None and not p.running and time.monotonic() >= p.down_until:
                     log.info("restarting %s (exit %s) as a slave of %s", p.name, p.proc.returncode, self.master)
                     p.start(self.master_address() if p.name != self.master else None)
+        looked = time.monotonic()
         members = self.last_look = observe.observe(self.pods(), self.access)
         self.status["brokers"] = status.broker_entries(members, self.master, self.status["brokers"])
         if failover.master_down_reason(members, self.master) == "":
@@ -163,7 +164,7 @@ class Controller:
             self._demote_strays(members)
             return
         now = time.monotonic()
-        self.down_since = self.down_since or now
+        self.down_since = self.down_since or looked  # as the operator: since the look that found it down began
         decision = failover.decide_failover(self.spec, self.status, members, self.master, now - self.down_since)
         if isinstance(decision, failover.Blocked):
             self.blocked[decision.reason] = self.blocked.get(decision.reason, 0) + 1

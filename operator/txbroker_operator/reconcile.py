@@ -71,6 +71,7 @@ class Pass:
         self.previous_master = self.master   # before any promotion this pass decides
         self.epoch = int(self.status.get("epoch") or 1)
         self.members: dict[str, Member] = {}
+        self.looked_at = time.time()  # when the last look that asked the brokers began
         self.access = brokers.PLAIN
         self.secret_problem = ""
 
@@ -101,6 +102,8 @@ class Pass:
     def look(self, ask_brokers: bool = True) -> None:
         pods = kube.list_pods(self.ns, manifests.selector_labels(self.name))
         old = self.members
+        if ask_brokers:
+            self.looked_at = time.time()
         self.members = observe.observe(pods, self.access, ask_brokers)
         if not ask_brokers:   # keep what the brokers said earlier in this pass
             for n, m in self.members.items():
@@ -178,7 +181,8 @@ class Pass:
         if not self.status.get("masterUnavailableSince"):
             if why == failover.NOT_READY and not last_seen.get("ready"):
                 return   # it answers as master and has not been Ready yet: starting, not lost
-            self.status["masterUnavailableSince"] = status.now()
+            # since the look began: a master that did not answer then has not served since
+            self.status["masterUnavailableSince"] = status.now(self.looked_at)
             self.save_status(masterUnavailableSince=self.status["masterUnavailableSince"])
             self.log.warning("master %s is not serving (%s)", self.master, why)
         down_for = time.time() - _parse_time(self.status["masterUnavailableSince"])

@@ -9,8 +9,10 @@ from . import manifests
 from .observe import Member, acknowledging, in_sync
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now(at: float | None = None) -> str:
+    """The time (`at`, seconds since the epoch, or now) as status and conditions write it."""
+    t = datetime.now(timezone.utc) if at is None else datetime.fromtimestamp(at, timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(type_: str, ok: bool, reason: str, message: str, old: list[dict], since: str | None = None) -> dict:
