@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
 from harness import InProcessBroker  # noqa: E402
 
-from txbroker.protocol.bodies import ErrorBody, decode  # noqa: E402
+from txbroker.protocol.bodies import ErrorBody, HeartbeatRequest, decode, encode  # noqa: E402
 from txbroker.protocol.codes import RequestCode, ResponseCode  # noqa: E402
 from txbroker.protocol.framing import encode_frame  # noqa: E402
 
@@ -34,4 +34,16 @@ def test_invalid_utf8_in_a_string_is_malformed_not_an_internal_error(broker, cod
     (answer,) = broker.feed([encode_frame(0, code, 3, body)], authenticated)
     assert answer.code == ResponseCode.MESSAGE_ILLEGAL
     assert "not valid UTF-8" in decode(ErrorBody, answer.body).remark
+    assert broker.still_serves()
+
+
+@pytest.mark.parametrize("address", ["jr{", "host", "host:99999", ":10911"])
+def test_a_heartbeat_naming_a_malformed_newer_master_is_refused(broker, address):
+    """hypothesis: a heartbeat whose newer-master hint was not HOST:PORT was answered SUCCESS, and
+    the broker's background check of the hint then died on the address ("Task exception was never
+    retrieved"). The hint is now checked with the heartbeat, and the master stays master."""
+    body = encode(HeartbeatRequest("c", ["pg"], master_epoch=7, master_address=address))
+    (answer,) = broker.feed([encode_frame(0, RequestCode.HEARTBEAT, 4, body)], authenticated=True)
+    assert answer.code == ResponseCode.MESSAGE_ILLEGAL
+    assert f"heartbeat master_address must be HOST:PORT, got {address!r}" in decode(ErrorBody, answer.body).remark
     assert broker.still_serves()

@@ -1,7 +1,9 @@
 """HEARTBEAT and UNREGISTER_CLIENT: which connection speaks for which producer group."""
 
-from txbroker.broker.replies import Reply, ok
+from txbroker.broker.config import ConfigError, parse_address
+from txbroker.broker.replies import Reply, RequestError, ok
 from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, decoder
+from txbroker.protocol.codes import ResponseCode
 
 
 class HeartbeatProcessor:
@@ -11,6 +13,13 @@ class HeartbeatProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        if req.master_address:
+            # Checked here, not when the hint is followed: a malformed address would only fail in a
+            # background task, after this heartbeat was answered as if it were fine.
+            try:
+                parse_address(req.master_address, "heartbeat master_address")
+            except ConfigError as e:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
         # Registering as a producer of a group is what brings that group's check-backs here.
         for g in req.producer_groups:
             conn.access.require_producer_group(g)
