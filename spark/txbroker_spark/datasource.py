@@ -45,9 +45,11 @@ from pyspark.sql.types import (
     BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
 
+from txbroker.protocol.names import PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS
+
 from txbroker_spark.jobs import COMMITTED, OPEN, JobAborted, Jobs, check_name
 from txbroker_spark.options import (
-    P_ATTEMPT, P_BATCH, P_IMMUNITY, P_JOB, P_KIND, P_PARTITION, P_QUERY, OptionError, WriteOptions,
+    P_ATTEMPT, P_BATCH, P_JOB, P_KIND, P_PARTITION, P_QUERY, OptionError, WriteOptions,
     parse_read_options, parse_write_options,
 )
 from txbroker_spark.publisher import MessageBuilder, TaskPublisher, content_hash, probe_brokers
@@ -199,7 +201,7 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         part, attempt_no, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
         props = {P_KIND: "batch", P_JOB: job, P_PARTITION: str(part), P_ATTEMPT: str(tid)}
         if o.immunity_seconds:
-            props[P_IMMUNITY] = str(o.immunity_seconds)
+            props[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(o.immunity_seconds)
         prefix = f"{job}-p{part}-t{tid}"
         pub = TaskPublisher(o, lambda n, msgs: f"{prefix}-c{n}", job_id=job)
         builder = MessageBuilder(o, props)
@@ -308,7 +310,7 @@ class TxBrokerStreamWriter(DataSourceStreamWriter):
         props = {P_KIND: "stream", P_JOB: job, P_QUERY: query, P_BATCH: str(batch_id), P_PARTITION: str(part),
                  P_ATTEMPT: str(tid)}
         if o.immunity_seconds:
-            props[P_IMMUNITY] = str(o.immunity_seconds)
+            props[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(o.immunity_seconds)
         prefix = f"{job}-p{part}"
         pub = TaskPublisher(o, lambda n, msgs: f"{prefix}-c{n}-{content_hash(msgs)}", job_id=job)
         builder = MessageBuilder(o, props)

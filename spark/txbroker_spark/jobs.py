@@ -9,7 +9,6 @@ its deadline; one that dies after deciding leaves nothing to do: the broker ends
 from __future__ import annotations
 
 import logging
-import re
 import time
 
 from txbroker.client import JobCoordinator
@@ -18,6 +17,7 @@ from txbroker.protocol.bodies import (  # noqa: F401 - the job states as the bro
     JOB_ABORTED as ABORTED, JOB_COMMITTED as COMMITTED, JOB_OPEN as OPEN, JOB_PREPARED as PREPARED, JobInfo,
 )
 from txbroker.protocol.codes import ResponseCode
+from txbroker.protocol.names import JOB_NAME, JOB_NAME_RULE
 
 from txbroker_spark.options import OptionError
 from txbroker_spark.security import BrokerSecurity
@@ -108,6 +108,6 @@ class Jobs:
 
 
 def check_name(option: str, name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,95}", name):
-        raise OptionError(option, f"{name!r} cannot name a broker job: 1-96 of letters, digits, '.', '_', ':', '-'")
+    if not JOB_NAME.fullmatch(name):
+        raise OptionError(option, f"{name!r} cannot name a broker job: {JOB_NAME_RULE}")
     return name

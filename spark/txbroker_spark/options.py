@@ -10,10 +10,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from txbroker.protocol.names import TOPIC_NAME, TOPIC_NAME_RULE
+
 if TYPE_CHECKING:
     from txbroker_spark.security import BrokerSecurity
 
-TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # the broker's rule (RocketMQ's)
 MAX_TOTAL_BODY = 4 * 1024 * 1024  # the broker's default max_message_size (per request)
 
 # Message properties every published message carries (which job, task and batch sent it).
@@ -23,7 +24,6 @@ P_PARTITION = "SPARK_PARTITION"
 P_ATTEMPT = "SPARK_TASK_ATTEMPT"
 P_QUERY = "SPARK_QUERY_ID"
 P_BATCH = "SPARK_BATCH_ID"
-P_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 
 class OptionError(ValueError):
@@ -103,8 +103,7 @@ def parse_topic(options) -> str:
     if topic is None:
         raise OptionError("topic", "is required: the topic to publish to / read from")
     if not TOPIC_NAME.match(topic):
-        raise OptionError("topic", f"invalid topic name {topic!r}: use 1-127 characters from letters, digits, "
-                                   "'%', '|', '_', '-'")
+        raise OptionError("topic", f"invalid topic name {topic!r}: use {TOPIC_NAME_RULE}")
     return topic
 
 

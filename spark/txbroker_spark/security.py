@@ -28,7 +28,6 @@ its repr, errors name the option and the file, never the content.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import ssl
 from dataclasses import dataclass, field
@@ -36,10 +35,9 @@ from dataclasses import dataclass, field
 from txbroker.client.errors import AuthenticationError, BrokerError, TlsHandshakeError, TlsRequired
 from txbroker.client.security import Credentials, TlsConfig
 from txbroker.protocol.codes import ResponseCode
+from txbroker.protocol.names import ACCESS_KEY, ACCESS_KEY_RULE
 
 from txbroker_spark.options import OptionError, _get
-
-ACCESS_KEY = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")  # the broker's rule for access keys
 
 CREDENTIAL_OPTIONS = ("accessKey", "secretKey", "secretKeyFile")
 TLS_OPTIONS = ("tls", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "tlsServerName")
@@ -221,8 +219,7 @@ def parse_security(options, environ=None) -> BrokerSecurity:
     if cred_env and key is None:  # as the client library's Credentials.from_env: the access key decides
         secret = secret_file = None
     if key is not None and not ACCESS_KEY.match(key):
-        raise OptionError("accessKey", f"must be 1-128 characters from letters, digits, '.', '_', '-', '@', got "
-                                       f"{key!r}", source=src("accessKey"))
+        raise OptionError("accessKey", f"must be {ACCESS_KEY_RULE}, got {key!r}", source=src("accessKey"))
     if secret is not None and secret_file is not None:
         raise OptionError("secretKey", "give either secretKey or secretKeyFile, not both (secretKeyFile keeps the "
                                        "secret out of Spark's plans and logs)", source=src("secretKey"))

@@ -23,7 +23,7 @@ import subprocess
 
 import pytest
 import yaml
-from cluster import ROOT, wait_for
+from cluster import ROOT
 
 import spark_operator
 

@@ -21,9 +21,10 @@ from txbroker.client.transaction import (
     AsyncTransactionProducer, LocalTransactionState, TransactionListener, TransactionProducer,
 )
 from txbroker.protocol.bodies import (
-    PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, CheckTransactionStateRequest, EndTransactionRequest,
-    EndTransactionResponse, ErrorBody, HeartbeatResponse, Message, MessageExt, decode, encode,
+    CheckTransactionStateRequest, EndTransactionRequest, EndTransactionResponse, ErrorBody, HeartbeatResponse, Message,
+    MessageExt, decode, encode,
 )
+from txbroker.protocol.names import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED
 from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
 from txbroker.protocol.framing import FLAG_ONEWAY, FLAG_RESPONSE, Frame, FrameDecoder, encode_frame
 

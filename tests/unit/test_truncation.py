@@ -15,7 +15,8 @@ from txbroker.store.records import (
     CheckRecord, EndRecord, EpochRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, NormalRecord,
     OffsetRecord, ParkRecord, ResumeRecord, TopicRecord,
 )
-from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
+from txbroker.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC
+from txbroker.store.state import StateMachine
 
 
 def history(seed: int, s: StateMachine, n: int = 120) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import time
 
 from txbroker.broker.metrics import BrokerMetrics
@@ -32,6 +31,7 @@ from txbroker.broker.transactions import TransactionService, now_ms
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import DecideJobRequest, JobInfo, OpenJobRequest, PrepareJobRequest, QueryJobRequest
 from txbroker.protocol.codes import ResponseCode, TransactionState
+from txbroker.protocol.names import JOB_ID, JOB_ID_RULE, JOB_NAME, JOB_NAME_RULE
 from txbroker.store.records import (
     JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, JobState,
 )
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 MIN_TIMEOUT_MS = 1_000
 MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 MAX_MEMBERS = 1_000_000
-JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,95}")
-JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 # Members ended per loop iteration (one group-commit batch each): at most this many transactions,
 # or messages (a commit indexes each message: 1,000 members of 1,000 keyed messages in one go held
 # the loop for 2.2 s).
@@ -55,7 +53,7 @@ DEADLINE_TICK_S = 0.25
 def check_job_id(job_id: str) -> None:
     if not JOB_ID.fullmatch(job_id or ""):
         raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                           f"malformed job id {job_id[:140]!r}: 1-128 of A-Z a-z 0-9 . _ : - (what OPEN_JOB answered)")
+                           f"malformed job id {job_id[:140]!r}: {JOB_ID_RULE} (what OPEN_JOB answered)")
 
 
 class JobService:
@@ -79,7 +77,7 @@ class JobService:
         if req.name:
             if not JOB_NAME.fullmatch(req.name):
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                                   f"malformed job name {req.name[:100]!r}: 1-96 of A-Z a-z 0-9 . _ : -")
+                                   f"malformed job name {req.name[:100]!r}: {JOB_NAME_RULE}")
             newest = self._state.job_named(req.name)
             if newest is not None:
                 self._same_group(newest, req.producer_group)

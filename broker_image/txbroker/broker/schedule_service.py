@@ -12,19 +12,16 @@ import asyncio
 import logging
 import re
 
-from txbroker.broker.topics import SCHEDULE_TOPIC
 from txbroker.broker.transactions import now_ms
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import Message
+from txbroker.protocol.names import PROPERTY_DELAY, PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from txbroker.store import keys
 from txbroker.store.records import NormalRecord, OffsetRecord
 
 log = logging.getLogger(__name__)
 
 SCHEDULE_GROUP = "%SCHEDULE%"
-PROPERTY_DELIVER_MS = "TIMER_DELIVER_MS"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_DELAY = "DELAY"
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 

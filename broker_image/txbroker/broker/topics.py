@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import itertools
-import re
 
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.codes import ResponseCode
 from txbroker.broker.replies import RequestError
 from txbroker.store.records import TopicRecord
-from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
-
-TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # RocketMQ's rule
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-SYSTEM_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", TRANS_CHECK_MAX_TIME_TOPIC,
-                           SCHEDULE_TOPIC})
+from txbroker.store.state import StateMachine
+from txbroker.protocol.names import SCHEDULE_TOPIC, SYSTEM_TOPICS, TOPIC_NAME, TOPIC_NAME_RULE, TRANS_CHECK_MAX_TIME_TOPIC
 MAX_QUEUES = 1024
 
 
 def check_topic_name(name: str) -> None:
     if not TOPIC_NAME.match(name):
         raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                           f"invalid topic name {name!r}: use 1-127 characters from letters, digits, '%', '|', '_', '-'")
+                           f"invalid topic name {name!r}: use {TOPIC_NAME_RULE}")
 
 
 class TopicRegistry:

@@ -23,7 +23,8 @@ from txbroker.store.records import (
     COMMITTED, JOB_COMMITTED, JOB_OPEN, PARKED, PREPARED, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx,
     ResumeRecord,
 )
-from txbroker.store.state import TRANS_CHECK_MAX_TIME_TOPIC, StateMachine
+from txbroker.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC
+from txbroker.store.state import StateMachine
 
 MAX_TRANSACTION_ID = 128
 

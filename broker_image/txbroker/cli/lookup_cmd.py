@@ -9,8 +9,12 @@ from txbroker.cli.security_opts import add_arguments, client_options
 from txbroker.client.consumer import AsyncPullConsumer
 from txbroker.client.producer import AsyncProducer
 from txbroker.protocol.bodies import Message, MessageExt
+from txbroker.protocol.names import (
+    PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_RESENT_FROM_DLQ,
+    PROPERTY_RETRY_TOPIC, dlq_topic,
+)
 
-_RETRY_PROPS = ("RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "RECONSUME_TIME", "DELAY")
+_RETRY_PROPS = (PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_DELAY)
 
 
 def register(sub, default_broker: str) -> None:
@@ -68,7 +72,7 @@ def find_messages(args) -> int:
 
 
 def list_dlq(args) -> int:
-    msgs = asyncio.run(_with_consumer(args, lambda c: c.read_all(f"%DLQ%{args.group}")))
+    msgs = asyncio.run(_with_consumer(args, lambda c: c.read_all(dlq_topic(args.group))))
     print(f"{'MSG ID':22} {'ORIGINAL TOPIC':24} {'TRIES':>5}  BODY")
     for m in msgs:
         p = m.properties
@@ -82,13 +86,13 @@ def resend_dlq(args) -> int:
     async def go():
         async with AsyncPullConsumer(args.broker, **client_options(args)) as c:
             m = await c.view(args.msg_id)
-        if m.topic != f"%DLQ%{args.group}":
-            raise ValueError(f"message {args.msg_id} is in {m.topic}, not in %DLQ%{args.group}")
-        topic = m.properties.get("RETRY_TOPIC")
+        if m.topic != dlq_topic(args.group):
+            raise ValueError(f"message {args.msg_id} is in {m.topic}, not in {dlq_topic(args.group)}")
+        topic = m.properties.get(PROPERTY_RETRY_TOPIC)
         if not topic:
-            raise ValueError(f"message {args.msg_id} does not say its original topic (RETRY_TOPIC)")
+            raise ValueError(f"message {args.msg_id} does not say its original topic ({PROPERTY_RETRY_TOPIC})")
         props = {k: v for k, v in m.properties.items() if k not in _RETRY_PROPS}
-        props["RESENT_FROM_DLQ"] = args.msg_id
+        props[PROPERTY_RESENT_FROM_DLQ] = args.msg_id
         async with AsyncProducer("txbroker-dlq", args.broker, **client_options(args)) as p:
             r = await p.send(Message(topic, m.body, m.tags, m.keys, props))
         return topic, r

@@ -43,11 +43,11 @@ from txbroker.protocol.bodies import (
 )
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import Frame
+from txbroker.protocol.names import PROPERTY_RECONSUME_TIME, RETRY_PREFIX, retry_topic
 from txbroker.protocol.tags import parse_tags
 
 log = logging.getLogger(__name__)
 
-RETRY_PREFIX = "%RETRY%"
 
 
 class ConsumeStatus(enum.Enum):
@@ -269,7 +269,7 @@ class AsyncPushConsumer:
             return
         topics = [self.topic]
         if self.model is MessageModel.CLUSTERING:
-            topics.append(RETRY_PREFIX + self.group)
+            topics.append(retry_topic(self.group))
         wanted: list[tuple[str, int]] = []
         members = None
         for topic in topics:
@@ -404,8 +404,8 @@ class AsyncPushConsumer:
     def _present(m: MessageExt) -> MessageExt:
         """Messages from the retry topic show their original topic and how often they were retried."""
         p = m.properties
-        if "RECONSUME_TIME" in p:
-            m.reconsume_times = int(p["RECONSUME_TIME"])
+        if PROPERTY_RECONSUME_TIME in p:
+            m.reconsume_times = int(p[PROPERTY_RECONSUME_TIME])
         return m
 
     async def _call_listener(self, msgs: list[MessageExt], ctx: ConsumeContext):

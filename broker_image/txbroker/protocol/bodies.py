@@ -9,14 +9,6 @@ from __future__ import annotations
 import msgspec
 from msgspec import Struct, field
 
-# Message properties with RocketMQ's names.
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP = "PGROUP"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID = "REAL_QID"
-PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
-
 
 # Messages are made and decoded by the hundred thousand (a Spark task, a batch send, a pull) and
 # hold only strings, bytes and a dict of strings, so they can never be part of a reference cycle:

@@ -43,26 +43,21 @@ class RequestCode(IntEnum):
 
 
 class ResponseCode(IntEnum):
+    # RocketMQ's numbers; the gaps are its codes this broker never answers.
     SUCCESS = 0
     SYSTEM_ERROR = 1
     SYSTEM_BUSY = 2
     REQUEST_CODE_NOT_SUPPORTED = 3
-    TRANSACTION_FAILED = 4
     FLUSH_DISK_TIMEOUT = 10
     SLAVE_NOT_AVAILABLE = 11
     FLUSH_SLAVE_TIMEOUT = 12
     MESSAGE_ILLEGAL = 13
     SERVICE_NOT_AVAILABLE = 14
-    VERSION_NOT_SUPPORTED = 15
     NO_PERMISSION = 16
     TOPIC_NOT_EXIST = 17
-    TOPIC_EXIST_ALREADY = 18
-    PULL_NOT_FOUND = 19
-    PULL_RETRY_IMMEDIATELY = 20
     PULL_OFFSET_MOVED = 21
     QUERY_NOT_FOUND = 22
     SUBSCRIPTION_PARSE_FAILED = 23
-    SUBSCRIPTION_GROUP_NOT_EXIST = 26
     # A commit arrived for a transaction that was already rolled back, or the reverse.
     TRANSACTION_SHOULD_COMMIT = 200
     TRANSACTION_SHOULD_ROLLBACK = 201

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from txbroker.protocol.bodies import (
-    PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, MessageExt,
-)
+from txbroker.protocol.bodies import MessageExt
+from txbroker.protocol.names import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED
 from txbroker.store import keys
 from txbroker.store.records import COMMITTED, HalfRecord, NormalRecord, Record, decode_record
 from txbroker.store.state import StateMachine

@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from txbroker.protocol.codes import TransactionState
+from txbroker.protocol.names import PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, TRANS_CHECK_MAX_TIME_TOPIC
 from txbroker.store import keys
 from txbroker.store.db import Database, last_item_with_prefix, last_key, open_database
 from txbroker.store.group_commit import Batch, GroupCommit, answer
@@ -38,7 +39,6 @@ from txbroker.store.records import (
 
 log = logging.getLogger(__name__)
 
-TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 JOB_ID_PREFIX = b"id/"
 JOB_NAME_PREFIX = b"name/"
 PUBLISHED_KEY = b"published"
@@ -407,7 +407,7 @@ class StateMachine:
 
     def _apply_half(self, r: HalfRecord, lsn: int, b: Batch) -> None:
         first = r.messages[0].properties
-        immunity = first.get("CHECK_IMMUNITY_TIME_IN_SECONDS")
+        immunity = first.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
         p = PendingTx(
             transaction_id=r.transaction_id, producer_group=r.producer_group, half_lsn=lsn,
             born_ms=r.born_ms, destinations=[(m.topic, m.queue_id) for m in r.messages],

@@ -20,12 +20,12 @@ from typing import Callable
 
 from txbroker.broker.replies import RequestError
 from txbroker.protocol.codes import ResponseCode
+from txbroker.protocol.names import GROUP_TOPIC_PREFIXES
 
 PUB = 1
 SUB = 2
 _PERMS = {"PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB, "DENY": 0}
 _VERBS = {PUB: "publish to", SUB: "subscribe to", PUB | SUB: "use"}
-_GROUP_TOPICS = ("%RETRY%", "%DLQ%")
 _CACHE_MAX = 10_000  # per principal and kind; beyond it answers are computed, not remembered
 
 
@@ -54,7 +54,7 @@ class Permissions:
         for rule in self.topics:
             if fnmatchcase(topic, rule.pattern):
                 return rule.perms
-        for prefix in _GROUP_TOPICS:
+        for prefix in GROUP_TOPIC_PREFIXES:
             if topic.startswith(prefix) and self.consumer_group(topic[len(prefix):]):
                 return SUB
         return 0

@@ -18,7 +18,6 @@ whole with an error naming the user and the field (a reload keeps the previous u
 from __future__ import annotations
 
 import datetime as dt
-import re
 import tomllib
 from typing import Any
 
@@ -27,8 +26,8 @@ from msgspec import Struct, field
 
 from txbroker.broker.auth.acl import Permissions, Principal, parse_topic_rule
 from txbroker.broker.auth.scram_secret import ScramSecret
+from txbroker.protocol.names import ACCESS_KEY, ACCESS_KEY_RULE
 
-ACCESS_KEY = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")
 
 
 class CredentialsError(ValueError):
@@ -71,7 +70,7 @@ def parse_expiry(value: Any) -> float:
 
 def principal_from(entry: UserEntry) -> Principal:
     if not ACCESS_KEY.match(entry.access_key):
-        raise ValueError("access_key must be 1-128 characters from letters, digits, '.', '_', '-', '@'")
+        raise ValueError(f"access_key must be {ACCESS_KEY_RULE}")
     secret = ScramSecret.parse(entry.scram)
     rules = []
     for i, text in enumerate(entry.topics):

@@ -7,21 +7,19 @@ from txbroker.broker.auth.acl import SUB
 from txbroker.broker.replies import Reply, error, ok
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.protocol.bodies import (
-    PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED,
     CommitOffsetsRequest, ConsumerListRequest, ConsumerListResponse, LockQueuesRequest, LockQueuesResponse, Message,
     QueryByKeyRequest, QueryByKeyResponse, QueryOffsetsRequest, QueryOffsetsResponse, SearchOffsetRequest,
     SearchOffsetResponse, SendBackRequest, SendBackResponse, decoder,
 )
 from txbroker.protocol.codes import ResponseCode
+from txbroker.protocol.names import (
+    PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_PRODUCER_GROUP, PROPERTY_RECONSUME_TIME, PROPERTY_RETRY_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED, RETRY_PREFIX, dlq_topic, retry_topic,
+)
 from txbroker.store import keys
 from txbroker.store.records import NormalRecord, OffsetRecord
 from txbroker.broker.transactions import now_ms
 
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
-PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
-PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
-PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
 FIRST_RETRY_LEVEL = 3  # RocketMQ: the first retry waits level 3 (10 s by default)
 
 
@@ -100,7 +98,7 @@ class SendBackProcessor:
             return error(ResponseCode.QUERY_NOT_FOUND, f"no message {req.msg_id} that a consumer can read in topic {req.topic}")
         group = req.consumer_group
         dead = req.reconsume_times >= req.max_reconsume_times
-        target = DLQ_PREFIX + group if dead else RETRY_PREFIX + group
+        target = dlq_topic(group) if dead else retry_topic(group)
         level = FIRST_RETRY_LEVEL + req.reconsume_times
         # Keyed on (group, message, failure count): a send-back whose answer was lost, sent again,
         # stores nothing new; a later failure of the same message is a new retry.
