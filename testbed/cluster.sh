@@ -426,7 +426,14 @@ down() {
     done
     sleep 1
     pkill -KILL -f "containerd-shim-runc-v2 .*$SOCK" 2>/dev/null || true
+    # A container outlives its killed shim (runc gives it its own PID namespace; init adopts it):
+    # its processes are found by containerd's cgroups (cgroupfs driver, parent k8s.io) and killed.
+    local procs
+    for procs in /sys/fs/cgroup/pids/k8s.io/*/cgroup.procs /sys/fs/cgroup/k8s.io/*/cgroup.procs; do
+        [[ -f "$procs" ]] && xargs -r kill -KILL < "$procs" 2>/dev/null || true
+    done
     while read -r name pid; do kill -KILL -- "-$pid" 2>/dev/null || true; done < "$DIR/pids"
+    rmdir /sys/fs/cgroup/*/k8s.io/* /sys/fs/cgroup/k8s.io/* 2>/dev/null || true
     local m
     for m in $(awk -v d="$DIR" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$m" || true; done
     # the pods' own namespaces (CNI's cni-*) made since up: a killed containerd leaves them behind
