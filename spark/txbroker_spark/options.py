@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from txbroker.protocol.names import TOPIC_NAME, TOPIC_NAME_RULE
 
-if TYPE_CHECKING:
-    from txbroker_spark.security import BrokerSecurity
+from txbroker_spark.option_values import OptionError, option_value
+from txbroker_spark.security import BrokerSecurity, parse_security
 
 MAX_TOTAL_BODY = 4 * 1024 * 1024  # the broker's default max_message_size (per request)
 
@@ -26,30 +25,8 @@ P_QUERY = "SPARK_QUERY_ID"
 P_BATCH = "SPARK_BATCH_ID"
 
 
-class OptionError(ValueError):
-    """A problem with an option, named: `txbroker option 'topic': ...`. `source` is the environment
-    variable the value came from, when it did not come from the options."""
-
-    def __init__(self, option: str, problem: str, source: str | None = None):
-        self.option = option
-        self.problem = problem
-        self.source = source
-        where = f" (from ${source})" if source else ""
-        super().__init__(f"txbroker option '{option}'{where}: {problem}")
-
-    def __reduce__(self):
-        return type(self), (self.option, self.problem, self.source)
-
-
-def _get(options, name: str, default=None):
-    value = options.get(name)  # the options dict is case-insensitive
-    if value is None or str(value).strip() == "":
-        return default
-    return str(value).strip()
-
-
 def _int(options, name: str, default: int, lo: int, hi: int) -> int:
-    raw = _get(options, name)
+    raw = option_value(options, name)
     if raw is None:
         return default
     try:
@@ -62,7 +39,7 @@ def _int(options, name: str, default: int, lo: int, hi: int) -> int:
 
 
 def _float(options, name: str, default: float, lo: float, hi: float) -> float:
-    raw = _get(options, name)
+    raw = option_value(options, name)
     if raw is None:
         return default
     try:
@@ -77,15 +54,13 @@ def _float(options, name: str, default: float, lo: float, hi: float) -> float:
 def _security(options) -> BrokerSecurity:
     """accessKey, secretKey / secretKeyFile, tls* (or the TXBROKER_* environment), checked now: files
     readable and loadable on the driver."""
-    from txbroker_spark.security import parse_security
-
     sec = parse_security(options)
     sec.check_files()
     return sec
 
 
 def parse_brokers(options) -> list[str]:
-    raw = _get(options, "brokers")
+    raw = option_value(options, "brokers")
     if raw is None:
         raise OptionError("brokers", "is required: the broker addresses, HOST:PORT[,HOST:PORT...]")
     out = [b.strip() for b in raw.replace(";", ",").split(",") if b.strip()]
@@ -99,7 +74,7 @@ def parse_brokers(options) -> list[str]:
 
 
 def parse_topic(options) -> str:
-    topic = _get(options, "topic")
+    topic = option_value(options, "topic")
     if topic is None:
         raise OptionError("topic", "is required: the topic to publish to / read from")
     if not TOPIC_NAME.match(topic):
@@ -109,7 +84,7 @@ def parse_topic(options) -> str:
 
 def _column(schema, options, name: str) -> tuple[str, str] | None:
     """(actual column name, simple type name) for a column option, matched case-insensitively."""
-    wanted = _get(options, name)
+    wanted = option_value(options, name)
     if wanted is None:
         return None
     for f in schema.fields:
@@ -154,20 +129,18 @@ class WriteOptions:
 
     def __post_init__(self):
         if self.security is None:
-            from txbroker_spark.security import BrokerSecurity
-
             self.security = BrokerSecurity()
 
 
 def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     brokers = parse_brokers(options)
     topic = parse_topic(options)
-    group = _get(options, "producerGroup")
+    group = option_value(options, "producerGroup")
     if group is None:
         raise OptionError("producerGroup", "is required: the producer group the write's job belongs to")
     if len(group) > 255 or any(c.isspace() for c in group):
         raise OptionError("producerGroup", f"must be at most 255 characters without spaces, got {group!r}")
-    if _get(options, "ledger") is not None:
+    if option_value(options, "ledger") is not None:
         import logging
 
         logging.getLogger("txbroker_spark").warning(
@@ -176,7 +149,7 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
                      security=_security(options))
 
     body = _column(schema, options, "bodyColumn")
-    fmt = (_get(options, "bodyFormat", "auto")).lower()
+    fmt = (option_value(options, "bodyFormat", "auto")).lower()
     if fmt not in ("auto", "json", "bytes", "string"):
         raise OptionError("bodyFormat", f"must be auto, json, bytes or string, got {fmt!r}")
     if body is None:
@@ -196,7 +169,7 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     o.key_column = key[0] if key else None
     tags = _column(schema, options, "tagsColumn")
     o.tags_column = tags[0] if tags else None
-    o.tags = _get(options, "tags", "")
+    o.tags = option_value(options, "tags", "")
     if o.tags_column and o.tags:
         raise OptionError("tags", "give either tags (one value for every message) or tagsColumn, not both")
 
@@ -205,12 +178,12 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     o.max_inflight = _int(options, "maxInflight", 4, 1, 256)
     o.deadline_ms = int(_float(options, "deadlineSeconds", 600.0, 1.0, 7 * 86400.0) * 1000)
     o.request_timeout = _float(options, "requestTimeoutSeconds", 30.0, 0.5, 600.0)
-    immunity = _get(options, "checkImmunitySeconds")
+    immunity = option_value(options, "checkImmunitySeconds")
     o.immunity_seconds = _int(options, "checkImmunitySeconds", 0, 1, 86400) if immunity else None
-    o.commit = (_get(options, "commit", "auto")).lower()
+    o.commit = (option_value(options, "commit", "auto")).lower()
     if o.commit not in ("auto", "deferred"):
         raise OptionError("commit", f"must be auto or deferred, got {o.commit!r}")
-    job = _get(options, "jobId")
+    job = option_value(options, "jobId")
     if job is not None:
         if streaming:
             raise OptionError("jobId", "is for batch writes; a streaming query's identity is its checkpoint")
@@ -220,25 +193,25 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
         o.job_id = job
     if streaming and o.commit != "auto":
         raise OptionError("commit", "deferred commit is for batch writes only")
-    o.stream_id = _get(options, "streamId")
+    o.stream_id = option_value(options, "streamId")
     if o.stream_id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}", o.stream_id):
         raise OptionError("streamId", f"must be 1-48 characters from letters, digits, '_', '.', '-', got {o.stream_id!r}")
-    o.checkpoint = _get(options, "checkpointLocation")
+    o.checkpoint = option_value(options, "checkpointLocation")
 
-    fp = _get(options, "inject.failPartition")
+    fp = option_value(options, "inject.failPartition")
     o.fail_partition = _int(options, "inject.failPartition", 0, 0, 1_000_000) if fp is not None else None
-    o.fail_mode = _get(options, "inject.failMode", "crash").lower()
+    o.fail_mode = option_value(options, "inject.failMode", "crash").lower()
     if o.fail_mode not in ("crash", "raise", "always"):
         raise OptionError("inject.failMode", f"must be crash, raise or always, got {o.fail_mode!r}")
-    sp = _get(options, "inject.slowPartition")
+    sp = option_value(options, "inject.slowPartition")
     o.slow_partition = _int(options, "inject.slowPartition", 0, 0, 1_000_000) if sp is not None else None
     o.slow_seconds = _float(options, "inject.slowSeconds", 30.0, 0.0, 3600.0)
-    o.hang_at = _get(options, "inject.hangAt")
+    o.hang_at = option_value(options, "inject.hangAt")
     if o.hang_at is not None and o.hang_at not in ("before-decision", "after-decision"):
         raise OptionError("inject.hangAt", f"must be before-decision or after-decision, got {o.hang_at!r}")
-    hb = _get(options, "inject.hangBatch")
+    hb = option_value(options, "inject.hangBatch")
     o.hang_batch = _int(options, "inject.hangBatch", 0, 0, 10**12) if hb is not None else None
-    o.marker_file = _get(options, "inject.markerFile")
+    o.marker_file = option_value(options, "inject.markerFile")
     return o
 
 
@@ -255,15 +228,13 @@ class ReadOptions:
 
     def __post_init__(self):
         if self.security is None:
-            from txbroker_spark.security import BrokerSecurity
-
             self.security = BrokerSecurity()
 
 
 def _offsets(options, name: str) -> dict[int, int] | None:
     import json
 
-    raw = _get(options, name)
+    raw = option_value(options, name)
     if raw is None or raw.lower() in ("earliest", "latest"):
         if raw is not None and raw.lower() == ("latest" if name == "startingOffsets" else "earliest"):
             raise OptionError(name, f"{raw!r} makes an empty range; give a JSON object {{\"queue\": offset}}")
@@ -283,7 +254,7 @@ def _offsets(options, name: str) -> dict[int, int] | None:
 
 def parse_read_options(options) -> ReadOptions:
     o = ReadOptions(brokers=parse_brokers(options), topic=parse_topic(options), security=_security(options))
-    q = _get(options, "queues")
+    q = option_value(options, "queues")
     if q is not None:
         try:
             o.queues = sorted({int(x) for x in q.split(",") if x.strip()})

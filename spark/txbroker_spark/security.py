@@ -37,7 +37,7 @@ from txbroker.client.security import Credentials, TlsConfig
 from txbroker.protocol.codes import ResponseCode
 from txbroker.protocol.names import ACCESS_KEY, ACCESS_KEY_RULE
 
-from txbroker_spark.options import OptionError, _get
+from txbroker_spark.option_values import OptionError, option_value
 
 CREDENTIAL_OPTIONS = ("accessKey", "secretKey", "secretKeyFile")
 TLS_OPTIONS = ("tls", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "tlsServerName")
@@ -208,7 +208,7 @@ def parse_security(options, environ=None) -> BrokerSecurity:
     """Credentials and TLS from the options (a dict or Spark's case-insensitive options), or, per
     group, from the environment. Raises OptionError naming the option (or variable)."""
     environ = os.environ if environ is None else environ
-    given = {name: _get(options, name) for name in CREDENTIAL_OPTIONS + TLS_OPTIONS}
+    given = {name: option_value(options, name) for name in CREDENTIAL_OPTIONS + TLS_OPTIONS}
 
     cred_env = not any(given[n] is not None for n in CREDENTIAL_OPTIONS)
     if cred_env:

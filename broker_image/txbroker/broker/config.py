@@ -6,6 +6,7 @@ transactionTimeOut, transactionCheckMax, rejectTransactionMessage, maxMessageSiz
 
 from __future__ import annotations
 
+import re
 import tomllib
 from typing import Literal
 
@@ -41,6 +42,16 @@ class TransactionSettings(Struct, forbid_unknown_fields=True):
         if not 1 <= self.check_max <= 10_000:
             raise ConfigError(f"{where}.check_max must be between 1 and 10000, got {self.check_max}")
         return self
+
+    def merged(self, changes: dict, where: str) -> "TransactionSettings":
+        """These settings with `changes` (a partial object, as an admin PUT or flags give) applied."""
+        if not isinstance(changes, dict):
+            raise ConfigError(f"{where}: expected an object of settings")
+        try:
+            merged = msgspec.convert({**msgspec.to_builtins(self), **changes}, TransactionSettings)
+        except msgspec.ValidationError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return merged.validate(where)
 
 
 class BrokerConfig(Struct, forbid_unknown_fields=True):
@@ -123,7 +134,6 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
         if self.replication_timeout_ms < 10:
             raise ConfigError(f"replication_timeout_ms must be at least 10, got {self.replication_timeout_ms}")
         self._validate_security()
-        from txbroker.broker.schedule_service import parse_delay_levels
         try:
             parse_delay_levels(self.message_delay_level)
         except ValueError as e:
@@ -172,6 +182,22 @@ def parse_address(text: str, name: str = "address") -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{name} must be HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """'1s 5s 10s 30s 1m ...' -> milliseconds per level (level 1 first)."""
+    out = []
+    for part in text.split():
+        m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", part)
+        if not m:
+            raise ValueError(f"delay level {part!r}: use a number and a unit (ms, s, m, h, d), e.g. 10s")
+        out.append(int(m.group(1)) * _UNITS[m.group(2)])
+    if not out:
+        raise ValueError("at least one delay level is needed")
+    return out
 
 
 _FLUSH_ALIASES = {"SYNC_FLUSH": "SYNC", "ASYNC_FLUSH": "ASYNC", "SYNC_MASTER": "SYNC", "ASYNC_MASTER": "ASYNC"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
 from txbroker.broker.transactions import now_ms
 from txbroker.lifecycle import stop_task
@@ -22,22 +21,6 @@ from txbroker.store.records import NormalRecord, OffsetRecord
 log = logging.getLogger(__name__)
 
 SCHEDULE_GROUP = "%SCHEDULE%"
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_delay_levels(text: str) -> list[int]:
-    """'1s 5s 10s 30s 1m ...' -> milliseconds per level (level 1 first)."""
-    out = []
-    for part in text.split():
-        m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", part)
-        if not m:
-            raise ValueError(f"delay level {part!r}: use a number and a unit (ms, s, m, h, d), e.g. 10s")
-        out.append(int(m.group(1)) * _UNITS[m.group(2)])
-    if not out:
-        raise ValueError("at least one delay level is needed")
-    return out
-
-
 class ScheduleService:
     def __init__(self, broker, levels_ms: list[int]):
         self._b = broker

@@ -12,7 +12,7 @@ from txbroker.broker import processors
 from txbroker.broker.admin import AdminApp
 from txbroker.broker.auth import AuthService
 from txbroker.broker.check_service import CheckService
-from txbroker.broker.config import BrokerConfig, parse_address
+from txbroker.broker.config import BrokerConfig, parse_address, parse_delay_levels
 from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.consumers import ConsumerRegistry
 from txbroker.broker.file_watch import FileWatcher
@@ -26,7 +26,7 @@ from txbroker.broker.replication.leader import ReplicationLeader
 from txbroker.broker.replies import RequestError
 from txbroker.broker.retention_service import RetentionService
 from txbroker.broker.role import MASTER, SLAVE, RoleState
-from txbroker.broker.schedule_service import ScheduleService, parse_delay_levels
+from txbroker.broker.schedule_service import ScheduleService
 from txbroker.broker.settings import SettingsBook
 from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry

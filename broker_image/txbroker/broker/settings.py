@@ -12,7 +12,7 @@ from typing import Callable
 
 import msgspec
 
-from txbroker.broker.config import ConfigError, TransactionSettings
+from txbroker.broker.config import TransactionSettings
 
 _GROUP_PREFIX = b"config/group/"
 
@@ -48,13 +48,13 @@ class SettingsBook:
         return shortest / 1000
 
     def update_defaults(self, changes: dict) -> TransactionSettings:
-        merged = _merge(self.defaults, changes, "transaction")
+        merged = self.defaults.merged(changes, "transaction")
         self.defaults = merged
         self._changed()
         return merged
 
     def update_group(self, group: str, changes: dict, generation: int = 0) -> TransactionSettings:
-        merged = _merge(self.groups.get(group, self.defaults), changes, f"groups.{group}")
+        merged = self.groups.get(group, self.defaults).merged(changes, f"groups.{group}")
         self.groups[group] = merged
         self.generations[group] = generation
         self._persist(_GROUP_PREFIX + group.encode(), {**msgspec.to_builtins(merged), "generation": generation})
@@ -77,12 +77,3 @@ class SettingsBook:
         for fn in self._listeners:
             fn()
 
-
-def _merge(base: TransactionSettings, changes: dict, where: str) -> TransactionSettings:
-    if not isinstance(changes, dict):
-        raise ConfigError(f"{where}: expected an object of settings")
-    try:
-        merged = msgspec.convert({**msgspec.to_builtins(base), **changes}, TransactionSettings)
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    return merged.validate(where)

@@ -99,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides)
         if any(v is not None for v in tx.values()):
-            from txbroker.broker.settings import _merge
-            cfg.transaction = _merge(cfg.transaction, {k: v for k, v in tx.items() if v is not None}, "transaction")
+            cfg.transaction = cfg.transaction.merged({k: v for k, v in tx.items() if v is not None}, "transaction")
     except ConfigError as e:
         print(f"txbroker broker: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,10 @@ _QUEUE = struct.Struct(">H")
 
 lsn_key = _U64.pack
 
+# the jobs column family: a job by id, and the newest job of each name
+JOB_ID_PREFIX = b"id/"
+JOB_NAME_PREFIX = b"name/"
+
 
 def lsn_from_key(key: bytes) -> int:
     return _U64.unpack(key)[0]

@@ -39,8 +39,6 @@ from txbroker.store.records import (
 
 log = logging.getLogger(__name__)
 
-JOB_ID_PREFIX = b"id/"
-JOB_NAME_PREFIX = b"name/"
 PUBLISHED_KEY = b"published"
 # Past this many unpublished batches (slaves away for long) new ones are merged into the last, so
 # memory stays bounded; what is merged is published together.
@@ -143,8 +141,8 @@ class StateMachine:
             self.pending[p.transaction_id] = p
             if p.job_id:
                 self.job_members.setdefault(p.job_id, set()).add(p.transaction_id)
-        for k, v in self.db.jobs.items(from_key=JOB_ID_PREFIX):
-            if not k.startswith(JOB_ID_PREFIX):
+        for k, v in self.db.jobs.items(from_key=keys.JOB_ID_PREFIX):
+            if not k.startswith(keys.JOB_ID_PREFIX):
                 break
             j = decode_job(v)
             if not j.decided:
@@ -351,7 +349,7 @@ class StateMachine:
             self.job_members.setdefault(j.job_id, set())
             self._put_job(b, j)
             if j.name:
-                key = JOB_NAME_PREFIX + j.name.encode()
+                key = keys.JOB_NAME_PREFIX + j.name.encode()
                 b.wb.put(key, j.job_id.encode(), self._h_jobs)
                 self._jobs_writing[key] = j.job_id
         elif kind is JobPrepareRecord:
@@ -372,7 +370,7 @@ class StateMachine:
             raise TypeError(f"unknown record {kind.__name__}")
 
     def _put_job(self, b: Batch, j: JobState) -> None:
-        key = JOB_ID_PREFIX + j.job_id.encode()
+        key = keys.JOB_ID_PREFIX + j.job_id.encode()
         b.wb.put(key, encode(j), self._h_jobs)
         self._jobs_writing[key] = j
 
@@ -381,7 +379,7 @@ class StateMachine:
         j = self.jobs.get(job_id)
         if j is not None:
             return j
-        key = JOB_ID_PREFIX + job_id.encode()
+        key = keys.JOB_ID_PREFIX + job_id.encode()
         j = self._jobs_writing.get(key)
         if j is not None:
             return j
@@ -390,7 +388,7 @@ class StateMachine:
 
     def job_named(self, name: str) -> JobState | None:
         """The newest job opened under `name`."""
-        key = JOB_NAME_PREFIX + name.encode()
+        key = keys.JOB_NAME_PREFIX + name.encode()
         job_id = self._jobs_writing.get(key)
         if job_id is None:
             v = self.db.jobs.get(key)
@@ -399,10 +397,10 @@ class StateMachine:
 
     def iter_jobs(self):
         """Every job, oldest id first (decided ones from disk: the admin plane's listing)."""
-        for k, v in self.db.jobs.items(from_key=JOB_ID_PREFIX):
-            if not k.startswith(JOB_ID_PREFIX):
+        for k, v in self.db.jobs.items(from_key=keys.JOB_ID_PREFIX):
+            if not k.startswith(keys.JOB_ID_PREFIX):
                 break
-            job_id = k[len(JOB_ID_PREFIX):].decode()
+            job_id = k[len(keys.JOB_ID_PREFIX):].decode()
             yield self.jobs.get(job_id) or self._jobs_writing.get(k) or decode_job(v)
 
     def _apply_half(self, r: HalfRecord, lsn: int, b: Batch) -> None:

@@ -121,12 +121,11 @@ def _rederive_jobs(state: "StateMachine", scratch: Batch, job_ids: set[str], las
     names: set[str] = set()
     if not job_ids:
         return names
-    from txbroker.store.state import JOB_ID_PREFIX
 
     db, h = state.db, state.db.handles
     first = last_kept + 1
     for job_id in job_ids:
-        key = JOB_ID_PREFIX + job_id.encode()
+        key = keys.JOB_ID_PREFIX + job_id.encode()
         stored = db.jobs.get(key)
         scratch.wb.delete(key, h["jobs"])
         state.jobs.pop(job_id, None)
@@ -153,7 +152,6 @@ def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics
     (walking the log back)."""
     if not offsets and not topics and not names:
         return
-    from txbroker.store.state import JOB_NAME_PREFIX
 
     h = state.db.handles
     offsets, topics, names = set(offsets), set(topics), set(names)
@@ -171,11 +169,11 @@ def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics
             wb.put(b"topic/" + r.name.encode(), str(r.queue_count).encode(), h["meta"])
         elif type(r) is JobOpenRecord and r.name in names:
             names.discard(r.name)
-            wb.put(JOB_NAME_PREFIX + r.name.encode(), r.job_id.encode(), h["jobs"])
+            wb.put(keys.JOB_NAME_PREFIX + r.name.encode(), r.job_id.encode(), h["jobs"])
         it.prev()
     for group, topic, queue in offsets:  # set only by dropped records
         wb.delete(keys.offset_key(group, topic, queue), h["offsets"])
     for name in topics:
         wb.delete(b"topic/" + name.encode(), h["meta"])
     for name in names:
-        wb.delete(JOB_NAME_PREFIX + name.encode(), h["jobs"])
+        wb.delete(keys.JOB_NAME_PREFIX + name.encode(), h["jobs"])
