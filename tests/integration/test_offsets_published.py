@@ -39,3 +39,35 @@ def test_an_offset_commit_the_slave_lacks_is_not_read_until_it_has_it(broker_fac
             s.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: c.committed_offsets("offsets-cg", "Offsets")[0][queue] == 2,
                    what="the offset commit read once the slave holds it")
+
+
+def test_a_broker_that_is_no_longer_master_does_not_answer_offset_queries(broker_factory):
+    """The fault harness, seed 406: a consumer whose connection was made to the master kept it after
+    that broker was demoted (and had truncated its log), asked it for the group's offsets when it
+    took over queues, got them as they were minutes before, and committed from there: the group's
+    offsets read ~2,000 lower. A slave's offsets lag its master's; only the master answers."""
+    flags = ("--replication-mode", "ASYNC", "--replication-heartbeat-ms", "100")
+    m = broker_factory(*flags, "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *flags, name="s")
+    with Producer("offsets-pg", m.address) as p:
+        for i in range(5):
+            p.send(Message("Offsets", f"m{i}".encode()))
+    with PullConsumer([m.address, s.address], request_timeout=5) as c:
+        queue, end = max(c.committed_offsets("offsets-cg", "Offsets")[1].items(), key=lambda e: e[1])
+        assert end >= 2
+        c.commit_offsets("offsets-cg", {("Offsets", queue): 1})
+        wait_until(lambda: AdminClient(s.admin_url).get("/api/v1/broker")["log_end_offset"]
+                   == AdminClient(m.admin_url).get("/api/v1/broker")["log_end_offset"], what="the slave caught up")
+        # s takes over; m becomes a slave of a master it cannot reach, so it keeps offset 1
+        AdminClient(s.admin_url).post("/api/v1/role", {"role": "master", "epoch": 2})
+        AdminClient(m.admin_url).post("/api/v1/role", {"role": "slave", "master": "127.0.0.1:9", "epoch": 2})
+        with PullConsumer(s.address, request_timeout=5) as on_s:
+            on_s.commit_offsets("offsets-cg", {("Offsets", queue): end})
+        # c's connection is still the one to m
+        assert c.committed_offsets("offsets-cg", "Offsets")[0][queue] == end
+        try:
+            with PullConsumer(m.address, request_timeout=2, require_master=False) as on_m:
+                on_m.committed_offsets("offsets-cg", "Offsets")
+            raise AssertionError("a slave answered an offset query")
+        except BrokerError as e:
+            assert e.code_name == "SLAVE_NOT_AVAILABLE" and "127.0.0.1:9" in str(e), e

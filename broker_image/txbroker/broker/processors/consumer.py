@@ -66,6 +66,9 @@ class QueryOffsetsProcessor:
         req = self._decode(body)
         conn.access.require_consumer_group(req.consumer_group)
         conn.access.require_topic(req.topic, SUB)
+        # Only the master knows the group's offsets: a slave's lag behind it, and a consumer that took
+        # a slave's (or a demoted master's) for its start would consume and commit from there.
+        self._b.role.require_master()
         count = self._b.topics.require(req.topic)
         state = self._b.state
         committed = {}
