@@ -107,9 +107,15 @@ class CheckService:
             else:
                 due.append(p)
         for p in to_park:
-            log.warning("transaction %s of group %s parked in TRANS_CHECK_MAX_TIME_TOPIC after %d checks",
-                        p.transaction_id, p.producer_group, p.checks)
             self._tx.park(p, now)
+        if to_park:  # one line a scan, not one a transaction (a group whose producers are gone parks many)
+            by_group: dict[str, list[str]] = {}
+            for p in to_park:
+                by_group.setdefault(p.producer_group, []).append(p.transaction_id)
+            for group, ids in by_group.items():
+                log.warning("%d transactions of group %s parked in TRANS_CHECK_MAX_TIME_TOPIC after their %d "
+                            "checks (%s%s); `txbroker tx list --state parked` lists them", len(ids), group,
+                            settings_for(group).check_max, ", ".join(ids[:5]), ", ..." if len(ids) > 5 else "")
         result.parked = len(to_park)
         if due:
             self._state.append(CheckRecord([p.transaction_id for p in due], now))
