@@ -146,13 +146,14 @@ class InProcessBroker:
     authentication on: connections can be made authenticated as an admin (every handler reachable)
     or left unauthenticated (the admission and SASL paths)."""
 
-    def __init__(self, auth: bool = True):
+    def __init__(self, auth: bool = True, config: dict | None = None):
         # Refusals are expected here; the level goes back on close (other tests in the process read logs).
         self._log_level = logging.getLogger("txbroker").level
         logging.getLogger("txbroker").setLevel(logging.CRITICAL)
         self.dir = tempfile.mkdtemp(prefix="txbroker-fuzz-")
         overrides = {"data_dir": self.dir + "/data", "listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0",
-                     "max_message_size": 4096, "max_unacked_bytes": 1 << 20, "log_level": "CRITICAL"}
+                     "max_message_size": 4096, "max_unacked_bytes": 1 << 20, "log_level": "CRITICAL",
+                     **(config or {})}
         if auth:
             path = self.dir + "/credentials.toml"
             with open(path, "w") as f:
