@@ -8,11 +8,12 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 TXBROKER = str(Path(sys.executable).parent / "txbroker")
@@ -22,18 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
-    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 class BrokerProcess:

@@ -16,10 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from support.waiting import wait_for
-
 __all__ = ["BROKER_IMAGE", "CACHE", "DIR", "ROOT", "VERSION", "Cluster", "ClusterError", "ToolError",
-           "condition", "ready", "wait_for"]
+           "condition", "ready"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("TXBROKER_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

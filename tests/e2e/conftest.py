@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # cluster, operator_env
-from cluster import ROOT, VERSION, Cluster, ClusterError, wait_for  # noqa: E402
+from cluster import ROOT, VERSION, Cluster, ClusterError  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 
 # Tags the rolling-update tests move TxBrokers to: the broker image under other names, as a user's
 # registry would hold a newer build (the node cannot pull; testbed/cluster.sh loads images)
@@ -53,6 +54,6 @@ def namespace(testbed: Cluster, request: pytest.FixtureRequest):
     name = f"t-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:6]}"
     name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
     testbed.create_namespace(name)
-    wait_for(lambda: testbed.get("serviceaccount", "default", name), 60, f"namespace {name}'s default ServiceAccount")
+    wait_until(lambda: testbed.get("serviceaccount", "default", name), 60, f"namespace {name}'s default ServiceAccount")
     yield name
     testbed.delete_namespace(name)

@@ -15,7 +15,8 @@ import re
 import uuid
 import urllib.request
 
-from cluster import BROKER_IMAGE, ROOT, VERSION, condition, ready, wait_for
+from cluster import BROKER_IMAGE, ROOT, VERSION, condition, ready
+from support.waiting import wait_until
 
 from txbroker.client.admin import AdminClient
 
@@ -84,7 +85,7 @@ class InClusterOperator:
 
     def wait_ready(self, timeout: float = 120) -> None:
         try:
-            wait_for(lambda: self.pods() and all(ready(p) for p in self.pods()), timeout, f"{self.deployment} Ready")
+            wait_until(lambda: self.pods() and all(ready(p) for p in self.pods()), timeout, f"{self.deployment} Ready")
         except TimeoutError as e:
             raise AssertionError(f"{e}; its log:\n{self.log.read_text()[-3000:]}") from None
 
@@ -123,7 +124,7 @@ def wait_broker(op, namespace: str, name: str, timeout: float = 120) -> dict:
         txb = tb.get("txb", name, namespace)
         return txb if (txb.get("status") or {}).get("phase") == "Running" else None
     try:
-        return wait_for(running, timeout, f"TxBroker {name} Running")
+        return wait_until(running, timeout, f"TxBroker {name} Running")
     except TimeoutError:
         pods = tb.kubectl("-n", namespace, "get", "pods,pvc", "-o", "wide", check=False).stdout
         logs = "".join(tb.pod_log(f"{name}-{i}", namespace)[-2000:] for i in range(3))
@@ -177,7 +178,7 @@ def read_topic(tb, namespace: str, address: str, topic: str, pod: str, timeout: 
     """Every committed message of `topic`, read by a consumer pod named `pod`: the lines `txbroker
     tail` printed, one per message."""
     tb.apply(consumer_pod(pod, address, topic), namespace)
-    p = wait_for(lambda: finished(tb, namespace, pod), timeout, f"consumer {pod} to finish")
+    p = wait_until(lambda: finished(tb, namespace, pod), timeout, f"consumer {pod} to finish")
     out = tb.logs(pod, namespace)
     assert p["status"]["phase"] == "Succeeded", out[-2000:]
     return [line for line in out.splitlines() if line.strip()]
@@ -228,6 +229,6 @@ def wait_rolled(tb, namespace: str, name: str, replicas: int, image: str, timeou
         t = tb.get("txb", name, namespace)
         return (all(p and p["spec"]["containers"][0]["image"] == image and ready(p) for p in pods.values())
                 and t["status"]["phase"] == "Running" and t)
-    txb = wait_for(rolled, timeout, f"every {name} pod on {image}", interval=0.1)
+    txb = wait_until(rolled, timeout, f"every {name} pod on {image}", interval=0.1)
     assert max_down <= 1, "more than one broker was down at once"
     return txb, order

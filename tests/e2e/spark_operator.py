@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cluster import CACHE, Cluster, wait_for
+from cluster import CACHE, Cluster
+from support.waiting import wait_until
 
 VERSION = "2.5.0"                       # testbed/go/spark-operator/go.mod; it submits with our Spark image's Spark
 CHART = CACHE / "spark-operator" / f"v{VERSION}" / "chart"
@@ -39,7 +40,7 @@ def apply_crds(tb: Cluster) -> None:
                        for c in ((tb.get("crd", name) or {}).get("status") or {}).get("conditions") or [])
                    for name in CRDS)
 
-    wait_for(established, 60, "the Spark operator's CRDs Established")
+    wait_until(established, 60, "the Spark operator's CRDs Established")
 
 
 def install(tb: Cluster, namespace: str, release: str) -> tuple[str, str]:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import yaml
-from cluster import ROOT, wait_for
+from cluster import ROOT
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +127,7 @@ def test_install_upgrade_uninstall(testbed, namespace):
     assert testbed.get("role", "txb-txbroker-operator", namespace) is not None
     assert testbed.get("txb", "demo", namespace)["spec"]["replicas"] == 1
     # and it runs: the operator's pod brings the chart's TxBroker up on the node
-    wait_for(lambda: (testbed.get("txb", "demo", namespace).get("status") or {}).get("phase") == "Running", 180,
+    wait_until(lambda: (testbed.get("txb", "demo", namespace).get("status") or {}).get("phase") == "Running", 180,
              "the chart's TxBroker demo Running")
     sa = f"system:serviceaccount:{namespace}:txb-txbroker-operator"
     can = lambda *a: testbed.kubectl("auth", "can-i", *a, "--as", sa, "-n", namespace, check=False).stdout.strip()  # noqa: E731

@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from cluster import wait_for
+from support.waiting import wait_until
 from operator_env import (
     addresses, admin, broker_info, brokers_report, condition, end_transaction_refusal, events_for, healthz,
     ready, service_endpoints, start_operator, txbroker, wait_broker, wait_rolled,
@@ -44,7 +44,7 @@ def txpg(name: str, broker: str, **spec) -> dict:
 
 
 def group_applied(tb, namespace: str, name: str, generation: int, brokers: list[str]):
-    """A wait_for predicate: the group's status says `generation` runs on exactly `brokers`."""
+    """A wait_until predicate: the group's status says `generation` runs on exactly `brokers`."""
     def check():
         g = tb.get("txpg", name, namespace)
         st = g.get("status") or {}
@@ -149,7 +149,7 @@ def test_master_and_two_slaves_replicate_and_commit(operator):
         slaves = [b for b in brokers if b["role"] == "slave"]
         return (len(slaves) == 2 and all(b.get("inSync") and b.get("lag") == 0 for b in slaves)
                 and all(b.get("offset") == end for b in brokers) and brokers)
-    wait_for(replicated, 30, f"status: both slaves in sync at the master's offset {end}")
+    wait_until(replicated, 30, f"status: both slaves in sync at the master's offset {end}")
     for slave in ("trio-1", "trio-2"):
         assert broker_info(tb, namespace, slave)["log_end_offset"] == end
 
@@ -160,7 +160,7 @@ def test_producer_commits_through_the_master_service(operator):
     wait_broker(operator, namespace, "front")
     master = addresses(tb, namespace, "front", 1)
     # the master, and only it: the slave's pod is ready too, but not labelled master
-    endpoints = wait_for(lambda: (e := service_endpoints(tb, namespace, "front-master")) == master and e, 60,
+    endpoints = wait_until(lambda: (e := service_endpoints(tb, namespace, "front-master")) == master and e, 60,
                          "front-master's EndpointSlice holding front-0 only")
     with TransactionProducer("front-pg", endpoints, Commit()) as p:
         for i in range(10):
@@ -177,7 +177,7 @@ def test_producer_group_interval_change_changes_check_back_live(operator):
     wait_broker(operator, namespace, "pgb")
     pids = {p: tb.pod_pids(p, namespace) for p in ("pgb-0", "pgb-1")}
     tb.apply(txpg("payments", "pgb", checkIntervalSeconds=3600, timeoutSeconds=1), namespace)
-    wait_for(group_applied(tb, namespace, "payments", 1, ["pgb-0", "pgb-1"]), 30, "generation 1 on both brokers")
+    wait_until(group_applied(tb, namespace, "payments", 1, ["pgb-0", "pgb-1"]), 30, "generation 1 on both brokers")
     for pod in ("pgb-0", "pgb-1"):
         groups = admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")
         assert groups["payments"]["check_interval_ms"] == 3_600_000 and groups["payments"]["generation"] == 1
@@ -205,33 +205,33 @@ def test_producer_group_interval_change_changes_check_back_live(operator):
         assert r.local_state is S.UNKNOWN
         # Due, but at an hour's interval not checked: proving an absence takes time, here three of the
         # 2-second rounds it gets below
-        tx = wait_for(lambda: pending_for(3 * 2000), 30, "the transaction past its timeout for 6 s")
+        tx = wait_until(lambda: pending_for(3 * 2000), 30, "the transaction past its timeout for 6 s")
         assert tx["checks"] == 0 and not checked.is_set(), "checked back at a one-hour interval"
-        wait_for(lambda: (tb.get("txpg", "payments", namespace).get("status") or {}).get("pending") == 1, 30,
+        wait_until(lambda: (tb.get("txpg", "payments", namespace).get("status") or {}).get("pending") == 1, 30,
                  "status: one pending")
 
         tb.kubectl("-n", namespace, "patch", "txpg", "payments", "--type=merge", "-p",
                    '{"spec": {"checkIntervalSeconds": 2}}')
-        wait_for(group_applied(tb, namespace, "payments", 2, ["pgb-0", "pgb-1"]), 30, "generation 2 on both brokers")
-        wait_for(checked.is_set, 30, "a check-back under the group's new 2 s interval")
-        wait_for(lambda: txload.visible(addresses(tb, namespace, "pgb", 1)[0], "Payments") == {"pay-1": 1},
+        wait_until(group_applied(tb, namespace, "payments", 2, ["pgb-0", "pgb-1"]), 30, "generation 2 on both brokers")
+        wait_until(checked.is_set, 30, "a check-back under the group's new 2 s interval")
+        wait_until(lambda: txload.visible(addresses(tb, namespace, "pgb", 1)[0], "Payments") == {"pay-1": 1},
                  20, "the checked transaction committed and visible")
     for pod in ("pgb-0", "pgb-1"):
         assert admin(tb.get("pod", pod, namespace)).get("/api/v1/groups")["payments"]["check_interval_ms"] == 2000
     assert {p: tb.pod_pids(p, namespace) for p in ("pgb-0", "pgb-1")} == pids, "a broker was restarted"
     header = tb.kubectl("-n", namespace, "get", "txpg", "payments").stdout.splitlines()[0].split()
     assert header[:6] == ["NAME", "BROKER", "CHECK-INTERVAL", "PENDING", "APPLIED", "APPLIED-GEN"]
-    wait_for(lambda: tb.kubectl("-n", namespace, "get", "txpg", "payments", "--no-headers").stdout.split()[:6]
+    wait_until(lambda: tb.kubectl("-n", namespace, "get", "txpg", "payments", "--no-headers").stdout.split()[:6]
              == ["payments", "pgb", "2", "0", "True", "2"], 30, "kubectl get txpg: generation 2 applied, none pending")
 
     # a group naming a missing TxBroker says so
     tb.apply(txpg("stray", "nope"), namespace)
-    g = wait_for(lambda: (g := tb.get("txpg", "stray", namespace)) and condition(g, "Ready") and g, 30, "stray status")
+    g = wait_until(lambda: (g := tb.get("txpg", "stray", namespace)) and condition(g, "Ready") and g, 30, "stray status")
     assert condition(g, "Ready")["reason"] == "BrokerNotFound"
 
     # deleting the group removes its settings from the brokers (no finalizer needed)
     tb.kubectl("-n", namespace, "delete", "txpg", "payments")
-    wait_for(lambda: all("payments" not in admin(tb.get("pod", p, namespace)).get("/api/v1/groups")
+    wait_until(lambda: all("payments" not in admin(tb.get("pod", p, namespace)).get("/api/v1/groups")
                          for p in ("pgb-0", "pgb-1")), 30, "group settings removed from the brokers")
 
 
@@ -246,25 +246,25 @@ def test_edited_children_are_put_back(operator):
     tb.kubectl("-n", namespace, "patch", "serviceaccount", "mended-broker", "--type=merge",
                "-p", '{"automountServiceAccountToken": true}')
 
-    wait_for(lambda: tb.get("service", "mended-master", namespace)["spec"]["selector"].get("txbroker.dev/role")
+    wait_until(lambda: tb.get("service", "mended-master", namespace)["spec"]["selector"].get("txbroker.dev/role")
              == "master", 30, "mended-master selecting the master again")
-    wait_for(lambda: tb.get("pdb", "mended", namespace)["spec"]["maxUnavailable"] == 1, 30, "the budget back at 1")
-    wait_for(lambda: tb.get("serviceaccount", "mended-broker", namespace)["automountServiceAccountToken"] is False,
+    wait_until(lambda: tb.get("pdb", "mended", namespace)["spec"]["maxUnavailable"] == 1, 30, "the budget back at 1")
+    wait_until(lambda: tb.get("serviceaccount", "mended-broker", namespace)["automountServiceAccountToken"] is False,
              30, "no API token for brokers again")
 
     def repaired():
         said = [e["message"] for e in events_for(tb, namespace, "mended") if e["reason"] == "Repaired"]
         return len(said) >= 3 and said
-    said = wait_for(repaired, 30, "Repaired Events for the three")
+    said = wait_until(repaired, 30, "Repaired Events for the three")
     assert any("Service mended-master" in m and "spec.selector" in m for m in said), said
     assert any("PodDisruptionBudget mended" in m for m in said) and any("ServiceAccount mended-broker" in m for m in said)
-    wait_for(lambda: service_endpoints(tb, namespace, "mended-master") == addresses(tb, namespace, "mended", 1),
+    wait_until(lambda: service_endpoints(tb, namespace, "mended-master") == addresses(tb, namespace, "mended", 1),
              60, "mended-master's endpoints back on the master")
 
     # one broker left: no budget to keep
     tb.kubectl("-n", namespace, "patch", "txb", "mended", "--type=merge", "-p", '{"spec": {"replicas": 1}}')
-    wait_for(lambda: tb.get("pdb", "mended", namespace) is None, 60, "the PodDisruptionBudget removed")
-    wait_for(lambda: tb.get("pod", "mended-1", namespace) is None, 60, "mended-1 removed")
+    wait_until(lambda: tb.get("pdb", "mended", namespace) is None, 60, "the PodDisruptionBudget removed")
+    wait_until(lambda: tb.get("pod", "mended-1", namespace) is None, 60, "mended-1 removed")
     tb.kubectl("-n", namespace, "delete", "txb", "mended", "--wait=false")
 
 
@@ -279,19 +279,19 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
     # the load's producer group, its check-back settings in a TxProducerGroup
     tb.apply(txpg("orders-pg", "fo", checkIntervalSeconds=1, timeoutSeconds=1, checkMax=300), namespace)
     wait_broker(operator, namespace, "fo")
-    wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "fo", namespace)["status"]["brokers"]
+    wait_until(lambda: all(b.get("inSync") for b in tb.get("txb", "fo", namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 30, "slaves in sync")
-    wait_for(group_applied(tb, namespace, "orders-pg", 1, ["fo-0", "fo-1", "fo-2"]), 30, "orders-pg on every broker")
+    wait_until(group_applied(tb, namespace, "orders-pg", 1, ["fo-0", "fo-1", "fo-2"]), 30, "orders-pg on every broker")
     everyone = addresses(tb, namespace, "fo", 3)
     # a client that knows only fo-master (operator_env.service_endpoints)
-    wait_for(lambda: service_endpoints(tb, namespace, "fo-master") == everyone[:1], 60, "fo-master's endpoint: fo-0")
+    wait_until(lambda: service_endpoints(tb, namespace, "fo-master") == everyone[:1], 60, "fo-master's endpoint: fo-0")
     svc = MasterServiceClient(tb, namespace, "fo-master", "svc-pg", "ViaService")
-    wait_for(lambda: svc.committed_at(everyone[0]) >= 20, 60, "commits through fo-master before the failure")
+    wait_until(lambda: svc.committed_at(everyone[0]) >= 20, 60, "commits through fo-master before the failure")
     ledger, acked, stop = txload.Ledger(), {}, threading.Event()
     loader = threading.Thread(target=txload.run_load, args=(everyone, ledger, acked, stop, 4))
     loader.start()
     try:
-        wait_for(lambda: len(acked) >= 100, 60, "load before the failure")
+        wait_until(lambda: len(acked) >= 100, 60, "load before the failure")
 
         def crash_until_replaced():
             # SIGKILL the master's process whenever the kubelet restarts it: a crash-looping master
@@ -301,10 +301,10 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
                 pass
             return tb.get("txb", "fo", namespace)["status"]["master"] != "fo-0"
         try:
-            wait_for(crash_until_replaced, 60, "the operator to promote a slave", interval=0.1)
+            wait_until(crash_until_replaced, 60, "the operator to promote a slave", interval=0.1)
         except TimeoutError:
             raise AssertionError("no failover; operator log:\n" + operator.log.read_text()[-5000:])
-        txb = wait_for(lambda: (t := tb.get("txb", "fo", namespace)) and condition(t, "FailedOver") and t, 30,
+        txb = wait_until(lambda: (t := tb.get("txb", "fo", namespace)) and condition(t, "FailedOver") and t, 30,
                        "the FailedOver condition")
         new_master = txb["status"]["master"]
         new_address = f"{tb.get('pod', new_master, namespace)['status']['podIP']}:10911"
@@ -317,13 +317,13 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
         assert tb.get("pod", new_master, namespace)["metadata"]["labels"]["txbroker.dev/role"] == "master"
         assert broker_info(tb, namespace, new_master)["role"] == "master"
         # the endpoints follow the new master, and a client reading them again goes on
-        wait_for(lambda: service_endpoints(tb, namespace, "fo-master") == [new_address], 60,
+        wait_until(lambda: service_endpoints(tb, namespace, "fo-master") == [new_address], 60,
                  f"fo-master's endpoint following {new_master}")
-        wait_for(lambda: svc.committed_at(new_address) >= 20, 60, "commits through fo-master on the new master")
+        wait_until(lambda: svc.committed_at(new_address) >= 20, 60, "commits through fo-master on the new master")
         before = len(acked)
-        wait_for(lambda: len(acked) >= before + 50, 60, "producers to continue on the new master")
+        wait_until(lambda: len(acked) >= before + 50, 60, "producers to continue on the new master")
         # the group's settings run on the new master at the group's current generation
-        g = wait_for(lambda: (g := tb.get("txpg", "orders-pg", namespace)) and any(
+        g = wait_until(lambda: (g := tb.get("txpg", "orders-pg", namespace)) and any(
             a["name"] == new_master and a["generation"] == g["metadata"]["generation"]
             for a in (g.get("status") or {}).get("applied", [])) and g, 30, "orders-pg applied on the new master")
         assert (g["status"]["appliedGeneration"], g["metadata"]["generation"]) == (1, 1)
@@ -333,17 +333,17 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
         svc.close()
 
     # the old master comes back as a slave of the new one, and refuses END_TRANSACTION
-    old = wait_for(lambda: (p := tb.get("pod", "fo-0", namespace)) and ready(p) and p, 60, "fo-0 back and ready")
+    old = wait_until(lambda: (p := tb.get("pod", "fo-0", namespace)) and ready(p) and p, 60, "fo-0 back and ready")
     assert old["metadata"]["labels"]["txbroker.dev/role"] == "slave"
-    wait_for(lambda: broker_info(tb, namespace, "fo-0")["role"] == "slave", 30, "fo-0 running as a slave")
+    wait_until(lambda: broker_info(tb, namespace, "fo-0")["role"] == "slave", 30, "fo-0 running as a slave")
     # a change to the group after the failover reaches every broker, the returned one too
     tb.kubectl("-n", namespace, "patch", "txpg", "orders-pg", "--type=merge", "-p", '{"spec": {"timeoutSeconds": 2}}')
-    wait_for(group_applied(tb, namespace, "orders-pg", 2, ["fo-0", "fo-1", "fo-2"]), 30, "generation 2 everywhere")
+    wait_until(group_applied(tb, namespace, "orders-pg", 2, ["fo-0", "fo-1", "fo-2"]), 30, "generation 2 everywhere")
     with TransactionProducer("orders-pg", everyone, ledger), \
             TransactionProducer("svc-pg", [new_address], Commit()):   # answer the new master's check-backs
         new_ip = new_address.split(":")[0]
         try:
-            wait_for(lambda: txload.settled(f"http://{new_ip}:10912"), 60, "every transaction decided on the new master")
+            wait_until(lambda: txload.settled(f"http://{new_ip}:10912"), 60, "every transaction decided on the new master")
         except TimeoutError:
             raise AssertionError("transactions left undecided on the new master:\n"
                                  + brokers_report(tb, namespace, "fo", 3)) from None
@@ -354,7 +354,7 @@ def test_failover_under_load_keeps_every_acknowledged_commit(operator):
     # every commit acknowledged through fo-master, on either side of the failover, kept once
     through = txload.visible(new_address, "ViaService")
     assert {b for _, b in svc.committed} <= set(through) and all(n == 1 for n in through.values())
-    wait_for(lambda: tb.get("txb", "fo", namespace)["status"]["phase"] == "Running", 60, "fo Running again")
+    wait_until(lambda: tb.get("txb", "fo", namespace)["status"]["phase"] == "Running", 60, "fo Running again")
 
 
 def roles(tb, namespace: str, pods: list[str]) -> dict[str, tuple[str, int]]:
@@ -377,7 +377,7 @@ def test_a_paused_master_that_returns_is_fenced(operator):
     tb.apply(txbroker("frozen", replicas=2, replication="SYNC", flush="SYNC", failover={"gracePeriodSeconds": 3}),
              namespace)
     wait_broker(operator, namespace, "frozen")
-    wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "frozen", namespace)["status"]["brokers"]
+    wait_until(lambda: all(b.get("inSync") for b in tb.get("txb", "frozen", namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 30, "the slave in sync")
     old_address = addresses(tb, namespace, "frozen", 1)[0]
     pods = ["frozen-0", "frozen-1"]
@@ -393,15 +393,15 @@ def test_a_paused_master_that_returns_is_fenced(operator):
         # short of its liveness probe's limit, so the kubelet does not restart it)
         tb.kill_pod("frozen-0", namespace, signal.SIGSTOP)
         try:
-            wait_for(lambda: tb.get("txb", "frozen", namespace)["status"]["master"] == "frozen-1", 60,
+            wait_until(lambda: tb.get("txb", "frozen", namespace)["status"]["master"] == "frozen-1", 60,
                      "the operator to promote frozen-1")
-            wait_for(lambda: broker_info(tb, namespace, "frozen-1")["role"] == "master", 30, "frozen-1 acting as master")
+            wait_until(lambda: broker_info(tb, namespace, "frozen-1")["role"] == "master", 30, "frozen-1 acting as master")
         finally:
             tb.kill_pod("frozen-0", namespace, signal.SIGCONT)
         # back, it still believes it is master at the old epoch, until the operator fences it
-        wait_for(lambda: any(e["reason"] == "Fenced" and "frozen-0" in e["message"]
+        wait_until(lambda: any(e["reason"] == "Fenced" and "frozen-0" in e["message"]
                              for e in events_for(tb, namespace, "frozen")), 60, "a Fenced Event for frozen-0")
-        wait_for(lambda: broker_info(tb, namespace, "frozen-0")["role"] == "slave", 30, "frozen-0 demoted")
+        wait_until(lambda: broker_info(tb, namespace, "frozen-0")["role"] == "slave", 30, "frozen-0 demoted")
         refusal = end_transaction_refusal(old_address, "frozen-pg")
         assert refusal.code_name in ("SLAVE_NOT_AVAILABLE", "CONTROLLER_FENCED_MASTER_EPOCH"), refusal
     finally:
@@ -415,7 +415,7 @@ def test_a_paused_master_that_returns_is_fenced(operator):
     twice = [s for s in seen if len({e for r, e in s.values() if r == "master"})
              < sum(1 for r, _ in s.values() if r == "master")]
     assert not twice, f"two masters at one epoch: {twice[:3]}"
-    wait_for(lambda: tb.get("txb", "frozen", namespace)["status"]["phase"] == "Running", 60, "frozen Running again")
+    wait_until(lambda: tb.get("txb", "frozen", namespace)["status"]["phase"] == "Running", 60, "frozen Running again")
     tb.kubectl("-n", namespace, "delete", "txb", "frozen", "--wait=false")
 
 
@@ -426,7 +426,7 @@ def test_scale_roll_and_delete(operator):
     wait_broker(operator, namespace, "elastic")
 
     tb.kubectl("-n", namespace, "patch", "txb", "elastic", "--type=merge", "-p", '{"spec": {"replicas": 3}}')
-    txb = wait_for(lambda: (t := tb.get("txb", "elastic", namespace))["status"].get("observedGeneration") == 2
+    txb = wait_until(lambda: (t := tb.get("txb", "elastic", namespace))["status"].get("observedGeneration") == 2
                    and t["status"]["phase"] == "Running" and len(t["status"]["brokers"]) == 3 and t, 60, "3 brokers")
     assert broker_info(tb, namespace, "elastic-2")["role"] == "slave"
 
@@ -444,16 +444,16 @@ def test_scale_roll_and_delete(operator):
     assert txb["status"]["master"] != "elastic-0"      # the master moved before its pod was replaced
 
     tb.kubectl("-n", namespace, "patch", "txb", "elastic", "--type=merge", "-p", '{"spec": {"replicas": 2}}')
-    txb = wait_for(lambda: (t := tb.get("txb", "elastic", namespace))["status"]["phase"] == "Running"
+    txb = wait_until(lambda: (t := tb.get("txb", "elastic", namespace))["status"]["phase"] == "Running"
                    and len(t["status"]["brokers"]) == 2 and t, 90, "back to 2 brokers")
-    wait_for(lambda: tb.get("pod", "elastic-2", namespace) is None, 60, "elastic-2 gone")
+    wait_until(lambda: tb.get("pod", "elastic-2", namespace) is None, 60, "elastic-2 gone")
     assert txb["status"]["master"] in ("elastic-0", "elastic-1")
 
     # deleting the TxBroker takes everything it owns (garbage collection through owner references)
     tb.kubectl("-n", namespace, "delete", "txb", "elastic", "--wait=false")
     owned = [("pod", "elastic-0"), ("pod", "elastic-1"), ("service", "elastic"), ("service", "elastic-master"),
              ("configmap", "elastic-config"), ("serviceaccount", "elastic-broker"), ("pdb", "elastic")]
-    wait_for(lambda: all(tb.get(k, n, namespace) is None for k, n in owned), 90, "everything elastic owned gone")
+    wait_until(lambda: all(tb.get(k, n, namespace) is None for k, n in owned), 90, "everything elastic owned gone")
 
 
 @pytest.mark.slow
@@ -463,7 +463,7 @@ def test_operator_killed_mid_roll_finishes_it_after_restart(operator):
     wait_broker(operator, namespace, "steady")
     uids = {f"steady-{i}": tb.get("pod", f"steady-{i}", namespace)["metadata"]["uid"] for i in range(2)}
     tb.kubectl("-n", namespace, "patch", "txb", "steady", "--type=merge", "-p", '{"spec": {"image": "txbroker/broker:v3"}}')
-    wait_for(lambda: any(e["reason"] == "RollingUpdate" for e in events_for(tb, namespace, "steady")), 60,
+    wait_until(lambda: any(e["reason"] == "RollingUpdate" for e in events_for(tb, namespace, "steady")), 60,
              "the roll to start")
     operator.kill()          # SIGKILL mid-change: nothing in memory survives
     operator.start()

@@ -11,7 +11,7 @@ import ssl
 
 import pytest
 import trustme
-from cluster import wait_for
+from support.waiting import wait_until
 from operator_env import IMAGE, addresses, condition, events_for, start_operator, txbroker, wait_broker
 
 from txbroker.broker.auth import hash_secret
@@ -93,7 +93,7 @@ def test_credentials_and_tls_from_secrets_rotate_without_restarts(operator, tmp_
     def replicating():
         brokers = tb.get("txb", "secure", ns)["status"]["brokers"]
         return all("offset" in b for b in brokers) and any(b.get("inSync") for b in brokers) and brokers
-    wait_for(replicating, 60, "status with offsets and an in-sync slave")
+    wait_until(replicating, 60, "status with offsets and an in-sync slave")
     everyone = addresses(tb, ns, "secure", 2)
     hostname = f"secure-master.{ns}.svc"
     tls_cfg = TlsConfig(ca_file=str(ca_file), server_hostname=hostname)
@@ -122,7 +122,7 @@ def test_credentials_and_tls_from_secrets_rotate_without_restarts(operator, tmp_
             return False
         except AuthenticationError:
             return True
-    wait_for(rotated, 60, "the old secret refused")
+    wait_until(rotated, 60, "the old secret refused")
     with Producer("orders-pg", everyone[0], credentials=Credentials("orders", "orders-secret-2"), tls=tls_cfg) as p:
         p.send(Message("Orders", b"after-rotation"))
 
@@ -131,7 +131,7 @@ def test_credentials_and_tls_from_secrets_rotate_without_restarts(operator, tmp_
     tb.apply(new_tls, ns)
     new_der = ssl.PEM_cert_to_DER_cert(new_leaf.cert_chain_pems[0].bytes().decode())
     for address in everyone:
-        wait_for(lambda: served_certificate(address, str(ca_file), hostname) == new_der, 60,
+        wait_until(lambda: served_certificate(address, str(ca_file), hostname) == new_der, 60,
                  f"{address} serving the new certificate")
     assert {f"secure-{i}": tb.pod_pids(f"secure-{i}", ns) for i in range(2)} == pids, "a broker was restarted"
     assert all(tb.get("pod", f"secure-{i}", ns)["status"]["containerStatuses"][0]["restartCount"] == 0
@@ -140,7 +140,7 @@ def test_credentials_and_tls_from_secrets_rotate_without_restarts(operator, tmp_
     before = tb.get("txb", "secure", ns)["status"]["brokers"][0]["offset"]
     with Producer("orders-pg", everyone, credentials=Credentials("orders", "orders-secret-2"), tls=tls_cfg) as p:
         p.send(Message("Orders", b"seen-by-the-operator"))
-    wait_for(lambda: tb.get("txb", "secure", ns)["status"]["brokers"][0]["offset"] > before, 30,
+    wait_until(lambda: tb.get("txb", "secure", ns)["status"]["brokers"][0]["offset"] > before, 30,
              "status offsets moving after the rotations")
 
 
@@ -152,7 +152,7 @@ def connects(tb, ns: str, name: str, address: str, labels: dict[str, str]) -> bo
     tb.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
               "spec": {"restartPolicy": "Never", "containers": [{"name": "probe", "image": IMAGE,
                                                                  "command": ["python", "-c", probe]}]}}, ns)
-    wait_for(lambda: tb.get("pod", name, ns)["status"].get("phase") in ("Succeeded", "Failed"), 60, f"{name} to finish")
+    wait_until(lambda: tb.get("pod", name, ns)["status"].get("phase") in ("Succeeded", "Failed"), 60, f"{name} to finish")
     out = tb.pod_log(name, ns)
     assert out.startswith(("connected", "refused")), out
     return out.startswith("connected")
@@ -175,17 +175,17 @@ def test_network_policy_admits_labelled_clients(operator):
     assert not connects(tb, ns, "stranger", service, {"app": "stranger"})
     assert not connects(tb, ns, "stranger-direct", addresses(tb, ns, "fenced", 1)[0], {"app": "stranger"})
     assert connects(tb, ns, "client", service, {"txbroker.dev/client": "fenced"})
-    wait_for(lambda: all(b.get("inSync") for b in tb.get("txb", "fenced", ns)["status"]["brokers"]
+    wait_until(lambda: all(b.get("inSync") for b in tb.get("txb", "fenced", ns)["status"]["brokers"]
                          if b["role"] == "slave"), 60, "the slave in sync under the policy")
     tb.kubectl("-n", ns, "patch", "txb", "fenced", "--type=merge", "-p", '{"spec": {"networkPolicy": {"enabled": false}}}')
-    wait_for(lambda: tb.get("networkpolicy", "fenced", ns) is None, 30, "the NetworkPolicy removed")
+    wait_until(lambda: tb.get("networkpolicy", "fenced", ns) is None, 30, "the NetworkPolicy removed")
     assert connects(tb, ns, "stranger-after", service, {"app": "stranger"})
 
 
 def test_a_missing_secret_is_reported_and_nothing_is_promoted(operator):
     tb, ns = operator.testbed, operator.namespace
     tb.apply(txbroker("nosecret", replicas=1, authSecretRef={"name": "does-not-exist"}), ns)
-    event = wait_for(lambda: next((e for e in events_for(tb, ns, "nosecret") if e["reason"] == "SecretInvalid"), None),
+    event = wait_until(lambda: next((e for e in events_for(tb, ns, "nosecret") if e["reason"] == "SecretInvalid"), None),
                      60, "a SecretInvalid event")
     assert "Secret does-not-exist (spec.authSecretRef) does not exist" in event["message"]
     txb = tb.get("txb", "nosecret", ns)
@@ -200,7 +200,7 @@ def test_producer_group_credentials_are_checked(operator):
 
     def found(value):
         return lambda: (c := condition(tb.get("txpg", "billing", ns), "CredentialsFound")) and c["status"] == value and c
-    missing = wait_for(found("False"), 60, "CredentialsFound False")
+    missing = wait_until(found("False"), 60, "CredentialsFound False")
     assert "Secret billing-creds (credentialsSecretRef) does not exist" in missing["message"]
     tb.apply(secret("billing-creds", {"access-key": "billing", "secret-key": "s3cret"}), ns)
-    wait_for(found("True"), 60, "CredentialsFound True once the Secret exists")
+    wait_until(found("True"), 60, "CredentialsFound True once the Secret exists")

@@ -13,7 +13,7 @@ import re
 from collections import Counter
 
 import pytest
-from cluster import wait_for
+from support.waiting import wait_until
 from operator_env import CHART, admin, read_topic, start_operator, txbroker, wait_broker
 
 import spark_operator
@@ -67,7 +67,7 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
     job = "orders-spark-1-submit"
     # the driver starts at least two executors
     try:
-        executors = wait_for(lambda: len(running(spark_pods(tb, ns, "executor"))) >= 2 and
+        executors = wait_until(lambda: len(running(spark_pods(tb, ns, "executor"))) >= 2 and
                              running(spark_pods(tb, ns, "executor")), 300, "two executor pods running")
     except TimeoutError:
         raise AssertionError(tb.kubectl("-n", ns, "get", "pods,pvc", "-o", "wide").stdout + "\n".join(
@@ -86,7 +86,7 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
         return bool(sending.search(tb.pod_log(driver, ns)) or any(j["pending"] for j in jobs))
 
     try:
-        wait_for(writing, 300, "tasks sending half messages")
+        wait_until(writing, 300, "tasks sending half messages")
     except TimeoutError:
         raise AssertionError("no progress line with tasks sending; the driver's log:\n"
                              + tb.pod_log(driver, ns)[-6000:]) from None
@@ -95,7 +95,7 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
 
     # Complete or Failed: since Kubernetes 1.31 the Job controller first says SuccessCriteriaMet (or
     # FailureTarget), and the terminal condition follows once the Job's pods have terminated
-    done = wait_for(lambda: (j := tb.get("job", job, ns)) and any(
+    done = wait_until(lambda: (j := tb.get("job", job, ns)) and any(
         c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in (j.get("status") or {}).get("conditions") or [])
         and j, 600, "the spark-submit Job to finish")
     log = tb.pod_log(driver, ns)
@@ -166,7 +166,7 @@ def test_spark_application_through_the_spark_operator_commits_every_order_once(o
         state = (((tb.get("sparkapplication", app, ns) or {}).get("status") or {}).get("applicationState") or {})
         return state.get("state") in ("COMPLETED", "FAILED", "SUBMISSION_FAILED", "INVALIDATING") and state
     try:
-        state = wait_for(finished, 600, f"SparkApplication {app} to finish")
+        state = wait_until(finished, 600, f"SparkApplication {app} to finish")
     except TimeoutError:
         raise AssertionError(tb.kubectl("-n", ns, "get", "sparkapp,pods", "-o", "wide").stdout
                              + tb.kubectl("-n", ns, "logs", f"deployment/{controller}", check=False).stdout[-4000:]) from None

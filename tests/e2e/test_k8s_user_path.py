@@ -10,7 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from cluster import BROKER_IMAGE, Cluster, condition, ready, wait_for
+from cluster import BROKER_IMAGE, Cluster, condition, ready
+from support.waiting import wait_until
 from operator_env import OPERATOR_NAMESPACE, finished, read_topic, start_operator, txbroker, wait_rolled
 
 from support.refusals import end_transaction_refusal
@@ -63,7 +64,7 @@ def wait_ready(op, namespace: str, name: str, replicas: int, timeout: float = 18
         st = (t or {}).get("status") or {}
         return st.get("phase") == "Running" and len(st.get("brokers", [])) == replicas and t
     try:
-        return wait_for(check, timeout, f"TxBroker {name} Ready with {replicas} brokers")
+        return wait_until(check, timeout, f"TxBroker {name} Ready with {replicas} brokers")
     except TimeoutError:
         raise AssertionError(f"{name} not Ready: {json.dumps(c.get('txb', name, namespace), indent=1)[-3000:]}\n"
                              + c.kubectl("-n", namespace, "get", "pods,pvc", "-o", "wide").stdout
@@ -103,7 +104,7 @@ def test_a_trio_on_volumes_serves_producers_and_consumers_in_pods(operator, name
     install_workloads(c, namespace)
     c.apply(workload_pod("trio-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "200"),
             namespace)
-    p = wait_for(lambda: finished(c, namespace, "trio-producer"), 180, "the producer pod to finish")
+    p = wait_until(lambda: finished(c, namespace, "trio-producer"), 180, "the producer pod to finish")
     assert p["status"]["phase"] == "Succeeded", c.logs("trio-producer", namespace)
     sent = acked(c, namespace, "trio-producer")
     assert len(sent) == 200
@@ -117,7 +118,7 @@ def test_a_trio_on_volumes_serves_producers_and_consumers_in_pods(operator, name
 
 
 def crash_loop(c: Cluster, namespace: str, pod: str):
-    """A wait_for predicate: SIGKILL the pod's container whenever the kubelet has restarted it (a
+    """A wait_until predicate: SIGKILL the pod's container whenever the kubelet has restarted it (a
     master that crashes at start, again and again), until the operator has promoted another."""
     def check():
         try:
@@ -136,33 +137,33 @@ def test_failover_under_load_when_the_master_is_lost(operator, namespace, loss):
                      transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1},
                      failover={"gracePeriodSeconds": 3}), namespace)
     wait_ready(operator, namespace, fo, 3)
-    wait_for(lambda: all(b.get("inSync") for b in c.get("txb", fo, namespace)["status"]["brokers"]
+    wait_until(lambda: all(b.get("inSync") for b in c.get("txb", fo, namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 60, "slaves in sync")
     address = f"{fo}-master.{namespace}.svc.cluster.local:10911"
     install_workloads(c, namespace)
     c.apply(workload_pod(f"{fo}-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "3000"),
             namespace)
-    wait_for(lambda: len(acked(c, namespace, f"{fo}-producer")) >= 100, 120, "commits before the failure")
+    wait_until(lambda: len(acked(c, namespace, f"{fo}-producer")) >= 100, 120, "commits before the failure")
 
     if loss == "pod deleted":
         c.kubectl("-n", namespace, "delete", "pod", f"{fo}-0", "--wait=false")
     else:   # the runtime restarts the container each time; the operator must still fail over
         try:
-            wait_for(crash_loop(c, namespace, f"{fo}-0"), 120, "the operator to promote a slave", interval=0.1)
+            wait_until(crash_loop(c, namespace, f"{fo}-0"), 120, "the operator to promote a slave", interval=0.1)
         except TimeoutError as e:
             events = [f"{ev['reason']}: {ev['message']}" for ev in c.events(namespace, fo)]
             raise AssertionError(f"{e}\nstatus: {c.get('txb', fo, namespace).get('status')}\nevents: {events}\n"
                                  f"operator log:\n{operator.log.read_text()[-4000:]}") from None
-    txb = wait_for(lambda: (t := c.get("txb", fo, namespace)) and t["status"].get("master") not in (None, f"{fo}-0")
+    txb = wait_until(lambda: (t := c.get("txb", fo, namespace)) and t["status"].get("master") not in (None, f"{fo}-0")
                    and condition(t, "FailedOver") and t, 120, "the operator to promote a slave")
     new_master = txb["status"]["master"]
     assert txb["status"]["epoch"] >= 2 and txb["status"]["lastFailover"]["from"] == f"{fo}-0"
     assert any(e["reason"] == "FailedOver" for e in c.events(namespace, fo))
     # the Service follows the new master, and the producer goes on through the same name
     new_ip = c.get("pod", new_master, namespace)["status"]["podIP"]
-    wait_for(lambda: [a["ip"] for s in (c.get("endpoints", f"{fo}-master", namespace) or {}).get("subsets", [])
+    wait_until(lambda: [a["ip"] for s in (c.get("endpoints", f"{fo}-master", namespace) or {}).get("subsets", [])
                       for a in s.get("addresses", [])] == [new_ip], 60, f"{fo}-master following {new_master}")
-    p = wait_for(lambda: finished(c, namespace, f"{fo}-producer"), 300, "the producer to finish after the failover")
+    p = wait_until(lambda: finished(c, namespace, f"{fo}-producer"), 300, "the producer to finish after the failover")
     assert p["status"]["phase"] == "Succeeded", c.logs(f"{fo}-producer", namespace)[-3000:]
 
     # SYNC replication: every acknowledged commit is on the new master, once; nothing else appears
@@ -173,9 +174,9 @@ def test_failover_under_load_when_the_master_is_lost(operator, namespace, loss):
     assert set(got) <= {f"m-{i}" for i in range(3000)}
 
     # the old master's pod comes back on its own volume, as a slave that refuses END_TRANSACTION
-    back = wait_for(lambda: (p := c.get("pod", f"{fo}-0", namespace)) and ready(p) and p, 180, f"{fo}-0 back and ready")
+    back = wait_until(lambda: (p := c.get("pod", f"{fo}-0", namespace)) and ready(p) and p, 180, f"{fo}-0 back and ready")
     assert back["metadata"]["labels"]["txbroker.dev/role"] == "slave"
-    wait_for(lambda: any(b["name"] == f"{fo}-0" and b["role"] == "slave" and b.get("inSync")
+    wait_until(lambda: any(b["name"] == f"{fo}-0" and b["role"] == "slave" and b.get("inSync")
                          for b in c.get("txb", fo, namespace)["status"]["brokers"]), 120, f"{fo}-0 in sync as a slave")
     back_ip = back["status"]["podIP"]
     assert Counter(consumed_bodies(c, namespace, f"{back_ip}:10911", "Orders", f"{fo}-consumer-old")) == Counter(got)
@@ -188,13 +189,13 @@ def test_rolling_update_and_scaling_under_load_keep_every_acknowledged_commit(op
     c.apply(txbroker("roll", replicas=3, replication="SYNC", flush="SYNC", storage={"size": "1Gi"},
                      transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1}), namespace)
     wait_ready(operator, namespace, "roll", 3)
-    wait_for(lambda: all(b.get("inSync") for b in c.get("txb", "roll", namespace)["status"]["brokers"]
+    wait_until(lambda: all(b.get("inSync") for b in c.get("txb", "roll", namespace)["status"]["brokers"]
                          if b["role"] == "slave"), 60, "slaves in sync")
     address = f"roll-master.{namespace}.svc.cluster.local:10911"
     install_workloads(c, namespace)
     c.apply(workload_pod("roll-producer", "/workloads/tx_producer.py", address, "Orders", "orders-pg", "1000000"),
             namespace)
-    wait_for(lambda: len(acked(c, namespace, "roll-producer")) >= 100, 120, "commits before the update")
+    wait_until(lambda: len(acked(c, namespace, "roll-producer")) >= 100, 120, "commits before the update")
 
     # a second image tag: one pod at a time, slaves first, the master's pod last after a switchover
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.list("pods", namespace, "txbroker.dev/broker=roll")}
@@ -210,9 +211,9 @@ def test_rolling_update_and_scaling_under_load_keep_every_acknowledged_commit(op
     wait_ready(operator, namespace, "roll", 3)
 
     before = len(acked(c, namespace, "roll-producer"))
-    wait_for(lambda: len(acked(c, namespace, "roll-producer")) >= before + 100, 120, "commits after the changes")
+    wait_until(lambda: len(acked(c, namespace, "roll-producer")) >= before + 100, 120, "commits after the changes")
     c.exec("roll-producer", namespace, "touch", "/tmp/stop", check=True)
-    p = wait_for(lambda: finished(c, namespace, "roll-producer"), 120, "the producer to stop")
+    p = wait_until(lambda: finished(c, namespace, "roll-producer"), 120, "the producer to stop")
     assert p["status"]["phase"] == "Succeeded", c.logs("roll-producer", namespace)[-3000:]
     sent = acked(c, namespace, "roll-producer")
     got = consumed_bodies(c, namespace, address, "Orders", "roll-consumer")

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import run_cli, wait_until
+from conftest import run_cli
+from support.waiting import wait_until
 from txbroker.client import LocalTransactionState as S, Message, TransactionListener, TransactionProducer
 from txbroker.cli.main import build_parser
 from txbroker.client.admin import AdminClient

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, wait_until
+from conftest import run_cli
+from support.waiting import wait_until
 from txbroker.client import (
     BrokerError, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, LocalTransactionState as S, Message,
     MessageModel, Producer, PullConsumer, PushConsumer, TransactionListener, TransactionProducer, hash_selector,

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import wait_until
+from support.waiting import wait_until
 from support.listeners import Decided
 from txbroker.client import (
     AsyncTransactionProducer, ClientError, LocalTransactionState as S, Message, PullConsumer, TransactionListener,

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from conftest import run_cli, wait_until
+from conftest import run_cli
+from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
     AsyncTransactionProducer, BrokerError, ConsumeStatus, LocalTransactionState as S, Message, Producer, PullConsumer,

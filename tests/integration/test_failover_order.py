@@ -12,7 +12,7 @@ import signal
 import threading
 from pathlib import Path
 
-from conftest import wait_until
+from support.waiting import wait_until
 from txbroker.client import ClientError, Message, Producer, PullConsumer
 from txbroker.client.admin import AdminClient
 from txbroker_operator import failover

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from conftest import metric, run_cli, wait_until
+from conftest import metric, run_cli
+from support.waiting import wait_until
 from support import txload
 from txbroker.client import AsyncJobCoordinator, BrokerError, JobCoordinator, Message
 from txbroker.client.admin import AdminClient, AdminError

@@ -6,7 +6,7 @@ So until the slave has it, readers see the offset as it was; once it has it, the
 
 import signal
 
-from conftest import wait_until
+from support.waiting import wait_until
 from txbroker.client import BrokerError, Message, Producer, PullConsumer
 from txbroker.client.admin import AdminClient
 

@@ -5,7 +5,7 @@ them, and nothing truncated is served again from memory."""
 import signal
 from collections import Counter
 
-from conftest import wait_until
+from support.waiting import wait_until
 from txbroker.client import Message, Producer, PullConsumer
 from txbroker.client.admin import AdminClient
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import wait_until
+from support.waiting import wait_until
 from support import txload
 from support.listeners import Decided
 from support.txload import Ledger, run_load

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from conftest import wait_until
+from support.waiting import wait_until
 from txbroker.client import BrokerError, Message, Producer
 from txbroker.client.admin import AdminClient
 from txbroker.client.connection import Connection

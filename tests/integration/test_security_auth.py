@@ -14,7 +14,8 @@ import threading
 import pytest
 from scramp import ScramClient
 
-from conftest import metric, run_cli, wait_until, write_credentials
+from conftest import metric, run_cli, write_credentials
+from support.waiting import wait_until
 from txbroker.client import (
     AuthenticationError, BrokerError, Credentials, LocalTransactionState as S, Message, Producer, PullConsumer,
     TransactionListener, TransactionProducer,

@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from conftest import metric, wait_until
+from conftest import metric
+from support.waiting import wait_until
 from txbroker.client import (
     BrokerError, BrokerUnavailable, LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener,
     TransactionProducer,

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 import trustme
 
-from conftest import metric, wait_until, write_credentials
+from conftest import metric, write_credentials
+from support.waiting import wait_until
 from txbroker.client import (
     Credentials, LocalTransactionState as S, Message, Producer, PullConsumer, TlsConfig, TlsHandshakeError,
     TlsRequired, TransactionListener, TransactionProducer,

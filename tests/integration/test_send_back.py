@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import wait_until
+from support.waiting import wait_until
 from support.listeners import Decided
 from txbroker.client import (
     AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer,

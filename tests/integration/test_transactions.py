@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from conftest import metric, wait_until
+from conftest import metric
+from support.waiting import wait_until
 from support.listeners import Decided
 from txbroker.client import (
     AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer,

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import wait_until
+from support.waiting import wait_until
 from support import txload
 from txbroker.client import LocalTransactionState as S, Message, TransactionListener, TransactionProducer
 from txbroker.client.admin import AdminClient, AdminError

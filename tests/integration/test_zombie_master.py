@@ -7,7 +7,7 @@ import asyncio
 import signal
 import threading
 
-from conftest import wait_until
+from support.waiting import wait_until
 from support import txload
 from support.txload import Ledger, invariant_violations, run_load
 from txbroker.client import AsyncTransactionProducer

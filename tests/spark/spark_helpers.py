@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.waiting import wait_until
+
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "spark_driver.py"
 GROUP = "spark-tests"
@@ -28,17 +30,6 @@ def free_port_unused() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def admin(url: str, method: str, path: str, body=None):
@@ -89,7 +80,7 @@ class TxEnv:
         return self._admin("GET", f"/api/v1/transactions?group={self.group}&limit=100000")["transactions"]
 
     def wait_settled(self, timeout: float = 90.0) -> None:
-        wait_until(lambda: not self.pending(), timeout, 0.2, "every half transaction to be committed or rolled back")
+        wait_until(lambda: not self.pending(), timeout, "every half transaction to be committed or rolled back")
 
     def transaction(self, txid: str) -> dict:
         return self._admin("GET", f"/api/v1/transactions/{txid}")
@@ -123,7 +114,7 @@ class TxEnv:
             jobs = self.jobs()
             return next((self.job(j["job_id"]) for j in jobs if predicate(j)), None)
 
-        return wait_until(seen, timeout, 0.2, what)
+        return wait_until(seen, timeout, what)
 
     def metric(self, name: str, label: str = "") -> float:
         """Sum of a Prometheus counter's samples (optionally those with `label`, e.g. 'kind="half"')."""
@@ -180,7 +171,7 @@ def wait_marker(path: Path, proc: subprocess.Popen, log_path: Path, timeout: flo
             raise AssertionError(f"driver exited {proc.returncode} before the hook: {log_path.read_text()[-3000:]}")
         return path.exists()
 
-    wait_until(seen, timeout, 0.2, f"the driver to reach its hook ({path.name})")
+    wait_until(seen, timeout, f"the driver to reach its hook ({path.name})")
     return json.loads(path.read_text())
 
 

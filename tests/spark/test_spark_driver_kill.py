@@ -10,7 +10,8 @@ import signal
 
 import pytest
 
-from spark_helpers import assert_published_once, kill_group, spawn_driver, wait_marker, wait_until
+from spark_helpers import assert_published_once, kill_group, spawn_driver, wait_marker
+from support.waiting import wait_until
 
 pytest.importorskip("pyspark.sql.datasource")
 pytestmark = pytest.mark.timeout(600)  # each test starts its own Spark driver(s)
@@ -87,7 +88,7 @@ def test_driver_killed_after_its_decision_publishes_everything_once(tx_env, tmp_
     job = tx_env.only_job()
     assert (job["state"], job["by"], job["members"]) == ("COMMITTED", "client", TXIDS)
     assert pending <= set(job["member_ids"])  # the broker may have ended some already, nothing else pending
-    wait_until(lambda: tx_env.job(job["job_id"])["resolved"], 60, 0.1, "the broker to end every member")
+    wait_until(lambda: tx_env.job(job["job_id"])["resolved"], 60, "the broker to end every member")
     events = tx_env.events("KilledAfter")
     assert_published_once(events, range(ROWS))
     assert {m.transaction_id for m in events} == set(job["member_ids"])

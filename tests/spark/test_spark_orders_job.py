@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_helpers import kill_group, wait_until
+from spark_helpers import kill_group
+from support.waiting import wait_until
 from txbroker.client import JobCoordinator, Message
 
 JOB = Path(__file__).resolve().parents[2] / "spark" / "jobs" / "orders_job.py"
@@ -171,7 +172,7 @@ def test_crash_after_the_decision_publishes_exactly_the_dataset(tx_env, tmp_path
     assert code == 17 and "SUMMARY" not in out, out[-4000:]
     job = the_job(tx_env)
     assert (job["state"], job["by"]) == ("COMMITTED", "client")
-    wait_until(lambda: tx_env.job(job["job_id"])["resolved"], 60, 0.1, "the broker to publish the events")
+    wait_until(lambda: tx_env.job(job["job_id"])["resolved"], 60, "the broker to publish the events")
     assert all(tx_env.transaction(t)["state"] == "COMMITTED" for t in job["member_ids"])
     from txbroker_spark import DeferredJob
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from spark_helpers import assert_published_once, free_port_unused, kill_group, run_driver, spawn_driver, \
-    wait_marker, wait_until
+    wait_marker
+from support.waiting import wait_until
 
 pytest.importorskip("pyspark.sql.datasource")
 
@@ -63,7 +64,7 @@ def standalone(tmp_path):
         return (tmp_path / "master.log").read_text(errors="replace").count("Registering worker") >= 2
 
     try:
-        wait_until(registered, 180, 0.5, "two Spark workers to register with the master")
+        wait_until(registered, 180, "two Spark workers to register with the master")
         yield master
     finally:
         for p in procs:
