@@ -40,7 +40,8 @@ def broker_settings(spec: Mapping[str, Any]) -> dict:
     return out
 
 
-def _matches(current: Mapping[str, Any] | None, want: Mapping[str, Any], generation: int) -> bool:
+def runs_settings(current: Mapping[str, Any] | None, want: Mapping[str, Any], generation: int) -> bool:
+    """Whether a broker's answer for a group (`current`) shows `want` applied at `generation`."""
     return bool(current) and current.get("generation") == generation and \
         all(current.get(k) == v for k, v in want.items())
 
@@ -82,7 +83,7 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
             continue
         try:
             current = access.groups(m.ip).get(group)
-            if not _matches(current, want, generation):
+            if not runs_settings(current, want, generation):
                 access.put_group(m.ip, group, want, generation)
                 logger.info("group %s: generation %d applied to broker %s", group, generation, m.name)
                 if current:

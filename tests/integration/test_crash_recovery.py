@@ -118,7 +118,7 @@ def test_sigterm_stops_cleanly_and_a_restart_finds_everything(broker_factory):
     with TransactionProducer("pg-stop", b.address, Decided(S.COMMIT)) as p:
         for i in range(3):
             p.send_message_in_transaction(Message(TOPIC, f"c{i}".encode()), None)
-        p._async.listener = Decided(S.UNKNOWN)
+        p.listener = Decided(S.UNKNOWN)
         undecided = {p.send_message_in_transaction(Message(TOPIC, f"u{i}".encode()), None).transaction_id
                      for i in range(2)}
     assert b.stop() == 0

@@ -11,7 +11,7 @@ from support.waiting import wait_until
 from support.listeners import Decided
 from txbroker.client import (
     AsyncTransactionProducer, BrokerError, LocalTransactionState as S, Message, Producer, PullConsumer,
-    TransactionListener, TransactionProducer, background,
+    TransactionListener, TransactionProducer,
 )
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.client.connection import BrokerClient
@@ -222,12 +222,12 @@ def test_end_transaction_at_the_wrong_offset_is_refused_and_changes_nothing(brok
         r = p.send_message_in_transaction(Message("TopicOffset", b"o"), None)
         wrong = r.commit_log_offset + 1
         with pytest.raises(BrokerError) as e:
-            background.run(p._async.end(r.transaction_id, S.COMMIT, wrong))
+            p.end(r.transaction_id, S.COMMIT, wrong)
         assert e.value.code_name == "ILLEGAL_OPERATION"
         assert f"stored at offset {r.commit_log_offset}, not {wrong}" in e.value.remark
         assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "PREPARED"
         assert bodies(broker, "TopicOffset") == []
-        background.run(p._async.end(r.transaction_id, S.COMMIT, r.commit_log_offset))
+        p.end(r.transaction_id, S.COMMIT, r.commit_log_offset)
     assert bodies(broker, "TopicOffset") == ["o"]
 
 
@@ -241,7 +241,7 @@ def test_listener_returning_none_leaves_the_decision_to_check_back(broker):
                    what="checks answered None")
         assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["state"] == "PREPARED"
         assert bodies(broker, "TopicNone") == []
-        p._async.listener = Decided(S.COMMIT)
+        p.listener = Decided(S.COMMIT)
         wait_until(lambda: bodies(broker, "TopicNone") == ["n"], what="check-back committing it")
 
 
@@ -290,7 +290,7 @@ def test_transaction_timeout_gates_checks(broker_factory):
         r = p.send_message_in_transaction(Message("TopicYoung", b"y"), None)
         assert admin.post("/api/v1/check-scan")["checked"] == 0
         assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] == 0
-        p._async.listener = Decided(S.COMMIT)
+        p.listener = Decided(S.COMMIT)
         admin.put("/api/v1/groups/pg-young/transaction", {"timeout_ms": 1})  # wakes the check service
         wait_until(lambda: bodies(b, "TopicYoung") == ["y"], what="the check once the timeout is short")
     assert admin.get(f"/api/v1/transactions/{r.transaction_id}")["checks"] == 1
@@ -397,7 +397,7 @@ def test_admin_reload_changes_check_interval_live(broker_factory):
     admin = AdminClient(b.admin_url)
     with TransactionProducer("pg-live", b.address, Decided(S.UNKNOWN)) as p:
         r = p.send_message_in_transaction(Message("TopicLive", b"x"), None)
-        p._async.listener = Decided(S.COMMIT)
+        p.listener = Decided(S.COMMIT)
         admin.put("/api/v1/groups/pg-live/transaction", {"check_interval_ms": 300, "generation": 7})
         wait_until(lambda: bodies(b, "TopicLive") == ["x"], what="check-back at the new interval")
     assert admin.get("/api/v1/config")["groups"]["pg-live"]["generation"] == 7
@@ -413,7 +413,7 @@ def test_transaction_defaults_change_live_and_group_settings_survive_a_restart(b
     admin = AdminClient(b.admin_url)
     with TransactionProducer("pg-defaults", b.address, Decided(S.UNKNOWN)) as p:
         p.send_message_in_transaction(Message("TopicDefaults", b"d"), None)
-        p._async.listener = Decided(S.COMMIT)
+        p.listener = Decided(S.COMMIT)
         admin.put("/api/v1/config/transaction", {"check_interval_ms": 300, "timeout_ms": 1})
         wait_until(lambda: bodies(b, "TopicDefaults") == ["d"], what="check-back under the new defaults")
     admin.put("/api/v1/groups/pg-kept/transaction", {"check_max": 3, "generation": 4})
@@ -432,7 +432,7 @@ def test_metrics_follow_transactions(broker):
         assert m("txbroker_pending_half_messages") == 1
         wait_until(lambda: m("txbroker_checkbacks_sent_total") >= 1, what="a check-back counted")
         p.end(r.transaction_id, S.ROLLBACK)
-        p._async.listener = Decided(S.COMMIT)
+        p.listener = Decided(S.COMMIT)
         p.send_message_in_transaction(Message("TopicMetrics", b"c"), None)
     assert m("txbroker_pending_half_messages") == 0
     assert m("txbroker_transactions_total", outcome="rollback") == 1

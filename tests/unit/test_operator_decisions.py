@@ -176,8 +176,8 @@ def test_check_mode_ledger_requires_every_transaction_of_the_group_to_join_a_job
         book = SettingsBook(TransactionSettings())
         assert book.update_group("orders-publisher", want, 3).require_job is required
         listed = {**msgspec.to_builtins(book.for_group("orders-publisher")), "generation": 3}
-        assert producer_groups._matches(listed, want, 3)
-        assert not producer_groups._matches({**listed, "require_job": not required}, want, 3)
+        assert producer_groups.runs_settings(listed, want, 3)
+        assert not producer_groups.runs_settings({**listed, "require_job": not required}, want, 3)
 
 
 def test_a_master_serves_only_while_its_pod_is_ready_and_its_broker_answers_as_master():

@@ -295,8 +295,19 @@ class TransactionProducer:
             state = LocalTransactionState.UNKNOWN
         return background.run(a._finish(sent, state))
 
-    def end(self, transaction_id: str, state: LocalTransactionState) -> EndTransactionResponse:
-        return background.run(self._async.end(transaction_id, state))
+    @property
+    def listener(self) -> TransactionListener:
+        """What runs the local transactions and answers check-backs; may be replaced while running."""
+        return self._async.listener
+
+    @listener.setter
+    def listener(self, listener: TransactionListener) -> None:
+        self._async.listener = listener
+
+    def end(self, transaction_id: str, state: LocalTransactionState,
+            commit_log_offset: int = 0) -> EndTransactionResponse:
+        """Decide a transaction by hand (one this producer prepared, or one reported UNKNOWN)."""
+        return background.run(self._async.end(transaction_id, state, commit_log_offset))
 
     def shutdown(self) -> None:
         background.run(self._async.close())
