@@ -32,6 +32,11 @@ class Unreachable(Exception):
     pass
 
 
+class Incompatible(Exception):
+    """The broker answered, in a form this operator cannot read (a broker and an operator of
+    different versions, say during a rolling upgrade): it is alive, whatever it said."""
+
+
 @dataclass(frozen=True)
 class Access:
     """How to reach one TxBroker's admin API: plain HTTP by default; HTTPS verified against the
@@ -60,14 +65,20 @@ class Access:
         return decoded
 
     def info(self, ip: str) -> "BrokerInfo":
-        return BrokerInfo.from_api(self._call(ip, "GET", "/api/v1/broker"))
+        answer = self._call(ip, "GET", "/api/v1/broker")
+        try:
+            return BrokerInfo.from_api(answer)
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise Incompatible(f"broker {ip}: GET /api/v1/broker answered in a form this operator cannot read "
+                               f"({type(e).__name__}: {e}); are the broker and the operator of different "
+                               f"versions?") from None
 
     def try_info(self, ip: str | None) -> "BrokerInfo | None":
         if not ip:
             return None
         try:
             return self.info(ip)
-        except (Unreachable, BrokerError, KeyError, ValueError, TypeError):
+        except (Unreachable, BrokerError, Incompatible):
             return None
 
     def promote(self, ip: str, epoch: int) -> "BrokerInfo":

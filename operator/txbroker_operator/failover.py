@@ -53,12 +53,13 @@ NOT_READY = "its pod is not ready"
 def down_reason(m: Member | None) -> str:
     """Why the master does not count as serving, or "" when it does. An admin API that answers but
     refuses the operator's credentials counts as alive: the operator cannot tell, and a wrong Secret
-    must not cause a failover."""
+    must not cause a failover; so does one whose answer it cannot read (a rolling upgrade that
+    renamed a field must not either)."""
     if m is None:
         return "its pod is gone"
     if m.deleting:
         return "its pod is being deleted"
-    if m.info is None and not m.refused:
+    if m.info is None and not m.refused and not m.incompatible:
         return "its admin API does not answer"
     if m.info is not None and not m.info.is_master:
         return f"its broker is {m.info.role}" + (f", fenced by epoch {m.info.fenced_by}" if m.info.fenced_by else "")

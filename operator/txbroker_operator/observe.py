@@ -19,6 +19,7 @@ class Member:
     pod: dict
     info: BrokerInfo | None
     refused: str = ""     # the admin API answered but refused the operator (credentials, TLS)
+    incompatible: str = ""  # the admin API answered in a form the operator cannot read (version skew)
 
     @property
     def ip(self) -> str | None:
@@ -76,7 +77,9 @@ def _ask(m: Member, access: brokers.Access) -> None:
         m.info = access.info(m.ip)
     except brokers.BrokerError as e:
         m.refused = str(e)
-    except (brokers.Unreachable, KeyError, ValueError, TypeError):
+    except brokers.Incompatible as e:
+        m.incompatible = str(e)
+    except brokers.Unreachable:
         pass
 
 

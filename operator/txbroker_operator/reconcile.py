@@ -108,7 +108,7 @@ class Pass:
         if not ask_brokers:   # keep what the brokers said earlier in this pass
             for n, m in self.members.items():
                 if n in old and old[n].pod["metadata"].get("uid") == m.pod["metadata"].get("uid"):
-                    m.info, m.refused = old[n].info, old[n].refused
+                    m.info, m.refused, m.incompatible = old[n].info, old[n].refused, old[n].incompatible
 
     # -- 1. children -----------------------------------------------------------------------------
 
@@ -171,6 +171,8 @@ class Pass:
             self.status.pop("masterUnavailableSince", None)
             if current.refused:   # it answers: alive, but the operator's credentials or TLS are wrong
                 events.post_once(self.body, events.WARNING, "AdminRefused", current.refused)
+            if current.incompatible:  # it answers: alive, in a form this operator cannot read
+                events.post_once(self.body, events.WARNING, "AdminIncompatible", current.incompatible)
             return
         others = [m for m in self.members.values() if m.name != self.master]
         if not others:

@@ -114,6 +114,11 @@ def compute(body: Mapping[str, Any], members: Mapping[str, Member], master: str,
                   "MasterUnavailable" if not master_ok else ("BrokersNotReady" if ready < len(brokers) else "AsExpected"),
                   "" if master_ok and ready == len(brokers) else f"{len(brokers) - ready} broker(s) not ready", old_conds),
     ]
+    unreadable = sorted(m.name for m in members.values() if m.incompatible)
+    conditions.append(condition(
+        "BrokersCompatible", not unreadable, "IncompatibleAnswer" if unreadable else "AsExpected",
+        f"the operator cannot read what {', '.join(unreadable)} answer(s) (a broker of another version?); "
+        "they count as alive, and no failover is decided from them" if unreadable else "", old_conds))
     if last:
         # stays True after a failover; its time is the latest failover's, so a second one shows
         conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds,

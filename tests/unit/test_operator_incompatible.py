@@ -1,0 +1,68 @@
+"""A broker that answers the operator in a form it cannot read (a rolling upgrade that renamed a
+field of GET /api/v1/broker) is alive and incompatible, never a dead master: before, the operator
+took such an answer for silence and failed the master over."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from txbroker_operator import brokers, failover, observe, status
+from txbroker_operator import constants as c
+
+IP = "127.0.0.77"  # a loopback address of its own: the operator always asks port 10912
+# GET /api/v1/broker as a master answers it, but from a version that renamed "role"
+RENAMED = {"broker_role": "master", "epoch": 3, "log_end_offset": 120, "master": "", "fenced_by": 0,
+           "pending_transactions": 0, "parked_transactions": 0,
+           "replication": {"mode": "SYNC", "sync_replicas": 1, "slaves": []}}
+
+
+@pytest.fixture
+def newer_broker():
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(RENAMED).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer((IP, c.ADMIN_PORT), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def master_pod():
+    return {"metadata": {"name": "b-0", "uid": "b-0", "labels": {c.LABEL_INDEX: "0", c.LABEL_ROLE: c.ROLE_MASTER}},
+            "status": {"podIP": IP, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_an_answer_the_operator_cannot_read_is_incompatible_not_a_dead_master(newer_broker):
+    members = observe.observe([master_pod()], brokers.PLAIN)
+    m = members["b-0"]
+    assert m.info is None
+    assert "cannot read" in m.incompatible and "'role'" in m.incompatible, m.incompatible
+    assert failover.master_down_reason(members, "b-0") == ""
+    body = {"metadata": {"name": "txb", "generation": 1}, "spec": {"replicas": 1},
+            "status": {"master": "b-0", "epoch": 3}}
+    (cond,) = [x for x in status.compute(body, members, "b-0", 3, {})["conditions"]
+               if x["type"] == "BrokersCompatible"]
+    assert cond["status"] == "False" and cond["reason"] == "IncompatibleAnswer" and "b-0" in cond["message"]
+
+
+def test_a_master_that_does_not_answer_is_still_down():
+    members = observe.observe([master_pod()], brokers.PLAIN)
+    assert members["b-0"].incompatible == ""
+    assert failover.master_down_reason(members, "b-0") == "its admin API does not answer"
+    body = {"metadata": {"name": "txb", "generation": 1}, "spec": {"replicas": 1}, "status": {}}
+    (cond,) = [x for x in status.compute(body, members, "b-0", 3, {})["conditions"]
+               if x["type"] == "BrokersCompatible"]
+    assert cond["status"] == "True"
