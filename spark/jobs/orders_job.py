@@ -34,8 +34,10 @@ import os
 import shutil
 import sys
 import time
-import urllib.request
 from pathlib import Path
+from urllib.parse import quote
+
+from txbroker.client.admin import AdminClient
 
 log = logging.getLogger("orders_job")
 
@@ -64,7 +66,8 @@ def parse_args(argv=None):
                    help="log the running stage's progress this often (0: only when it ends)")
     p.add_argument("--admin-url", default=None,
                    help="broker admin URL: count the discarded attempts' transactions the broker rolled back "
-                        "(without it, rolled_back is unknown when Spark discarded task attempts)")
+                        "(without it, rolled_back is unknown when Spark discarded task attempts); asked with "
+                        "the credentials and TLS settings below, which need the admin permission there")
     p.add_argument("--settle-seconds", type=float, default=120.0, help="how long to wait for that")
     p.add_argument("--summary-json", default=None, help="also write the summary here")
     p.add_argument("--log-level", default="INFO")
@@ -134,28 +137,22 @@ def ensure_input(path: Path, n: int) -> None:
     log.info("generated %d orders in %s (%.1fs)", n, path, time.monotonic() - t0)
 
 
-def pending_of(admin_url: str, group: str, prefix: str) -> list[str]:
-    with urllib.request.urlopen(f"{admin_url}/api/v1/transactions?group={group}&limit=100000", timeout=10) as r:
-        doc = json.load(r)
+def pending_of(admin: AdminClient, group: str, prefix: str) -> list[str]:
+    doc = admin.get(f"/api/v1/transactions?group={quote(group)}&limit=100000")
     return [t["transaction_id"] for t in doc["transactions"] if t["transaction_id"].startswith(prefix)]
 
 
-def final_state(admin_url: str, txid: str) -> dict:
-    with urllib.request.urlopen(f"{admin_url}/api/v1/transactions/{txid}", timeout=10) as r:
-        return json.load(r)
-
-
-def settle(admin_url: str, group: str, job: str, discarded: list[str], timeout: float) -> dict:
+def settle(admin: AdminClient, group: str, job: str, discarded: list[str], timeout: float) -> dict:
     """Wait until the discarded attempts' half transactions are ended (the broker does it when it
     records the decision); report how they ended."""
     prefix = f"{job}-"
     deadline = time.monotonic() + timeout
     waiting = set(discarded)
     while waiting and time.monotonic() < deadline:
-        waiting &= set(pending_of(admin_url, group, prefix))
+        waiting &= set(pending_of(admin, group, prefix))
         if waiting:
             time.sleep(0.2)
-    states = {t: final_state(admin_url, t) for t in discarded}
+    states = {t: admin.get(f"/api/v1/transactions/{quote(t)}") for t in discarded}
     rolled_back = [t for t, s in states.items() if s.get("state") == "ROLLED_BACK"]
     return {"discarded": discarded, "rolled_back": rolled_back, "still_pending": sorted(waiting),
             "by": {t: s.get("by", "") for t, s in states.items()}}
@@ -199,6 +196,8 @@ def main(argv=None) -> int:
     except OptionError as e:
         print(f"orders_job: {flag_message(e)}", file=sys.stderr)
         return 2
+    # the broker's admin API, with the same credentials and TLS as the data plane
+    admin = AdminClient(args.admin_url, **security.client_kwargs()) if args.admin_url else None
     t_start = time.monotonic()
     output, inp = Path(args.output).absolute(), Path(args.input).absolute()
 
@@ -264,9 +263,9 @@ def main(argv=None) -> int:
         summary["job_id"], summary["transactions"] = prepared.job_id, prepared.members
         log.info("job %s: %d events stored invisibly in %d transactions of broker job %s (%.1fs)", job,
                  summary["rows"], summary["transactions"], prepared.job_id, time.monotonic() - t0)
-        if args.admin_url:  # before the decision nothing of this job can have been ended yet
-            kept = set(_members(args.admin_url, prepared.job_id))
-            stored = pending_of(args.admin_url.rstrip("/"), args.group, f"{prepared.job_id}-")
+        if admin is not None:  # before the decision nothing of this job can have been ended yet
+            kept = set(admin.get(f"/api/v1/jobs/{quote(prepared.job_id)}")["member_ids"])
+            stored = pending_of(admin, args.group, f"{prepared.job_id}-")
             discarded = [t for t in stored if t not in kept]
             if discarded:
                 log.info("job %s: %d half transactions of discarded task attempts are not in the decision: %s", job,
@@ -285,7 +284,7 @@ def main(argv=None) -> int:
         log.error("job %s: %s", job, e)
         shutil.rmtree(staging, ignore_errors=True)
         summary["decision"] = "ABORTED"
-        _rolled_back(args, summary, stored, summary["transactions"] if not maybe_discarded else None)
+        _rolled_back(args, admin, summary, stored, summary["transactions"] if not maybe_discarded else None)
         return _finish(args, summary, t_start, 2)
     except Exception as e:  # noqa: BLE001 - anything before the decision aborts the job
         log.error("job %s failed before its decision (%s): aborting", job, _cause(e))
@@ -298,7 +297,7 @@ def main(argv=None) -> int:
             log.info("job %s: the broker rolls back every half transaction the write stored", job)
             return _finish(args, summary, t_start, 1)
         log.info("job %s: ABORTED; the broker rolls back its %d transactions", job, summary["transactions"])
-        _rolled_back(args, summary, stored, summary["transactions"] if not maybe_discarded else None)
+        _rolled_back(args, admin, summary, stored, summary["transactions"] if not maybe_discarded else None)
         return _finish(args, summary, t_start, 1)
     summary["decision"] = "COMMITTED"
     os.replace(staging, final)
@@ -307,25 +306,20 @@ def main(argv=None) -> int:
     summary["committed"] = info.members if info.resolved else 0
     log.info("job %s: %d transactions committed by the broker from the decision%s", job, info.members,
              "" if info.resolved else f" ({info.pending} still being ended)")
-    _rolled_back(args, summary, discarded if stored is not None else None, 0 if not maybe_discarded else None,
+    _rolled_back(args, admin, summary, discarded if stored is not None else None, 0 if not maybe_discarded else None,
                  speculation)
     deferred.close()
     spark.stop()
     return _finish(args, summary, t_start, 0 if info.resolved else 3)
 
 
-def _members(admin_url: str, job_id: str) -> list[str]:
-    with urllib.request.urlopen(f"{admin_url.rstrip('/')}/api/v1/jobs/{job_id}", timeout=10) as r:
-        return json.load(r)["member_ids"]
-
-
-def _rolled_back(args, summary: dict, watched: list[str] | None, otherwise: int | None,
+def _rolled_back(args, admin: AdminClient | None, summary: dict, watched: list[str] | None, otherwise: int | None,
                  speculation: bool = False) -> None:
     """summary["rolled_back"]: of `watched` (the half transactions the decision does not keep, listed
     through --admin-url before it), those the broker rolled back; without --admin-url `otherwise`
     (None: unknown, when Spark discarded task attempts the job cannot count)."""
     if watched is not None:
-        s = settle(args.admin_url.rstrip("/"), args.group, summary["job_id"] or summary["job"], watched,
+        s = settle(admin, args.group, summary["job_id"] or summary["job"], watched,
                    args.settle_seconds)
         summary["rolled_back"] = len(s["rolled_back"])
         summary["discarded"] = s["discarded"]
