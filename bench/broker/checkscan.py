@@ -132,7 +132,7 @@ def _open_close(path: str) -> dict:
 
 
 async def _scans(broker, rounds: int) -> dict:
-    from txbroker.broker.transactions import now_ms
+    from txbroker.broker.transaction.service import now_ms
 
     sinks = []
     for g in range(GROUPS):

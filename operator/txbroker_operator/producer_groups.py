@@ -27,7 +27,7 @@ def group_name(body: Mapping[str, Any]) -> str:
 
 def broker_settings(spec: Mapping[str, Any]) -> dict:
     """spec -> the broker's per-group transaction settings. checkMode ledger is require_job: every
-    transaction of the group must join a coordinated transaction (a job, broker/jobs.py), which the
+    transaction of the group must join a coordinated transaction (a job, broker/transaction/jobs.py), which the
     broker ends from the job's decision, so nobody answers check-backs for it; the broker refuses the
     group's half messages that join no job."""
     mode = spec.get("checkMode", "connection")

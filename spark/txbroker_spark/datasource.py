@@ -1,6 +1,6 @@
 """The `txbroker` PySpark data source: transactional batch and streaming writes, and reads.
 
-Every write is one coordinated transaction on the broker (a job, broker/jobs.py): the decision is a
+Every write is one coordinated transaction on the broker (a job, broker/transaction/jobs.py): the decision is a
 record in the broker's log, so no ledger, checker process or shared volume is involved.
 
 Batch write (`df.write.format("txbroker")...save()`):

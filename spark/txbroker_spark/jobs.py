@@ -1,7 +1,7 @@
 """The driver's side of a write: one coordinated transaction (a broker job) per Spark job, or per
 micro-batch, opened by name, decided with one request, and waited on until it took effect.
 
-The decision lives in the broker's log (broker/jobs.py): no ledger file, no checker process, no
+The decision lives in the broker's log (broker/transaction/jobs.py): no ledger file, no checker process, no
 shared volume. A driver that dies before deciding leaves the job to the broker, which aborts it at
 its deadline; one that dies after deciding leaves nothing to do: the broker ends the members.
 """

@@ -2,7 +2,7 @@
 half messages joining the write's job (pipelined, in batches, one transaction id per batch).
 
 Tasks do not register in the producer group (no HEARTBEAT): nobody answers check-backs, and nobody
-needs to, since the broker ends a job's members from the job's decision (jobs.py).
+needs to, since the broker ends a job's members from the job's decision (broker/transaction/jobs.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from txbroker.broker.config import TransactionSettings
-from txbroker.broker.settings import SettingsBook
+from txbroker.broker.transaction.settings import SettingsBook
 from txbroker_operator import failover, manifests, producer_groups, status
 from txbroker_operator.brokers import BrokerInfo
 from txbroker_operator.failover import Blocked, Promote

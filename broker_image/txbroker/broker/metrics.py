@@ -22,7 +22,7 @@ class BrokerMetrics:
                                         "END_TRANSACTION requests for an already finished transaction", registry=r)
         self.pending = Gauge("txbroker_pending_half_messages", "Transactions prepared and not finished", registry=r)
         self.parked = Gauge("txbroker_parked_transactions", "Transactions parked after checkMax checks", registry=r)
-        # Coordinated transactions (broker/jobs.py).
+        # Coordinated transactions (broker/transaction/jobs.py).
         self.jobs_opened = Counter("txbroker_jobs_opened", "Coordinated transactions (jobs) opened", registry=r)
         self.jobs_decided = Counter("txbroker_jobs_decided", "Jobs decided, by decision and by whom (client, "
                                     "deadline: aborted undecided at the deadline, admin)", ["decision", "by"], registry=r)

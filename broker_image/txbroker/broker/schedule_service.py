@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from txbroker.broker.transactions import now_ms
+from txbroker.broker.transaction.service import now_ms
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.names import PROPERTY_DELAY, PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC

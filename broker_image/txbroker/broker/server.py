@@ -11,12 +11,12 @@ from aiohttp import web
 from txbroker.broker import processors
 from txbroker.broker.admin import AdminApp
 from txbroker.broker.auth import AuthService
-from txbroker.broker.check_service import CheckService
+from txbroker.broker.transaction.check_service import CheckService
 from txbroker.broker.config import BrokerConfig, parse_address, parse_delay_levels
 from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.consumers import ConsumerRegistry
 from txbroker.broker.file_watch import FileWatcher
-from txbroker.broker.jobs import JobService
+from txbroker.broker.transaction.jobs import JobService
 from txbroker.broker.limits import UnackedBudget
 from txbroker.broker.listener import TlsOnlyListener, admin_tls_listener, data_tls_listener
 from txbroker.broker.metrics import BrokerMetrics
@@ -27,10 +27,10 @@ from txbroker.broker.replies import RequestError
 from txbroker.broker.retention_service import RetentionService
 from txbroker.broker.role import MASTER, SLAVE, RoleState
 from txbroker.broker.schedule_service import ScheduleService
-from txbroker.broker.settings import SettingsBook
+from txbroker.broker.transaction.settings import SettingsBook
 from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry
-from txbroker.broker.transactions import TransactionService, now_ms
+from txbroker.broker.transaction.service import TransactionService, now_ms
 from txbroker.client.connection import Connection, ConnectionLost
 from txbroker.client.errors import ClientError
 from txbroker.client.security import Credentials, authenticate

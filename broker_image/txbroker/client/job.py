@@ -1,5 +1,5 @@
 """Coordinated transactions ("jobs"): open one, send member transactions into it from anywhere,
-and decide it with one request; the broker ends every member itself (broker/jobs.py).
+and decide it with one request; the broker ends every member itself (broker/transaction/jobs.py).
 
     from txbroker.client import JobCoordinator, Message
 

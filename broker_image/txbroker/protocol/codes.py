@@ -34,7 +34,7 @@ class RequestCode(IntEnum):
     # Authentication (RocketMQ's remoting signs each request instead; see broker/auth/__init__.py):
     # one SCRAM exchange per connection, two round trips, before any other request.
     SASL_AUTHENTICATE = 910
-    # Coordinated transactions (jobs; broker/jobs.py): no RocketMQ counterpart. Kafka keeps such a
+    # Coordinated transactions (jobs; broker/transaction/jobs.py): no RocketMQ counterpart. Kafka keeps such a
     # decision in its transaction coordinator; here it is a record in the broker's own log.
     OPEN_JOB = 920
     PREPARE_JOB = 921

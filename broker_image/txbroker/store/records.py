@@ -11,7 +11,7 @@ On-disk format, version 2 (STORE_FORMAT_VERSION, kept under meta key b"format"):
   tx             transaction id (utf-8)               FinishedTx (committed or rolled back)
   offsets        group 0x00 topic 0x00 u16 BE queue       u64 BE next offset to consume
   keys           topic 0x00 key 0x00 u64 BE LSN u32 BE index  u64 BE queue offset
-  jobs           b"id/" job id | b"name/" job name   JobState (coordinated transactions, broker/jobs.py)
+  jobs           b"id/" job id | b"name/" job name   JobState (coordinated transactions, broker/transaction/jobs.py)
                                                       | the newest job id opened under that name
   meta           b"format" | b"topic/<name>" | b"config/group/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
                  | b"published" -> u64 BE LSN (a SYNC master: readable up to there)

@@ -18,7 +18,7 @@ from txbroker.protocol.names import (
 )
 from txbroker.store import keys
 from txbroker.store.records import NormalRecord, OffsetRecord
-from txbroker.broker.transactions import now_ms
+from txbroker.broker.transaction.service import now_ms
 
 FIRST_RETRY_LEVEL = 3  # RocketMQ: the first retry waits level 3 (10 s by default)
 

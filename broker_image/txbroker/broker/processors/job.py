@@ -1,4 +1,4 @@
-"""OPEN_JOB, PREPARE_JOB, DECIDE_JOB, QUERY_JOB: coordinated transactions (broker/jobs.py). Each
+"""OPEN_JOB, PREPARE_JOB, DECIDE_JOB, QUERY_JOB: coordinated transactions (broker/transaction/jobs.py). Each
 acts for a producer group, so each needs the right to it."""
 
 from txbroker.broker.replies import Reply

@@ -1,7 +1,7 @@
 """SEND_MESSAGE: plain messages are stored visible; with a transaction id, as one half message batch."""
 
 from txbroker.broker.replies import Reply, RequestError, ok
-from txbroker.broker.transactions import now_ms
+from txbroker.broker.transaction.service import now_ms
 from txbroker.protocol.bodies import SendRequest, SendResponse, decoder
 from txbroker.protocol.codes import ResponseCode
 from txbroker.store import keys

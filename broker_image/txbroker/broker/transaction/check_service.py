@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.producers import ProducerRegistry
-from txbroker.broker.settings import SettingsBook
-from txbroker.broker.transactions import TransactionService, now_ms
-from txbroker.broker.webhook_check import WebhookChecker
+from txbroker.broker.transaction.settings import SettingsBook
+from txbroker.broker.transaction.service import TransactionService, now_ms
+from txbroker.broker.transaction.webhook_check import WebhookChecker
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import CheckTransactionStateRequest
 from txbroker.protocol.codes import RequestCode
@@ -95,7 +95,7 @@ class CheckService:
         due: list = []
         to_park: list = []
         for p in self._state.pending.values():
-            if p.state != PREPARED or p.job_id:  # a job's member: its job decides it (broker/jobs.py)
+            if p.state != PREPARED or p.job_id:  # a job's member: its job decides it (broker/transaction/jobs.py)
                 continue
             s = settings_for(p.producer_group)
             if now - p.born_ms < (p.immunity_ms or s.default_immunity_ms or s.timeout_ms):

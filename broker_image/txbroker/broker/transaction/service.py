@@ -14,7 +14,7 @@ import time
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.replies import Reply, RequestError, error, ok
 from txbroker.broker.role import RoleState
-from txbroker.broker.settings import SettingsBook
+from txbroker.broker.transaction.settings import SettingsBook
 from txbroker.broker.topics import TopicRegistry
 from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionResponse, SendRequest, SendResponse
 from txbroker.protocol.codes import ResponseCode, TransactionState

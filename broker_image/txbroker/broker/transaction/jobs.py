@@ -27,7 +27,7 @@ import time
 from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.replies import Reply, RequestError, error, ok
 from txbroker.broker.role import RoleState
-from txbroker.broker.transactions import TransactionService, now_ms
+from txbroker.broker.transaction.service import TransactionService, now_ms
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import DecideJobRequest, JobInfo, OpenJobRequest, PrepareJobRequest, QueryJobRequest
 from txbroker.protocol.codes import ResponseCode, TransactionState

@@ -24,7 +24,7 @@ import aiohttp
 import msgspec
 
 from txbroker.broker.replies import RequestError
-from txbroker.broker.transactions import TransactionService
+from txbroker.broker.transaction.service import TransactionService
 from txbroker.protocol.bodies import EndTransactionRequest
 from txbroker.protocol.codes import TransactionState
 
