@@ -41,7 +41,6 @@ QUEUES = 4
 async def _generate(path: str, finished: int, pending: int, size: int, chunk: int) -> dict:
     from txbroker.protocol.bodies import Message
     from txbroker.protocol.codes import TransactionState
-    from txbroker.store import keys
     from txbroker.store.records import EndRecord, HalfRecord, TopicRecord
     from txbroker.store.state import StateMachine
 
@@ -54,7 +53,6 @@ async def _generate(path: str, finished: int, pending: int, size: int, chunk: in
     bodies = RandomBodies(size)
     now = int(time.time() * 1000)
     old = now - 3_600_000
-    prefixes = [keys.queue_prefix(TOPIC, q) for q in range(QUEUES)]
     total = finished + pending
     every = total // pending if pending else total + 1
     t0 = time.perf_counter()
@@ -73,8 +71,8 @@ async def _generate(path: str, finished: int, pending: int, size: int, chunk: in
             if i % 20 == 7:
                 _, fut = state.append(EndRecord(txid, lsn, TransactionState.ROLLBACK, born + 5, []))
             else:
-                off = state.reserve_offsets(prefixes[q], 1)
-                _, fut = state.append(EndRecord(txid, lsn, TransactionState.COMMIT, born + 5, [off]))
+                _, _, fut = state.append_to_queues([(TOPIC, q)], lambda offsets: EndRecord(
+                    txid, lsn, TransactionState.COMMIT, born + 5, offsets))
         if i % chunk == chunk - 1:
             await fut
     while made_pending < pending:  # rounding: top up at the end

@@ -19,8 +19,7 @@ def test_close_releases_the_store_and_recovery_sees_everything(tmp_path):
         s = StateMachine(str(tmp_path), True, lambda e: None)
         _, durable = s.append(HalfRecord("t1", "g", 1, [Message("T", b"a", queue_id=0), Message("T", b"b", queue_id=1)]))
         s.append(HalfRecord("t2", "g", 1, [Message("T", b"c", queue_id=0)]))
-        offsets = [s.reserve_offsets(keys.queue_prefix("T", q), 1) for q in (0, 1)]
-        s.append(EndRecord("t1", 1, TransactionState.COMMIT, 2, offsets))
+        s.append_to_queues([("T", 0), ("T", 1)], lambda offsets: EndRecord("t1", 1, TransactionState.COMMIT, 2, offsets))
         await durable
         await s.close()
         again = StateMachine(str(tmp_path), True, lambda e: None)  # same process: the LOCK was released
@@ -48,10 +47,10 @@ def test_a_resent_message_does_not_carry_its_old_transaction_id():
 
 
 def _commit(s: StateMachine, txid: str, msgs: list[Message]) -> asyncio.Future:
-    """Prepare and commit as TransactionService does: one offset reservation per run."""
+    """Prepare and commit as TransactionService does."""
     lsn, _ = s.append(HalfRecord(txid, "g", 1, msgs))
-    start = s.reserve_offsets(keys.queue_prefix("T", 0), len(msgs))
-    _, durable = s.append(EndRecord(txid, lsn, TransactionState.COMMIT, 2, list(range(start, start + len(msgs)))))
+    _, _, durable = s.append_to_queues([("T", 0)] * len(msgs),
+                                       lambda offsets: EndRecord(txid, lsn, TransactionState.COMMIT, 2, offsets))
     return durable
 
 

@@ -12,7 +12,7 @@ from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
 from txbroker.store.db import COLUMN_FAMILIES
 from txbroker.store.records import (
-    CheckRecord, EndRecord, EpochRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, NormalRecord,
+    CheckRecord, EndRecord, EpochRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
     OffsetRecord, ParkRecord, ResumeRecord, TopicRecord,
 )
 from txbroker.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC
@@ -22,7 +22,6 @@ from txbroker.store.state import StateMachine
 def history(seed: int, s: StateMachine, n: int = 120) -> None:
     """A random mix of every record kind, appended as the broker's services append them."""
     rnd = random.Random(seed)
-    reserve = s.reserve_offsets
     s.append(EpochRecord(1, "a", 0))
     for i in range(n):
         pending = [p for p in s.pending.values()]
@@ -48,21 +47,19 @@ def history(seed: int, s: StateMachine, n: int = 120) -> None:
         elif what == "end" and pending:
             p = rnd.choice(pending)
             commit = rnd.random() < 0.7
-            offsets = [reserve(keys.queue_prefix(*d), 1) for d in p.destinations] if commit else []
-            s.append(EndRecord(p.transaction_id, p.half_lsn,
-                               TransactionState.COMMIT if commit else TransactionState.ROLLBACK, i, offsets))
+            s.append_to_queues(p.destinations if commit else [], lambda offsets: EndRecord(
+                p.transaction_id, p.half_lsn, TransactionState.COMMIT if commit else TransactionState.ROLLBACK, i,
+                offsets))
         elif what == "normal":
             topic, q = rnd.choice("TU"), rnd.randrange(2)
             msgs = [Message(topic, f"n{i}-{j}".encode(), keys=f"k{i}", queue_id=q) for j in range(rnd.randint(1, 3))]
-            start = reserve(keys.queue_prefix(topic, q), len(msgs))
-            s.append(NormalRecord(i, msgs, list(range(start, start + len(msgs))),
-                                  keys.send_back_key("cg", f"m{i}", 0) if rnd.random() < 0.3 else b""))
+            s.append_messages(i, msgs, keys.send_back_key("cg", f"m{i}", 0) if rnd.random() < 0.3 else b"")
         elif what == "check" and pending:
             s.append(CheckRecord([p.transaction_id for p in rnd.sample(pending, min(3, len(pending)))], i))
         elif what == "park" and [p for p in pending if p.state == "PREPARED"]:
             p = rnd.choice([p for p in pending if p.state == "PREPARED"])
-            s.append(ParkRecord(p.transaction_id, i, [reserve(keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0), 1)
-                                                      for _ in p.destinations]))
+            s.append_to_queues([(TRANS_CHECK_MAX_TIME_TOPIC, 0)] * len(p.destinations),
+                               lambda offsets: ParkRecord(p.transaction_id, i, offsets))
         elif what == "resume" and [p for p in pending if p.state == "PARKED"]:
             s.append(ResumeRecord(rnd.choice([p for p in pending if p.state == "PARKED"]).transaction_id, i))
         elif what == "offset":

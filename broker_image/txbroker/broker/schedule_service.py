@@ -15,8 +15,7 @@ from txbroker.broker.transaction.service import now_ms
 from txbroker.lifecycle import stop_task
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.names import PROPERTY_DELAY, PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
-from txbroker.store import keys
-from txbroker.store.records import NormalRecord, OffsetRecord
+from txbroker.store.records import OffsetRecord
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,8 @@ class ScheduleService:
         props[PROPERTY_DELIVER_MS] = str(now_ms() + delay)
         state = self._b.state
         queue = level - 1
-        offset = state.reserve_offsets(keys.queue_prefix(SCHEDULE_TOPIC, queue), 1)
-        _lsn, durable = state.append(NormalRecord(
-            now_ms(), [Message(SCHEDULE_TOPIC, msg.body, msg.tags, msg.keys, props, queue)], [offset], send_back))
+        _lsn, _offsets, durable = state.append_messages(
+            now_ms(), [Message(SCHEDULE_TOPIC, msg.body, msg.tags, msg.keys, props, queue)], send_back)
         return delay, durable
 
     def start(self) -> None:
@@ -86,15 +84,13 @@ class ScheduleService:
             if not due:
                 continue
             out = []
-            offsets = []
             for m in due:
                 props = {k: v for k, v in m.properties.items() if k not in (PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, PROPERTY_DELAY)}
                 topic = m.properties[PROPERTY_REAL_TOPIC]
                 if topic not in state.topics:
                     self._b.topics.create(topic, 1)
                 out.append(Message(topic, m.body, m.tags, m.keys, props, 0))
-                offsets.append(state.reserve_offsets(keys.queue_prefix(topic, 0), 1))
-            state.append(NormalRecord(now, out, offsets))
+            state.append_messages(now, out)
             self._next[q] = start + len(due)
             progress.append((SCHEDULE_TOPIC, q, self._next[q]))
             delivered += len(due)

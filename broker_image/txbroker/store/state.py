@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Callable
 
+from txbroker.protocol.bodies import Message
 from txbroker.protocol.codes import TransactionState
 from txbroker.protocol.names import PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, TRANS_CHECK_MAX_TIME_TOPIC
 from txbroker.store import keys
@@ -231,13 +232,31 @@ class StateMachine:
 
     # ---- writing --------------------------------------------------------------------------
 
-    def reserve_offsets(self, prefix: bytes, n: int) -> int:
-        """Assign n consecutive offsets in a queue; returns the first."""
-        start = self._queue_end.get(prefix)
-        if start is None:
-            start = self._load_queue_end(prefix)
-        self._queue_end[prefix] = start + n
-        return start
+    def append_to_queues(self, queues: list[tuple[str, int]], build: Callable[[list[int]], Record]
+                         ) -> tuple[int, list[int], asyncio.Future]:
+        """Give each message its queue's next offset and append the record that stores them,
+        `build(offsets)`, in one step, as RocketMQ's CommitLog assigns offsets as it appends: no
+        offset is reserved without its record. `queues`: (topic, queue id) per message. Returns the
+        record's LSN, the offsets, and the batch's durability future."""
+        ends = self._queue_end
+        offsets: list[int] = []
+        for dest, run in itertools.groupby(queues):  # consecutive messages to one queue: one lookup
+            prefix = keys.queue_prefix(*dest)
+            start = ends.get(prefix)
+            if start is None:
+                start = self._load_queue_end(prefix)
+            n = len(list(run))
+            ends[prefix] = start + n
+            offsets.extend(range(start, start + n))
+        lsn = self.next_lsn
+        record = build(offsets)
+        return lsn, offsets, self._write(lsn, record, encode(record))
+
+    def append_messages(self, now: int, messages: list[Message], send_back: bytes = b""
+                        ) -> tuple[int, list[int], asyncio.Future]:
+        """Store `messages` visible (a plain send, a retry, a dead letter, a delayed delivery)."""
+        return self.append_to_queues([(m.topic, m.queue_id) for m in messages],
+                                     lambda offsets: NormalRecord(now, messages, offsets, send_back))
 
     def append(self, record: Record) -> tuple[int, asyncio.Future]:
         """Make `record` part of the open batch; returns its LSN and the batch's durability future."""

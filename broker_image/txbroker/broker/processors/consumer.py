@@ -17,7 +17,7 @@ from txbroker.protocol.names import (
     PROPERTY_TRANSACTION_PREPARED, RETRY_PREFIX, dlq_topic, retry_topic,
 )
 from txbroker.store import keys
-from txbroker.store.records import NormalRecord, OffsetRecord
+from txbroker.store.records import OffsetRecord
 from txbroker.broker.transaction.service import now_ms
 
 FIRST_RETRY_LEVEL = 3  # RocketMQ: the first retry waits level 3 (10 s by default)
@@ -120,8 +120,7 @@ class SendBackProcessor:
             b.topics.create(target, 1)
         msg = Message(target, m.body, m.tags, m.keys, props, 0)
         if dead:
-            offset = b.state.reserve_offsets(keys.queue_prefix(target, 0), 1)
-            _lsn, durable = b.state.append(NormalRecord(now_ms(), [msg], [offset], once))
+            _lsn, _offsets, durable = b.state.append_messages(now_ms(), [msg], once)
             return ok(SendBackResponse(target, 0), durable)
         schedule: ScheduleService = b.schedule
         delay, durable = schedule.schedule(msg, level, once)

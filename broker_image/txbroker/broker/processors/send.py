@@ -5,7 +5,6 @@ from txbroker.broker.transaction.service import now_ms
 from txbroker.protocol.bodies import SendRequest, SendResponse, decoder
 from txbroker.protocol.codes import ResponseCode
 from txbroker.store import keys
-from txbroker.store.records import NormalRecord
 
 
 class SendProcessor:
@@ -30,9 +29,6 @@ class SendProcessor:
         self._role.require_master()
         msgs = req.messages
         self._topics.validate_for_send(msgs)
-        reserve = self._state.reserve_offsets
-        qp = keys.queue_prefix
-        offsets = [reserve(qp(m.topic, m.queue_id), 1) for m in msgs]
-        lsn, durable = self._state.append(NormalRecord(now_ms(), msgs, offsets))
+        lsn, offsets, durable = self._state.append_messages(now_ms(), msgs)
         self._sent.inc(len(msgs))
         return ok(SendResponse(keys.msg_ids(lsn, len(msgs)), [m.queue_id for m in msgs], offsets), durable)

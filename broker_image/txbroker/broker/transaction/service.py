@@ -8,7 +8,6 @@ anything (invariant I3).
 
 from __future__ import annotations
 
-import itertools
 import time
 
 from txbroker.broker.metrics import BrokerMetrics
@@ -42,7 +41,6 @@ class TransactionService:
         self._role = role
         self._metrics = metrics
         self.reject_transaction_message = reject_transaction_message
-        self._park_queue = keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0)
 
     # ---- prepare -----------------------------------------------------------------------------
 
@@ -150,14 +148,10 @@ class TransactionService:
 
     def finish(self, p: PendingTx, wanted: TransactionState, by: str) -> tuple[list[int], object]:
         """Record the end of pending transaction `p`; returns its queue offsets and durability future."""
-        offsets: list[int] = []
-        if wanted == TransactionState.COMMIT:
-            reserve = self._state.reserve_offsets
-            for dest, run in itertools.groupby(p.destinations):  # consecutive messages to one queue
-                n = len(list(run))
-                start = reserve(keys.queue_prefix(*dest), n)
-                offsets.extend(range(start, start + n))
-        _lsn, durable = self._state.append(EndRecord(p.transaction_id, p.half_lsn, wanted, now_ms(), offsets, by))
+        txid, half_lsn, now = p.transaction_id, p.half_lsn, now_ms()
+        _lsn, offsets, durable = self._state.append_to_queues(
+            p.destinations if wanted == TransactionState.COMMIT else [],
+            lambda offsets: EndRecord(txid, half_lsn, wanted, now, offsets, by))
         if wanted == TransactionState.COMMIT:
             self._metrics.tx_commit.inc()
         else:
@@ -183,8 +177,9 @@ class TransactionService:
     # ---- parking (checkMax reached) and resuming ------------------------------------------------
 
     def park(self, p: PendingTx, now: int) -> None:
-        offsets = [self._state.reserve_offsets(self._park_queue, 1) for _ in p.destinations]
-        self._state.append(ParkRecord(p.transaction_id, now, offsets))
+        txid = p.transaction_id
+        self._state.append_to_queues([(TRANS_CHECK_MAX_TIME_TOPIC, 0)] * len(p.destinations),
+                                     lambda offsets: ParkRecord(txid, now, offsets))
         self._metrics.tx_park.inc()
 
     def resume(self, txid: str) -> Reply:
