@@ -188,11 +188,11 @@ class AdminApp:
         if not isinstance(doc, dict) or doc.get("role") not in ("master", "slave") or not isinstance(doc.get("epoch"), int):
             return _error(400, 'body must be {"role": "master"|"slave", "epoch": N[, "master": "HOST:PORT"]}', "MALFORMED")
         if doc["role"] == "master":
-            await self.b.promote(doc["epoch"])
+            await self.b.roles.promote(doc["epoch"])
         else:
             if not isinstance(doc.get("master"), str) or ":" not in doc["master"]:
                 return _error(400, "demotion needs the new master's address as master: HOST:PORT", "MALFORMED")
-            await self.b.demote(doc["master"], doc["epoch"])
+            await self.b.roles.demote(doc["master"], doc["epoch"])
         return await self.broker_info(request)
 
     async def get_config(self, request):

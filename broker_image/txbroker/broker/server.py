@@ -15,6 +15,7 @@ from txbroker.broker.transaction.check_service import CheckService
 from txbroker.broker.config import BrokerConfig, parse_address, parse_delay_levels
 from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.consumers import ConsumerRegistry
+from txbroker.broker.failover import RoleChanges
 from txbroker.broker.file_watch import FileWatcher
 from txbroker.broker.transaction.jobs import JobService
 from txbroker.broker.limits import UnackedBudget
@@ -23,19 +24,13 @@ from txbroker.broker.metrics import BrokerMetrics
 from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.replication.follower import ReplicationFollower
 from txbroker.broker.replication.leader import ReplicationLeader
-from txbroker.broker.replies import RequestError
 from txbroker.broker.retention_service import RetentionService
-from txbroker.broker.role import MASTER, SLAVE, RoleState
+from txbroker.broker.role import RoleState
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.broker.transaction.settings import SettingsBook
 from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transaction.service import TransactionService, now_ms
-from txbroker.client.connection import Connection, ConnectionLost
-from txbroker.client.errors import ClientError
-from txbroker.client.security import Credentials, authenticate
-from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, decoder, encode
-from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.store.reads import MessageReader
 from txbroker.store.records import EpochRecord
 from txbroker.store.state import StateMachine
@@ -71,13 +66,13 @@ class Broker:
         self.schedule = ScheduleService(self, levels)
         self.retention = RetentionService(self)
         self._housekeeping: asyncio.Task | None = None
-        self._checking_master: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics, self.settings,
                                                config.reject_transaction_message)
         self.jobs = JobService(self.state, self.transactions, self.role, self.metrics)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
         self.leader = ReplicationLeader(self)
+        self.roles = RoleChanges(self)
         self.follower: ReplicationFollower | None = None
         self.handlers = processors.handlers(self)
         self.connections: set[BrokerConnection] = set()
@@ -215,96 +210,6 @@ class Broker:
         self._server = None
         self.stopped.set()
         log.info("broker %s stopped", self.config.broker_name)
-
-    # ---- role changes (the operator calls these through the admin API) -------------------------
-
-    async def promote(self, epoch: int) -> None:
-        """Become master at `epoch`, which must be above every epoch this broker has seen."""
-        self._refuse_while_truncating()
-        if epoch <= self.state.epoch:
-            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
-                               f"promotion needs an epoch above the current {self.state.epoch}, got {epoch}")
-        if self.follower is not None:
-            await self.follower.stop()  # what was received is already applied
-            self.follower = None
-        await self.state.writer.drain()
-        self.role.role = MASTER
-        self.role.master_address = ""
-        self.role.fenced_by = 0
-        await self.state.append(EpochRecord(epoch, self.config.broker_name, now_ms()))[1]
-        self.leader.attach()
-        self.check_service.start()
-        self.jobs.start()
-        self.schedule.start()
-        pending, parked = self.transactions.counts()
-        log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
-                    epoch, self.state.next_lsn - 1, pending, parked)
-
-    async def demote(self, master: str, epoch: int) -> None:
-        """Become a slave of `master`, which leads at `epoch` (not below ours)."""
-        self._refuse_while_truncating()
-        if epoch < self.state.epoch:
-            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
-                               f"the new master's epoch {epoch} is below this broker's {self.state.epoch}")
-        self._step_down(f"demoted: the master is {master} at epoch {epoch}")
-        await self.check_service.stop()
-        await self.jobs.stop()
-        await self.schedule.stop()
-        self.role.master_address = master
-        self.role.fenced_by = 0
-        if self.follower is not None:
-            await self.follower.stop()
-        self.follower = ReplicationFollower(self, master)
-        self.follower.start()
-        log.warning("now a slave of %s (epoch %d)", master, epoch)
-
-    def check_newer_master(self, address: str, epoch: int, told_by: str) -> None:
-        """Someone says `address` leads at `epoch`, above ours: ask it, and fence if it does. (Not
-        taken on trust: a client's word alone must not depose a master.)"""
-        if self._checking_master is not None and not self._checking_master.done():
-            return
-        self._checking_master = asyncio.ensure_future(self._check_newer_master(address, epoch, told_by))
-
-    async def _check_newer_master(self, address: str, epoch: int, told_by: str) -> None:
-        conn = Connection(address, ssl_context=self.tls.replication,
-                          server_hostname=self.config.tls_server_name or None)
-        try:
-            await conn.open(3.0)
-            if self.replication_credentials is not None:
-                await authenticate(conn, Credentials(*self.replication_credentials), 3.0)
-            frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(f"broker-{self.config.broker_name}")),
-                                    3.0)
-            if frame.code != ResponseCode.SUCCESS:
-                return
-            hb = decoder(HeartbeatResponse).decode(frame.body)
-            if hb.role == MASTER and hb.epoch > self.state.epoch:
-                self.fence(hb.epoch, f"{address} leads at epoch {hb.epoch} ({told_by} said so, and it does)")
-        except (ClientError, ConnectionLost, OSError, asyncio.TimeoutError) as e:
-            log.info("could not check %s's claim to lead at epoch %d (%s said so): %s", address, epoch, told_by, e)
-        finally:
-            conn.close()
-
-    def _refuse_while_truncating(self) -> None:
-        if self.state.truncating:
-            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
-                               "this broker is truncating its log to rejoin its master; change its role when done")
-
-    def fence(self, epoch: int, why: str) -> None:
-        """A higher epoch exists: stop acting as master at once (no split brain)."""
-        if not self.role.is_master or epoch <= self.state.epoch:
-            return
-        log.error("fenced: %s, above our epoch %d; refusing writes and END_TRANSACTION from now on",
-                  why, self.state.epoch)
-        self._step_down(f"fenced by epoch {epoch}")
-        self.role.fenced_by = epoch
-        asyncio.ensure_future(self.check_service.stop())
-        asyncio.ensure_future(self.jobs.stop())
-        asyncio.ensure_future(self.schedule.stop())
-
-    def _step_down(self, reason: str) -> None:
-        self.role.role = SLAVE
-        if self.leader.active:
-            self.leader.detach(reason)
 
     def replication_status(self) -> dict:
         if self.role.is_master:

@@ -31,7 +31,7 @@ class HeartbeatProcessor:
             self._broker.consumers.heartbeat(conn, req.client_id, req.consumer_groups)
         role = self._broker.role
         if role.is_master and req.master_epoch > role.epoch and req.master_address:
-            self._broker.check_newer_master(req.master_address, req.master_epoch, f"client {req.client_id or conn.peer}")
+            self._broker.roles.check_newer_master(req.master_address, req.master_epoch, f"client {req.client_id or conn.peer}")
         return ok(HeartbeatResponse(self._broker.config.broker_name, role.role, role.epoch, role.master_address))
 
 

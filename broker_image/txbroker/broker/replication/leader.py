@@ -93,7 +93,7 @@ class ReplicationLeader:
         self._broker.role.require_master()
         state = self._state
         if req.epoch > state.epoch:
-            self._broker.fence(req.epoch, f"slave {req.slave_name} is at epoch {req.epoch}")
+            self._broker.roles.fence(req.epoch, f"slave {req.slave_name} is at epoch {req.epoch}")
             return error(ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
                          f"this master is at epoch {state.epoch}, behind the slave's {req.epoch}")
         if req.next_lsn < 1:
@@ -137,7 +137,7 @@ class ReplicationLeader:
         if feed is None:
             return
         if req.epoch > self._state.epoch:
-            self._broker.fence(req.epoch, f"slave {feed.name} acknowledged at epoch {req.epoch}")
+            self._broker.roles.fence(req.epoch, f"slave {feed.name} acknowledged at epoch {req.epoch}")
             return
         feed.heard = time.monotonic()
         if req.durable_lsn > feed.acked_lsn:

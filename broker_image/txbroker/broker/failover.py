@@ -1,0 +1,116 @@
+"""Role changes of one broker: promotion, demotion and fencing. The operator (or the fault harness,
+or a user through the admin API) decides them (operator/failover.py); this carries them out on the
+broker, and fences a master that learns of a higher epoch from a slave or a client. Epochs order the
+masters: a broker never acts as master at an epoch a newer master has passed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from txbroker.broker.replication.follower import ReplicationFollower
+from txbroker.broker.replies import RequestError
+from txbroker.broker.role import MASTER, SLAVE
+from txbroker.broker.transaction.service import now_ms
+from txbroker.client.connection import Connection, ConnectionLost
+from txbroker.client.errors import ClientError
+from txbroker.client.security import Credentials, authenticate
+from txbroker.protocol.bodies import HeartbeatRequest, HeartbeatResponse, decoder, encode
+from txbroker.protocol.codes import RequestCode, ResponseCode
+from txbroker.store.records import EpochRecord
+
+log = logging.getLogger(__name__)
+
+
+class RoleChanges:
+    def __init__(self, broker):
+        self._b = broker
+        self._checking_master: asyncio.Task | None = None
+
+    async def promote(self, epoch: int) -> None:
+        """Become master at `epoch`, which must be above every epoch this broker has seen."""
+        self._refuse_while_truncating()
+        if epoch <= self._b.state.epoch:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"promotion needs an epoch above the current {self._b.state.epoch}, got {epoch}")
+        if self._b.follower is not None:
+            await self._b.follower.stop()  # what was received is already applied
+            self._b.follower = None
+        await self._b.state.writer.drain()
+        self._b.role.role = MASTER
+        self._b.role.master_address = ""
+        self._b.role.fenced_by = 0
+        await self._b.state.append(EpochRecord(epoch, self._b.config.broker_name, now_ms()))[1]
+        self._b.leader.attach()
+        self._b.check_service.start()
+        self._b.jobs.start()
+        self._b.schedule.start()
+        pending, parked = self._b.transactions.counts()
+        log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
+                    epoch, self._b.state.next_lsn - 1, pending, parked)
+
+    async def demote(self, master: str, epoch: int) -> None:
+        """Become a slave of `master`, which leads at `epoch` (not below ours)."""
+        self._refuse_while_truncating()
+        if epoch < self._b.state.epoch:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"the new master's epoch {epoch} is below this broker's {self._b.state.epoch}")
+        self._step_down(f"demoted: the master is {master} at epoch {epoch}")
+        await self._b.check_service.stop()
+        await self._b.jobs.stop()
+        await self._b.schedule.stop()
+        self._b.role.master_address = master
+        self._b.role.fenced_by = 0
+        if self._b.follower is not None:
+            await self._b.follower.stop()
+        self._b.follower = ReplicationFollower(self._b, master)
+        self._b.follower.start()
+        log.warning("now a slave of %s (epoch %d)", master, epoch)
+
+    def check_newer_master(self, address: str, epoch: int, told_by: str) -> None:
+        """Someone says `address` leads at `epoch`, above ours: ask it, and fence if it does. (Not
+        taken on trust: a client's word alone must not depose a master.)"""
+        if self._checking_master is not None and not self._checking_master.done():
+            return
+        self._checking_master = asyncio.ensure_future(self._check_newer_master(address, epoch, told_by))
+
+    async def _check_newer_master(self, address: str, epoch: int, told_by: str) -> None:
+        conn = Connection(address, ssl_context=self._b.tls.replication,
+                          server_hostname=self._b.config.tls_server_name or None)
+        try:
+            await conn.open(3.0)
+            if self._b.replication_credentials is not None:
+                await authenticate(conn, Credentials(*self._b.replication_credentials), 3.0)
+            frame = await conn.call(RequestCode.HEARTBEAT, encode(HeartbeatRequest(f"broker-{self._b.config.broker_name}")),
+                                    3.0)
+            if frame.code != ResponseCode.SUCCESS:
+                return
+            hb = decoder(HeartbeatResponse).decode(frame.body)
+            if hb.role == MASTER and hb.epoch > self._b.state.epoch:
+                self.fence(hb.epoch, f"{address} leads at epoch {hb.epoch} ({told_by} said so, and it does)")
+        except (ClientError, ConnectionLost, OSError, asyncio.TimeoutError) as e:
+            log.info("could not check %s's claim to lead at epoch %d (%s said so): %s", address, epoch, told_by, e)
+        finally:
+            conn.close()
+
+    def _refuse_while_truncating(self) -> None:
+        if self._b.state.truncating:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               "this broker is truncating its log to rejoin its master; change its role when done")
+
+    def fence(self, epoch: int, why: str) -> None:
+        """A higher epoch exists: stop acting as master at once (no split brain)."""
+        if not self._b.role.is_master or epoch <= self._b.state.epoch:
+            return
+        log.error("fenced: %s, above our epoch %d; refusing writes and END_TRANSACTION from now on",
+                  why, self._b.state.epoch)
+        self._step_down(f"fenced by epoch {epoch}")
+        self._b.role.fenced_by = epoch
+        asyncio.ensure_future(self._b.check_service.stop())
+        asyncio.ensure_future(self._b.jobs.stop())
+        asyncio.ensure_future(self._b.schedule.stop())
+
+    def _step_down(self, reason: str) -> None:
+        self._b.role.role = SLAVE
+        if self._b.leader.active:
+            self._b.leader.detach(reason)
