@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from support.waiting import wait_until
+from txbroker.client.admin import AdminClient
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "spark_driver.py"
@@ -33,11 +34,7 @@ def free_port_unused() -> int:
 
 
 def admin(url: str, method: str, path: str, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
+    return AdminClient(url).request(method, path, body)
 
 
 def stop(proc: subprocess.Popen | None) -> None:
