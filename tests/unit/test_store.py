@@ -113,3 +113,18 @@ def test_a_record_whose_offsets_are_not_consecutive_is_indexed_message_by_messag
         await s.close()
 
     asyncio.run(main())
+
+
+def test_a_queues_start_is_not_taken_from_offsets_reserved_but_not_yet_written(tmp_path):
+    """The fault harness, seeds 465 and 471: a consumer's first pull came between a queue's first
+    commit (offsets reserved) and its write; the queue's start was taken as 2 and kept, so the
+    consumer was told offset 0 was deleted and skipped two messages that were there."""
+    async def main():
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        _, _, durable = s.append_messages(1, [Message("T", b"a", queue_id=0), Message("T", b"b", queue_id=0)])
+        assert s.queue_start("T", 0) == 0  # reserved, not written
+        await durable
+        assert s.queue_start("T", 0) == 0
+        await s.close()
+
+    asyncio.run(main())
