@@ -122,3 +122,21 @@ def test_a_jobs_member_is_never_checked_back(broker):
     assert broker.broker.state.pending["t-member"].checks == 0
     assert broker.broker.state.pending["t-member"].state == PREPARED
     assert broker.broker.state.pending["t-plain"].checks == 2
+
+
+def test_a_clock_set_back_delays_a_check_by_the_timeout_not_by_the_skew(broker):
+    """The fault harness, seeds 422 and 456: a master's clock 120 s ahead stamped half messages and
+    checks; once set right, nothing was checked for 120 s. Now a stamp ahead of the clock counts
+    from when a scan first sees it: the timeout (immunity) is still waited out in full."""
+    p = half(broker, "t-ahead")
+    back = p.born_ms - 120_000  # the clock, set back
+    scan(broker, back)
+    scan(broker, back + TIMEOUT_MS - 1)
+    assert broker.broker.state.pending["t-ahead"].checks == 0
+    scan(broker, back + TIMEOUT_MS)
+    assert broker.broker.state.pending["t-ahead"].checks == 1
+    # the check was stamped by the set-back clock: the interval runs from it
+    scan(broker, back + TIMEOUT_MS + INTERVAL_MS - 1)
+    assert broker.broker.state.pending["t-ahead"].checks == 1
+    scan(broker, back + TIMEOUT_MS + INTERVAL_MS)
+    assert broker.broker.state.pending["t-ahead"].checks == 2

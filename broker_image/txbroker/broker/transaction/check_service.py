@@ -58,6 +58,7 @@ class CheckService:
         self._task: asyncio.Task | None = None
         self._running = False
         self.last_scan: ScanResult | None = None
+        self._stamped_ahead: dict[str, int] = {}  # txid -> when a scan saw its time stamps ahead of the clock
         settings.on_change(self._wake.set)
 
     def start(self) -> None:
@@ -94,18 +95,29 @@ class CheckService:
         settings_for = self._settings.for_group
         due: list = []
         to_park: list = []
+        ahead = self._stamped_ahead
         for p in self._state.pending.values():
             if p.state != PREPARED or p.job_id:  # a job's member: its job decides it (broker/transaction/jobs.py)
                 continue
             s = settings_for(p.producer_group)
-            if now - p.born_ms < (p.immunity_ms or s.default_immunity_ms or s.timeout_ms):
+            born, last = p.born_ms, p.last_check_ms
+            if born > now or last > now:
+                # Stamped by a clock ahead of this one (it was set back, or another master's ran fast):
+                # its age counts from when a scan first saw that, not from the skew's end (seeds 422
+                # and 456 of the fault harness: 120 s without a check after a clock went back).
+                seen = ahead.setdefault(p.transaction_id, now)
+                born, last = (seen if born > now else born), (seen if last > now else last)
+            if now - born < (p.immunity_ms or s.default_immunity_ms or s.timeout_ms):
                 continue  # still immune: no check, and no check counted
-            if p.last_check_ms and now - p.last_check_ms < s.check_interval_ms:
+            if last and now - last < s.check_interval_ms:
                 continue
             if p.checks >= s.check_max:
                 to_park.append(p)
             else:
                 due.append(p)
+        if ahead:
+            for txid in [t for t in ahead if t not in self._state.pending]:
+                del ahead[txid]
         for p in to_park:
             self._tx.park(p, now)
         if to_park:  # one line a scan, not one a transaction (a group whose producers are gone parks many)
