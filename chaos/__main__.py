@@ -75,6 +75,9 @@ def summary(reports: list[dict]) -> str:
     ok = [r for r in reports if "error" not in r]
     faults, anomalies, ops, group = Counter(), Counter(), Counter(), Counter()
     lost_async = [(r["seed"], r["lost_under_async"]) for r in ok if r.get("mode") == "ASYNC"]
+    after_loss = Counter()
+    for r in ok:
+        after_loss.update(r.get("group_after_async_loss", {}))
     bad_seeds = defaultdict(list)
     gaps, failed = defaultdict(list), defaultdict(list)
     for r in ok:
@@ -95,7 +98,8 @@ def summary(reports: list[dict]) -> str:
              "anomalies: " + (", ".join(f"{k} {v} (seeds {bad_seeds[k][:10]})" for k, v in anomalies.items())
                               or "none"),
              *([f"ASYNC: acknowledged commits lost {sum(n for _, n in lost_async)} in {len(lost_async)} schedules "
-                f"(per seed: {dict((s, n) for s, n in lost_async if n)})"] if lost_async else [])]
+                f"(per seed: {dict((s, n) for s, n in lost_async if n)}); the group, after those losses: "
+                + (", ".join(f"{k} {v}" for k, v in sorted(after_loss.items())) or "nothing")] if lost_async else [])]
     promoted = [(f["first_commit_after_s"], f["old_master_paused"]) for r in ok for f in r.get("after_promotion", [])]
     if promoted:
         got = sorted(t for t, _ in promoted if t is not None)

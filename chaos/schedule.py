@@ -208,6 +208,11 @@ def _run(rnd: random.Random, seed: int, duration: float, net: Network, procs: li
     anomalies = checker.check(h, delivered, max(pending, 0), masters)
     anomalies.update(checker.check_group(h, orders))
     lost_async = anomalies.pop("lost", []) if mode == "ASYNC" else []
+    # What an ASYNC failover took away, the group may have consumed (phantoms), committed offsets
+    # past (regressions), or, its offsets now past the queue's reused ones, skipped: consequences of
+    # that loss, counted with it; without a loss they stay anomalies.
+    after_loss = {k: anomalies.pop(k) for k in ("group lost", "group phantom", "offset regressed")
+                  if lost_async and k in anomalies}
     report = {"seed": seed, "mode": mode, "kinds": len(kinds), "duration_s": duration, "faults": Counter(e["kind"] for e in nemesis.events),
               "events": [{k: v for k, v in e.items() if k not in ("start", "healed")} for e in nemesis.events],
               "failovers": len(ctl.failovers), "after_promotion": _after_promotions(ctl.failovers, h),
@@ -215,6 +220,7 @@ def _run(rnd: random.Random, seed: int, duration: float, net: Network, procs: li
               "operations": checker.counts(h), "commits_acknowledged": len(h.commits),
               "failed_operations": len(h.failures), "parked_after_settling": parked, "anomalies": {k: len(v) for k, v in anomalies.items()},
               "lost_under_async": len(lost_async), "lost_under_async_details": lost_async[:20],
+              "group_after_async_loss": {k: len(v) for k, v in after_loss.items()},
               "group": checker.group_counts(h),
               "anomaly_details": {k: v[:20] for k, v in anomalies.items()},
               "liveness": _liveness(nemesis.events, h, end), "restarts": {p.name: p.starts - 1 for p in procs}}
