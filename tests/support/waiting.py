@@ -15,7 +15,8 @@ class WaitTimedOut(AssertionError, TimeoutError):
 def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
                interval: float | None = None) -> Any:
     """Poll `predicate` until it returns something truthy, and return that. An exception it raises
-    counts as not yet (a restarting broker, an API server warming up); after `timeout` s this fails
+    counts as not yet (a restarting broker, an API server warming up), except an AssertionError,
+    which fails at once; after `timeout` s this fails
     naming `what`, the last value and the last error. Polls every `interval` s, or from 50 ms
     backing off to 0.5 s, so a quick condition is seen at once and a slow one costs little."""
     deadline = time.monotonic() + timeout
@@ -26,6 +27,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = 
             last = predicate()
             if last:
                 return last
+        except AssertionError:  # the predicate's own verdict: no point waiting (a broker that exited)
+            raise
         except Exception as e:  # noqa: BLE001 - keep polling; report the last error
             last_exc = e
         if time.monotonic() > deadline:
