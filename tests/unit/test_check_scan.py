@@ -140,3 +140,27 @@ def test_a_clock_set_back_delays_a_check_by_the_timeout_not_by_the_skew(broker):
     assert broker.broker.state.pending["t-ahead"].checks == 1
     scan(broker, back + TIMEOUT_MS + INTERVAL_MS)
     assert broker.broker.state.pending["t-ahead"].checks == 2
+
+
+def test_a_delayed_delivery_stamped_by_a_clock_since_set_back_is_due_now(broker):
+    """The fault harness, seed 481: retries scheduled while the master's clock ran 120 s ahead were
+    due two minutes late once it was set right, and every later retry of their level waited behind
+    them (a level's queue is delivered in order)."""
+    from txbroker.protocol.names import PROPERTY_DELAY, PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
+    from txbroker.broker.transaction.service import now_ms
+    b = broker.broker
+    level_ms = b.schedule.levels_ms[0]
+
+    def delayed(body: bytes, deliver_ms: int):
+        props = {PROPERTY_REAL_TOPIC: "ScanRetry", PROPERTY_DELAY: "1", PROPERTY_DELIVER_MS: str(deliver_ms)}
+        return bodies.Message(SCHEDULE_TOPIC, body, properties=props, queue_id=0)
+
+    async def go():
+        await b.schedule.stop()  # only the test's delivery runs
+        now = now_ms()
+        _, _, durable = b.state.append_messages(now, [delayed(b"ahead", now + level_ms + 120_000),
+                                                      delayed(b"later", now + level_ms // 2 + 60_000),
+                                                      delayed(b"on-time", now + level_ms)])
+        await durable
+        return b.schedule.deliver_due()
+    assert broker.run(go()) == 2  # the two stamped too far ahead; the on-time one waits its delay
