@@ -9,8 +9,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 from txbroker_operator import brokers, failover, observe, status
 from txbroker_operator import constants as c
+
+from tests.conftest import REPO
 
 IP = "127.0.0.77"  # a loopback address of its own: the operator always asks port 10912
 # GET /api/v1/broker as a master answers it, but from a version that renamed "role"
@@ -66,3 +69,16 @@ def test_a_master_that_does_not_answer_is_still_down():
     (cond,) = [x for x in status.compute(body, members, "b-0", 3, {})["conditions"]
                if x["type"] == "BrokersCompatible"]
     assert cond["status"] == "True"
+
+
+def test_every_condition_the_operator_writes_is_one_the_resource_accepts(newer_broker):
+    """The API server refuses a status whose condition type the CRD does not list: the whole
+    status write would fail, not just the new condition."""
+    crd = yaml.safe_load((REPO / "crds" / "txbroker.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    allowed = set(schema["conditions"]["items"]["properties"]["type"]["enum"])
+    members = observe.observe([master_pod()], brokers.PLAIN)
+    body = {"metadata": {"name": "txb", "generation": 1}, "spec": {"replicas": 1},
+            "status": {"master": "b-0", "epoch": 3}}
+    written = status.compute(body, members, "b-0", 3, {"lastFailover": {"message": "m", "time": status.now()}})
+    assert {x["type"] for x in written["conditions"]} <= allowed
