@@ -29,7 +29,10 @@ def refused(testbed, manifest: dict, namespace: str) -> str:
 
 
 def test_apply_crds_and_list_them(testbed):
-    out = testbed.kubectl("apply", "-f", str(ROOT / "crds")).stdout
+    # under the crds fixture's lock: two applies at once both find nothing and both create, and the
+    # second fails AlreadyExists (it took down every test of the other worker that needed the CRDs)
+    with testbed.exclusive("crds"):
+        out = testbed.kubectl("apply", "-f", str(ROOT / "crds")).stdout
     assert "txbrokers.txbroker.dev" in out and "txproducergroups.txbroker.dev" in out
     testbed.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     "crd/txbrokers.txbroker.dev", "crd/txproducergroups.txbroker.dev")
