@@ -81,7 +81,7 @@ async def _generate(path: str, finished: int, pending: int, size: int, chunk: in
                                          [Message(TOPIC, bodies.next(), queue_id=0)]))
     await fut
     secs = time.perf_counter() - t0
-    return {"finished": finished, "pending": len(state.pending), "generate_seconds": round(secs, 2),
+    return {"finished": finished, "pending": state.pending_count, "generate_seconds": round(secs, 2),
             "transactions_per_s": round(total / secs), "log_records": state.next_lsn - 1}
 
 
@@ -120,7 +120,7 @@ def _open_close(path: str) -> dict:
     t0 = time.perf_counter()
     state = StateMachine(path, False, lambda e: None)
     wall = time.perf_counter() - t0
-    pending = len(state.pending)
+    pending = state.pending_count
 
     async def close():
         await state.close()
@@ -147,7 +147,7 @@ async def _scans(broker, rounds: int) -> dict:
     t0 = time.perf_counter()
     r = cs.scan(now)
     t1 = time.perf_counter()
-    await state.writer.drain()
+    await state.drain()
     t2 = time.perf_counter()
     out["first_scan"] = {"seconds": round(r.seconds, 5), "wall_seconds": round(t1 - t0, 5),
                          "check_record_durable_after_s": round(t2 - t1, 5), "pending": r.pending,
@@ -161,7 +161,7 @@ async def _scans(broker, rounds: int) -> dict:
     due = []
     for k in range(1, rounds + 1):
         r = cs.scan(now + k * interval)
-        await state.writer.drain()
+        await state.drain()
         due.append(r.seconds)
         if r.checked != out["first_scan"]["checked"]:
             out.setdefault("notes", []).append(f"round {k}: checked {r.checked}, parked {r.parked}")
@@ -173,7 +173,7 @@ async def _scans(broker, rounds: int) -> dict:
     for s in sinks:
         broker.producers.remove(s)
     r = cs.scan(now + (rounds + 1) * interval)
-    await state.writer.drain()
+    await state.drain()
     out["decide_only_scan"] = {"seconds": round(r.seconds, 5), "due": r.without_producer + r.checked}
     return out
 

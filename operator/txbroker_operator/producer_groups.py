@@ -1,13 +1,15 @@
-"""TxProducerGroup: push a group's check-back settings to every broker of its TxBroker, live.
+"""TxProducerGroup: apply a group's check-back settings to its TxBroker's master, live.
 
-Level-based like the TxBroker pass: each pass compares what every broker runs (the generation the
-broker stored with the group's settings, GET /api/v1/groups) with the resource's
-metadata.generation and pushes where they differ, so a new pod, a restarted broker with fresh
-storage or a promoted slave gets the settings on the next pass without anyone asking. Settings
-live in each broker's own store, so a broker restart keeps them.
+The settings are log records on the brokers: the master writes them and its slaves replicate them,
+so a promoted slave already runs them and a broker restart keeps them. Level-based like the
+TxBroker pass: each pass reads what every broker runs (the generation stored with the group's
+settings, GET /api/v1/groups), applies the resource's metadata.generation to the master where they
+differ, and reports the group applied once every broker runs it (a slave by replication). A master
+with fresh storage, or one that took over before a slave had the record, gets them again on the
+next pass; operator and brokers write the same whole settings, so they agree.
 
-Deleting a TxProducerGroup needs no finalizer: the TxBroker pass removes, from brokers, group
-settings the operator once applied (generation > 0) that no TxProducerGroup names any more.
+Deleting a TxProducerGroup needs no finalizer: the TxBroker pass removes, through the master,
+group settings the operator once applied (generation > 0) that no TxProducerGroup names any more.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
         return {}   # the TxBroker's pass reports it
     pods = kube.list_pods(ns, manifests.selector_labels(broker_name))
     members = observe.observe(pods, access, ask_brokers=False)
+    master_name = (txb.get("status") or {}).get("master") or ""
     applied, missing = [], []
     for m in sorted(members.values(), key=lambda m: m.index):
         if m.deleting or not m.ip:
@@ -84,11 +87,14 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
         try:
             current = access.groups(m.ip).get(group)
             if not runs_settings(current, want, generation):
+                if m.name != master_name:  # a slave gets them from its master's log
+                    missing.append(f"{m.name} (replicating)" if master_name else m.name)
+                    continue
                 access.put_group(m.ip, group, want, generation)
-                logger.info("group %s: generation %d applied to broker %s", group, generation, m.name)
+                logger.info("group %s: generation %d applied through master %s", group, generation, m.name)
                 if current:
                     events.post(body, events.NORMAL, "Applied",
-                                f"generation {generation} applied to {m.name} (check interval "
+                                f"generation {generation} applied through master {m.name} (check interval "
                                 f"{want['check_interval_ms'] // 1000}s)")
             applied.append({"name": m.name, "generation": generation})
         except (brokers.Unreachable, brokers.BrokerError) as e:
@@ -100,7 +106,7 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
 
     new: dict[str, Any] = {"observedGeneration": generation, "applied": applied,
                            "appliedGeneration": applied_generation(applied)}
-    master = members.get((txb.get("status") or {}).get("master") or "")
+    master = members.get(master_name)
     if master is not None and master.ip:
         try:
             new["pending"] = access.transaction_count(master.ip, group, "pending")
@@ -144,13 +150,14 @@ def remove_orphans(namespace: str, broker_name: str, members: Mapping[str, obser
     wanted = {group_name(g) for g in kube.list_objects(c.TXPRODUCERGROUP_KIND, namespace)
               if (g.get("spec") or {}).get("brokerRef", {}).get("name") == broker_name
               and not g["metadata"].get("deletionTimestamp")}
-    for m in members.values():
-        if m.info is None or not m.ip:
+    for m in members.values():  # the master removes them; its slaves replicate the removal
+        if m.info is None or not m.ip or m.info.role != "master" or m.info.fenced_by:
             continue
         try:
             for group, doc in access.groups(m.ip).items():
                 if doc.get("generation", 0) > 0 and group not in wanted:
                     access.delete_group(m.ip, group)
-                    logger.info("group %s: settings removed from %s (no TxProducerGroup names it)", group, m.name)
+                    logger.info("group %s: settings removed through master %s (no TxProducerGroup names it)",
+                                group, m.name)
         except (brokers.Unreachable, brokers.BrokerError) as e:
             logger.info("could not list groups on %s: %s", m.name, e)

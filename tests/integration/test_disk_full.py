@@ -73,7 +73,7 @@ def test_no_retried_request_is_answered_success_after_a_failed_write(tmp_path):
             def write(self, *_a):
                 raise DiskFull("No space left on device")
 
-        s.writer._db = Full()
+        s._writer._db = Full()  # the disk fails under the group commit
         with pytest.raises(DiskFull):
             await durable
         assert fatal, "the broker was not told to stop"

@@ -268,7 +268,7 @@ def test_a_master_that_starts_on_a_store_with_a_decision_and_unended_members_fin
         for i in range(4):
             st.append(HalfRecord(f"t{i}", GROUP, 1, [Msg("Orders", f"s{i}".encode(), queue_id=0)], "j.e1.2"))
         st.append(JobDecisionRecord("j.e1.2", int(TransactionState.COMMIT), 2, ["t0", "t1", "t2"]))
-        await st.writer.drain()
+        await st.drain()
         await st.close()
 
     asyncio.run(write())

@@ -71,3 +71,28 @@ def test_a_broker_that_is_no_longer_master_does_not_answer_offset_queries(broker
             raise AssertionError("a slave answered an offset query")
         except BrokerError as e:
             assert e.code_name == "SLAVE_NOT_AVAILABLE" and "127.0.0.1:9" in str(e), e
+
+
+def test_a_message_the_slave_lacks_is_not_found_by_its_key_until_it_has_it(broker_factory):
+    """Finding messages by key reads as consumers read: a keyed send the only slave does not hold
+    is refused under SYNC replication, and a failover can take it away, so the key finds nothing
+    until the slave has it (the key index was read as written before)."""
+    m = broker_factory(*FLAGS, "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *FLAGS, name="s")
+    wait_until(lambda: any(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]),
+               what="the slave in sync")
+    with Producer("keys-pg", m.address, request_timeout=5) as p, PullConsumer(m.address, request_timeout=5) as c:
+        p.send(Message("Keyed", b"held", keys="order-1"))
+        assert [x.body for x in c.find_by_key("Keyed", "order-1")] == [b"held"]
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            try:
+                p.send(Message("Keyed", b"unheld", keys="order-2"))
+                raise AssertionError("a send was acknowledged while the only slave was paused")
+            except BrokerError as e:
+                assert e.code_name in ("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"), e
+            assert c.find_by_key("Keyed", "order-2") == [], "a message the slave does not hold was found by key"
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: [x.body for x in c.find_by_key("Keyed", "order-2")] == [b"unheld"],
+                   what="the message found by key once the slave holds it")

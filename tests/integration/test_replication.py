@@ -214,3 +214,31 @@ def test_master_that_sees_a_higher_epoch_is_fenced(broker_factory):
     assert visible(b, "Fence") == Counter({"x": 1})
     with pytest.raises(AdminError, match="epoch above the current 2"):
         AdminClient(c.admin_url).post("/api/v1/role", {"role": "master", "epoch": 2})
+
+
+def test_group_settings_replicate_and_a_promoted_slave_runs_them(broker_factory):
+    """A producer group's settings (what the operator applies from a TxProducerGroup) are log
+    records: applied through the master, the slave holds them and refuses to change them itself,
+    naming its master; after the master dies, the promoted slave checks the group's transaction back
+    at the group's interval with nobody applying the settings again (the broker-wide interval is an
+    hour, so nothing else would)."""
+    slow = ("--check-interval-ms", "3600000", "--transaction-timeout-ms", "100")
+    m = broker_factory(*slow, name="master")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "slave", *slow, name="slave")
+    AdminClient(m.admin_url).put("/api/v1/groups/pg-repl/transaction", {"check_interval_ms": 300, "generation": 5})
+    wait_until(lambda: AdminClient(s.admin_url).get("/api/v1/groups").get("pg-repl", {}).get("generation") == 5,
+               what="the slave to hold the group's settings")
+    assert AdminClient(s.admin_url).get("/api/v1/groups")["pg-repl"]["check_interval_ms"] == 300
+    with pytest.raises(AdminError, match=f"slave and changes nothing; the master is {m.address}"):
+        AdminClient(s.admin_url).put("/api/v1/groups/pg-repl/transaction", {"check_interval_ms": 1})
+
+    with TransactionProducer("pg-repl", [m.address, s.address], Decided(S.UNKNOWN)) as p:
+        p.send_message_in_transaction(Message("TopicRepl", b"r"), None)
+        wait_until(caught_up(s, m), what="the slave to hold the half message")
+        m.kill(signal.SIGKILL)
+        p.listener = Decided(S.COMMIT)
+        AdminClient(s.admin_url).post("/api/v1/role", {"role": "master", "epoch": info(s)["epoch"] + 1})
+        p.send_message_in_transaction(Message("TopicRepl", b"after"), None)  # the producer is on the new master
+        wait_until(lambda: visible(s, "TopicRepl") == {"r": 1, "after": 1}, 30,
+                   what="the promoted slave to check the transaction back at the group's interval")
+    assert AdminClient(s.admin_url).get("/api/v1/groups")["pg-repl"]["generation"] == 5

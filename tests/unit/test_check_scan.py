@@ -28,7 +28,9 @@ SETTINGS = {"transaction": {"timeout_ms": TIMEOUT_MS, "check_interval_ms": 3_600
 def broker():
     b = InProcessBroker(auth=False, config=SETTINGS)
     # the interval under test is a group's own setting, as the operator applies it
-    b.broker.settings.update_group("scan-pg", {"check_interval_ms": INTERVAL_MS}, 1)
+    async def apply():
+        await b.broker.settings.update_group("scan-pg", {"check_interval_ms": INTERVAL_MS}, 1)[1]
+    b.run(apply())
     yield b
     b.close()
 
@@ -47,7 +49,7 @@ def half(b: InProcessBroker, txid: str, properties: dict | None = None, conn=Non
     """A half message of group scan-pg; its pending record."""
     msg = bodies.Message("ScanT", b"x", properties=properties or {})
     request(b, RequestCode.SEND_MESSAGE, bodies.SendRequest("scan-pg", [msg], txid, job_id), conn)
-    return b.broker.state.pending[txid]
+    return b.broker.state.pending_transaction(txid)
 
 
 async def _connected(b: InProcessBroker):
@@ -57,7 +59,7 @@ async def _connected(b: InProcessBroker):
 def scan(b: InProcessBroker, now: int):
     async def go():
         result = b.broker.check_service.scan(now=now)
-        await b.broker.state.writer.drain()  # the scan's CheckRecord and ParkRecords, applied
+        await b.broker.state.drain()  # the scan's CheckRecord and ParkRecords, applied
         return result
     return b.run(go())
 
@@ -65,18 +67,18 @@ def scan(b: InProcessBroker, now: int):
 def test_the_timeout_holds_a_check_back_and_waiting_burns_none(broker):
     p = half(broker, "t-timeout")
     scan(broker, p.born_ms + TIMEOUT_MS - 1)
-    assert broker.broker.state.pending["t-timeout"].checks == 0
+    assert broker.broker.state.pending_transaction("t-timeout").checks == 0
     scan(broker, p.born_ms + TIMEOUT_MS)
-    assert broker.broker.state.pending["t-timeout"].checks == 1
+    assert broker.broker.state.pending_transaction("t-timeout").checks == 1
 
 
 def test_a_messages_own_immunity_holds_it_longer_than_the_timeout(broker):
     p = half(broker, "t-immune", {PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: "30"})
     scan(broker, p.born_ms + TIMEOUT_MS)
     scan(broker, p.born_ms + 29_999)
-    assert broker.broker.state.pending["t-immune"].checks == 0
+    assert broker.broker.state.pending_transaction("t-immune").checks == 0
     scan(broker, p.born_ms + 30_000)
-    assert broker.broker.state.pending["t-immune"].checks == 1
+    assert broker.broker.state.pending_transaction("t-immune").checks == 1
 
 
 def test_the_interval_spaces_checks_and_check_max_parks(broker):
@@ -84,20 +86,20 @@ def test_the_interval_spaces_checks_and_check_max_parks(broker):
     t = p.born_ms + TIMEOUT_MS
     for n in range(1, CHECK_MAX + 1):
         scan(broker, t)
-        assert broker.broker.state.pending["t-max"].checks == n
+        assert broker.broker.state.pending_transaction("t-max").checks == n
         scan(broker, t + INTERVAL_MS - 1)  # too soon: no check
-        assert broker.broker.state.pending["t-max"].checks == n
+        assert broker.broker.state.pending_transaction("t-max").checks == n
         t += INTERVAL_MS
     result = scan(broker, t)
     assert result.parked == 1
-    assert broker.broker.state.pending["t-max"].state == PARKED and broker.broker.state.pending["t-max"].checks == CHECK_MAX
+    assert broker.broker.state.pending_transaction("t-max").state == PARKED and broker.broker.state.pending_transaction("t-max").checks == CHECK_MAX
     assert scan(broker, t + 10 * INTERVAL_MS).parked == 0  # parked stays parked: no more checks
 
 
 def test_a_check_counts_with_no_producer_to_ask_and_a_live_one_is_asked_one_way(broker):
     p = half(broker, "t-nobody")
     result = scan(broker, p.born_ms + TIMEOUT_MS)
-    assert result.without_producer >= 1 and broker.broker.state.pending["t-nobody"].checks == 1
+    assert result.without_producer >= 1 and broker.broker.state.pending_transaction("t-nobody").checks == 1
 
     producer, transport = broker.run(_connected(broker))
     request(broker, RequestCode.HEARTBEAT, bodies.HeartbeatRequest("scan-client", ["scan-pg"]), producer)
@@ -119,9 +121,9 @@ def test_a_jobs_member_is_never_checked_back(broker):
     assert member.job_id
     for t in (plain.born_ms + TIMEOUT_MS, plain.born_ms + TIMEOUT_MS + INTERVAL_MS):
         scan(broker, t)
-    assert broker.broker.state.pending["t-member"].checks == 0
-    assert broker.broker.state.pending["t-member"].state == PREPARED
-    assert broker.broker.state.pending["t-plain"].checks == 2
+    assert broker.broker.state.pending_transaction("t-member").checks == 0
+    assert broker.broker.state.pending_transaction("t-member").state == PREPARED
+    assert broker.broker.state.pending_transaction("t-plain").checks == 2
 
 
 def test_a_clock_set_back_delays_a_check_by_the_timeout_not_by_the_skew(broker):
@@ -132,14 +134,14 @@ def test_a_clock_set_back_delays_a_check_by_the_timeout_not_by_the_skew(broker):
     back = p.born_ms - 120_000  # the clock, set back
     scan(broker, back)
     scan(broker, back + TIMEOUT_MS - 1)
-    assert broker.broker.state.pending["t-ahead"].checks == 0
+    assert broker.broker.state.pending_transaction("t-ahead").checks == 0
     scan(broker, back + TIMEOUT_MS)
-    assert broker.broker.state.pending["t-ahead"].checks == 1
+    assert broker.broker.state.pending_transaction("t-ahead").checks == 1
     # the check was stamped by the set-back clock: the interval runs from it
     scan(broker, back + TIMEOUT_MS + INTERVAL_MS - 1)
-    assert broker.broker.state.pending["t-ahead"].checks == 1
+    assert broker.broker.state.pending_transaction("t-ahead").checks == 1
     scan(broker, back + TIMEOUT_MS + INTERVAL_MS)
-    assert broker.broker.state.pending["t-ahead"].checks == 2
+    assert broker.broker.state.pending_transaction("t-ahead").checks == 2
 
 
 def test_a_delayed_delivery_stamped_by_a_clock_since_set_back_is_due_now(broker):

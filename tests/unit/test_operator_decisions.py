@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
+from txbroker.store.state import StateMachine
 from txbroker.broker.config import TransactionSettings
 from txbroker.broker.transaction.settings import SettingsBook
 from txbroker_operator import failover, manifests, producer_groups, status
@@ -162,7 +165,7 @@ def test_producer_group_spec_becomes_broker_settings():
     assert producer_groups.group_name({"metadata": {"name": "pg"}, "spec": {"groupName": "PG_Orders"}}) == "PG_Orders"
 
 
-def test_check_mode_ledger_requires_every_transaction_of_the_group_to_join_a_job():
+def test_check_mode_ledger_requires_every_transaction_of_the_group_to_join_a_job(tmp_path):
     """ledger: the broker answers from the jobs' decisions and refuses the group's half messages that
     join no job (require_job); every other mode, and none given (the CRD's default, connection), does not."""
     assert producer_groups.broker_settings({"checkMode": "ledger"})["require_job"] is True
@@ -171,11 +174,18 @@ def test_check_mode_ledger_requires_every_transaction_of_the_group_to_join_a_job
     assert producer_groups.broker_settings({})["require_job"] is False
     # the broker takes them as the group's settings (what PUT /api/v1/groups/{group}/transaction does),
     # and what it then lists (GET /api/v1/groups) matches them: the next pass pushes nothing again
+    async def applied(want: dict) -> dict:
+        state = StateMachine(str(tmp_path / str(want["require_job"])), False, lambda e: None)
+        book = SettingsBook(TransactionSettings(), state)
+        await book.update_group("orders-publisher", want, 3)[1]
+        listed = {**msgspec.to_builtins(book.for_group("orders-publisher")), "generation": 3}
+        await state.close()
+        return listed
+
     for mode, required in (("ledger", True), ("connection", False)):
         want = producer_groups.broker_settings({"checkMode": mode})
-        book = SettingsBook(TransactionSettings())
-        assert book.update_group("orders-publisher", want, 3).require_job is required
-        listed = {**msgspec.to_builtins(book.for_group("orders-publisher")), "generation": 3}
+        listed = asyncio.run(applied(want))
+        assert listed["require_job"] is required
         assert producer_groups.runs_settings(listed, want, 3)
         assert not producer_groups.runs_settings({**listed, "require_job": not required}, want, 3)
 

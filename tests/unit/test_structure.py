@@ -103,3 +103,23 @@ def test_no_module_imports_a_private_name_from_another_package():
     private = [f"{m} imports {name} from {target}" for m, imports in GRAPH.items() for target, name in imports
                if name and name.startswith("_") and not name.startswith("__") and _package(target) != _package(m)]
     assert private == []
+
+
+# The store's one door (store/state.py): outside the store package, state changes through append
+# and is read through StateMachine's methods, never through its RocksDB handles, its group-commit
+# writer or its pending map.
+STORE_INSIDES = {"db", "writer", "_writer", "pending", "_pending"}
+
+
+def test_nothing_outside_the_store_reaches_into_its_insides():
+    store = PACKAGES["txbroker"] / "store"
+    reached = []
+    for module, path in MODULES.items():
+        if path.is_relative_to(store):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in STORE_INSIDES and \
+                    isinstance(node.value, (ast.Attribute, ast.Name)) and \
+                    (node.value.attr if isinstance(node.value, ast.Attribute) else node.value.id) in ("state", "_state"):
+                reached.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    assert reached == []

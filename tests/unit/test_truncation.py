@@ -12,7 +12,7 @@ from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
 from txbroker.store.db import COLUMN_FAMILIES
 from txbroker.store.records import (
-    CheckRecord, EndRecord, EpochRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
+    CheckRecord, EndRecord, EpochRecord, GroupSettingsRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
     OffsetRecord, ParkRecord, ResumeRecord, TopicRecord,
 )
 from txbroker.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC
@@ -24,9 +24,9 @@ def history(seed: int, s: StateMachine, n: int = 120) -> None:
     rnd = random.Random(seed)
     s.append(EpochRecord(1, "a", 0))
     for i in range(n):
-        pending = [p for p in s.pending.values()]
+        pending = list(s.pending_transactions())
         what = rnd.choice(["half", "half", "end", "end", "normal", "check", "park", "resume", "offset", "topic",
-                           "epoch", "job", "job", "prepare", "decide"])
+                           "epoch", "job", "job", "prepare", "decide", "settings"])
         open_jobs = [j for j in s.jobs.values() if j.state == "OPEN"]
         if what == "half":
             msgs = [Message(rnd.choice("TU"), f"h{i}-{j}".encode(), keys=rnd.choice(["", f"k{i}"]),
@@ -68,6 +68,9 @@ def history(seed: int, s: StateMachine, n: int = 120) -> None:
             s.append(TopicRecord(rnd.choice(["T", "U", f"New{i % 3}"]), rnd.randint(2, 4)))
         elif what == "epoch":
             s.append(EpochRecord(s.epoch + 1, "a", i))
+        elif what == "settings":  # a group's settings set, changed, or removed (empty)
+            settings = {} if rnd.random() < 0.3 else {"check_interval_ms": rnd.choice([1000, 5000]), "check_max": i}
+            s.append(GroupSettingsRecord(rnd.choice(["pg1", "pg2"]), i, settings, rnd.randint(1, 9)))
 
 
 def contents(s: StateMachine) -> dict:
@@ -78,7 +81,8 @@ def contents(s: StateMachine) -> dict:
 
 
 def memory(s: StateMachine) -> dict:
-    return {"pending": {k: (p.checks, p.state) for k, p in s.pending.items()}, "topics": dict(s.topics),
+    return {"pending": {p.transaction_id: (p.checks, p.state) for p in s.pending_transactions()}, "topics": dict(s.topics),
+            "group_settings": dict(s.group_settings),
             "jobs": {k: (j.state, tuple(j.members)) for k, j in s.jobs.items()},
             "job_members": {k: set(v) for k, v in s.job_members.items() if v or k in s.jobs},
             "epochs": list(s.epochs), "next_lsn": s.next_lsn, "ends": {t: [s.queue_end(t, q) for q in range(2)]
@@ -90,14 +94,14 @@ def test_truncation_leaves_what_a_store_of_the_kept_records_holds(tmp_path, seed
     async def main():
         full = StateMachine(str(tmp_path / "full"), False, lambda e: None)
         history(seed, full)
-        await full.writer.drain()
+        await full.drain()
         last_kept = random.Random(seed).randrange(1, full.next_lsn - 1)
         reference = StateMachine(str(tmp_path / "ref"), False, lambda e: None)
         for k, raw in full.db.log.items():
             if keys.lsn_from_key(k) > last_kept:
                 break
             reference.apply_replicated(keys.lsn_from_key(k), raw)
-        await reference.writer.drain()
+        await reference.drain()
 
         log_end = full.next_lsn - 1
         assert await full.truncate_after(last_kept) == log_end - last_kept
@@ -130,7 +134,7 @@ def test_a_failed_truncation_write_changes_nothing(tmp_path):
     async def main():
         s = StateMachine(str(tmp_path), False, lambda e: None)
         history(3, s)
-        await s.writer.drain()
+        await s.drain()
         before = contents(s)
         real = s.db.db
         s.db.db = KilledAtWrite(real)

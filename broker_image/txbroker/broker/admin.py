@@ -222,14 +222,20 @@ class AdminApp:
         generation = doc.pop("generation", 0)
         if not isinstance(generation, int):
             raise ConfigError(f"groups.{group}.generation must be an integer")
-        merged = self.b.settings.update_group(group, doc, generation)
+        # Settings are log records: the master writes them, its slaves replicate them.
+        self.b.role.require_master()
+        merged, durable = self.b.settings.update_group(group, doc, generation)
+        await durable
         log.info("transaction settings for group %s (generation %d): %s", group, generation, msgspec.to_builtins(merged))
         return web.json_response({**msgspec.to_builtins(merged), "generation": generation})
 
     async def delete_group_settings(self, request):
         group = request.match_info["group"]
-        if not self.b.settings.remove_group(group):
+        self.b.role.require_master()
+        durable = self.b.settings.remove_group(group)
+        if durable is None:
             return _error(404, f"group {group} has no settings of its own", "QUERY_NOT_FOUND")
+        await durable
         return web.json_response({"ok": True})
 
     async def list_topics(self, request):
@@ -245,7 +251,7 @@ class AdminApp:
             return _error(400, "queues must be an integer", "MALFORMED")
         self.b.role.require_master()
         created = self.b.topics.create(name, queues)
-        await self.b.state.writer.drain()
+        await self.b.state.drain()
         return web.json_response({"name": name, "queues": self.b.state.topics[name], "created": created},
                                  status=201 if created else 200)
 
@@ -265,13 +271,13 @@ class AdminApp:
         states = {"ALL": (PREPARED, PARKED), "PENDING": (PREPARED,), "PREPARED": (PREPARED,), "PARKED": (PARKED,)}.get(want)
         if states is None:
             return _error(400, f"state must be pending, parked or all, got {want.lower()!r}", "MALFORMED")
-        items = [p for p in self.b.state.pending.values() if p.state in states and (group is None or p.producer_group == group)]
+        items = [p for p in self.b.state.pending_transactions() if p.state in states and (group is None or p.producer_group == group)]
         items.sort(key=lambda p: p.born_ms)
         return web.json_response({"total": len(items), "transactions": [_pending_doc(p) for p in items[:limit]]})
 
     async def get_transaction(self, request):
         txid = request.match_info["txid"]
-        p = self.b.state.pending.get(txid)
+        p = self.b.state.pending_transaction(txid)
         if p is not None:
             doc = _pending_doc(p)
         else:
@@ -367,7 +373,7 @@ class AdminApp:
         visible = True
         state = ""
         if txid:
-            p = self.b.state.pending.get(txid)
+            p = self.b.state.pending_transaction(txid)
             f = None if p else self.b.state.finished(txid)
             state = p.state if p else (f.state if f else "")
             visible = state == "COMMITTED"

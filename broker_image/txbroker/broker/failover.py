@@ -36,7 +36,7 @@ class RoleChanges:
         if self._b.follower is not None:
             await self._b.follower.stop()  # what was received is already applied
             self._b.follower = None
-        await self._b.state.writer.drain()
+        await self._b.state.drain()
         self._b.role.role = MASTER
         self._b.role.master_address = ""
         self._b.role.fenced_by = 0

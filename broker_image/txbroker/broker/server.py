@@ -60,7 +60,7 @@ class Broker:
         self.topics = TopicRegistry(self.state, config.auto_create_topic, config.default_queue_count,
                                     config.max_message_size, len(levels),
                                     self.metrics.limit_refusals.labels("max_message_size").inc)
-        self.settings = SettingsBook(config.transaction, self.state.db.meta)
+        self.settings = SettingsBook(config.transaction, self.state)
         self.producers = ProducerRegistry(config.producer_expiry_ms)
         self.consumers = ConsumerRegistry(config.consumer_expiry_ms)
         self.schedule = ScheduleService(self, levels)

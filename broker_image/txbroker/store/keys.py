@@ -13,6 +13,12 @@ lsn_key = _U64.pack
 # the jobs column family: a job by id, and the newest job of each name
 JOB_ID_PREFIX = b"id/"
 JOB_NAME_PREFIX = b"name/"
+# the meta column family: a producer group's transaction settings (GroupSettingsRecord)
+GROUP_SETTINGS_PREFIX = b"config/group/"
+
+
+def group_settings_key(group: str) -> bytes:
+    return GROUP_SETTINGS_PREFIX + group.encode()
 
 
 def lsn_from_key(key: bytes) -> int:

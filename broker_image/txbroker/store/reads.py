@@ -115,6 +115,21 @@ class MessageReader:
             return None
         return self.view(lsn, idx, topic, m.queue_id, offset)
 
+    def by_key(self, topic: str, key: str, limit: int) -> list[MessageExt]:
+        """Up to `limit` published messages of `topic` stored under message key `key`, oldest first
+        (a commit indexes its keys before it is published: those wait, as consumers do)."""
+        prefix = keys.key_index_prefix(topic, key)
+        out: list[MessageExt] = []
+        for k, v in self._state.db.keys.items(from_key=prefix):
+            if not k.startswith(prefix) or len(out) >= limit:
+                break
+            lsn, idx = keys.cq_value_decode(k[len(prefix):])
+            offset = keys.lsn_from_key(v)
+            queue_id = self.record(lsn).messages[idx].queue_id
+            if offset < self._state.readable_end(topic, queue_id):
+                out.append(self.view(lsn, idx, topic, queue_id, offset))
+        return out
+
     def half_message(self, lsn: int) -> tuple[MessageExt, int] | None:
         """First message of a half record (what a check-back shows the producer) and the count."""
         got = self.by_id(keys.msg_id(lsn, 0))

@@ -1,6 +1,6 @@
 """Log records: the unit of durability and, later, of replication.
 
-On-disk format, version 2 (STORE_FORMAT_VERSION, kept under meta key b"format"):
+On-disk format, version 3 (STORE_FORMAT_VERSION, kept under meta key b"format"):
 
   column family  key                                  value
   log            u64 BE log sequence number (LSN)     msgpack record, tagged (see below)
@@ -13,7 +13,9 @@ On-disk format, version 2 (STORE_FORMAT_VERSION, kept under meta key b"format"):
   keys           topic 0x00 key 0x00 u64 BE LSN u32 BE index  u64 BE queue offset
   jobs           b"id/" job id | b"name/" job name   JobState (coordinated transactions, broker/transaction/jobs.py)
                                                       | the newest job id opened under that name
-  meta           b"format" | b"topic/<name>" | b"config/group/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
+  meta           b"format" | b"topic/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
+                 | b"config/group/<name>" -> JSON: a producer group's transaction settings and the
+                   generation the operator applied (derived from GroupSettingsRecord)
                  | b"published" -> u64 BE LSN (a SYNC master: readable up to there)
                  | b"sendback/" group 0x00 message id 0x00 reconsume count -> u64 BE LSN of the copy
 
@@ -26,6 +28,10 @@ A queue-index entry covers a run of consecutive messages of one record bound for
 consecutive offsets (a request's messages to a topic share a queue), so committing a 100-message
 transaction writes one entry, not 100. Format 1 wrote an entry per message (a 12-byte value
 without the count); format 2 reads those as runs of one and marks such a store as format 2.
+Format 3 adds GroupSettingsRecord: a producer group's settings are log records, so they replicate
+and a promoted slave runs them (format 2 wrote the same meta entries directly, unreplicated; they
+read the same). A format-2 broker refuses a format-3 store rather than fail on a record it cannot
+decode.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from msgspec import Struct, field
 
 from txbroker.protocol.bodies import JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, Message  # noqa: F401 - re-exported
 
-STORE_FORMAT_VERSION = 2
-READABLE_FORMATS = frozenset({1, 2})
+STORE_FORMAT_VERSION = 3
+READABLE_FORMATS = frozenset({1, 2, 3})
 
 
 class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
@@ -136,6 +142,17 @@ class OffsetRecord(Struct, tag="O", array_like=True):
     offsets: list[tuple[str, int, int]]  # (topic, queue, next offset to consume)
 
 
+class GroupSettingsRecord(Struct, tag="G", array_like=True, omit_defaults=True):
+    """A producer group's transaction settings (what the operator applies from a TxProducerGroup),
+    whole, as broker/transaction/settings.py merged them; empty `settings`: the group's own
+    settings are removed. In the log so that slaves hold them and a failover keeps them."""
+
+    group: str
+    set_ms: int
+    settings: dict = field(default_factory=dict)
+    generation: int = 0
+
+
 class EpochRecord(Struct, tag="X", array_like=True):
     """First record a master writes at a new epoch: marks where that epoch's records begin."""
 
@@ -145,7 +162,7 @@ class EpochRecord(Struct, tag="X", array_like=True):
 
 
 Record = (HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord | EpochRecord
-          | OffsetRecord | JobOpenRecord | JobPrepareRecord | JobDecisionRecord)
+          | OffsetRecord | JobOpenRecord | JobPrepareRecord | JobDecisionRecord | GroupSettingsRecord)
 
 PREPARED = "PREPARED"
 PARKED = "PARKED"

@@ -52,7 +52,7 @@ decode_mark = msgspec.msgpack.Decoder(Mark).decode
 
 
 def take_mark(state: "StateMachine", now_ms: int) -> None:
-    m = Mark(now_ms, state.next_lsn, state.log_bytes, sorted(p.half_lsn for p in state.pending.values()))
+    m = Mark(now_ms, state.next_lsn, state.log_bytes, sorted(p.half_lsn for p in state.pending_transactions()))
     state.db.meta.put(MARK_PREFIX + keys.lsn_key(now_ms), _encode(m))
 
 
@@ -146,7 +146,7 @@ def _forget_derived(state: "StateMachine", wb: WriteBatch, lsn: int, r, touched:
         stored = state.db.tx.get(r.transaction_id.encode())
         if stored is not None and decode_finished(stored).end_lsn == lsn:
             wb.delete(r.transaction_id.encode(), h["tx"])
-    elif kind is ParkRecord and r.transaction_id not in state.pending:
+    elif kind is ParkRecord and state.pending_transaction(r.transaction_id) is None:
         for prefix, offset in state._queue_entries(r):
             wb.delete(keys.cq_key(prefix, offset), h["cq"])
             touched.add(prefix)

@@ -1,6 +1,7 @@
 """The broker's durable state: recovery, applying log records, and the queue high-water marks.
 
-`append(record)` is the only way state changes. It writes the record and everything derived from
+`append(record)` (and its forms that assign queue offsets) is the only way state changes, group
+settings included. It writes the record and everything derived from
 it into the open group-commit batch and updates memory at once, so later requests in the same
 batch see it. A replica applies the records it receives through the same `apply` code, so master
 and slaves derive identical state.
@@ -11,6 +12,10 @@ answered SLAVE_NOT_AVAILABLE or FLUSH_SLAVE_TIMEOUT and stays unpublished until 
 consumer reads what a failover can take away (Kafka's high watermark). Such a master records the
 published LSN in every batch (meta `published`); after a restart what lies beyond it is published
 again only once a slave has it.
+
+The rest of the broker uses the methods of StateMachine, never its RocksDB handles (`db`), its
+group-commit writer or its pending map: those belong to the store package (reads, truncation,
+retention). tests/unit/test_structure.py holds the broker to that.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import json
 import logging
 import time
 from typing import Callable
@@ -33,7 +39,7 @@ from txbroker.store.truncation import truncate
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK,
     JOB_ABORTED, JOB_COMMITTED, JOB_PREPARED,
-    CheckRecord, EndRecord, EpochRecord, FinishedTx, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
+    CheckRecord, EndRecord, EpochRecord, FinishedTx, GroupSettingsRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
     JobState, NormalRecord, ParkRecord, PendingTx, Record, OffsetRecord, ResumeRecord, TopicRecord,
     decode_finished, decode_job, decode_pending, decode_record, encode,
 )
@@ -56,7 +62,7 @@ class StateMachine:
         self._h_log, self._h_cq, self._h_pending, self._h_tx, self._h_meta = (
             h["log"], h["cq"], h["pending"], h["tx"], h["meta"])
         self._h_offsets, self._h_keys, self._h_jobs = h["offsets"], h["keys"], h["jobs"]
-        self.writer = GroupCommit(self.db.db, sync_flush, self._written_locally, on_fatal, observe_flush,
+        self._writer = GroupCommit(self.db.db, sync_flush, self._written_locally, on_fatal, observe_flush,
                                   self._before_write)
         # A SYNC replication leader sets these: `replication_hold(batch)` answers a written batch when
         # the slaves have it (and publishes it through `publish_through`); `replication_wait(lsn)`
@@ -68,7 +74,11 @@ class StateMachine:
         self._published_marked = False  # the meta `published` key exists on disk
         self.epochs: list[tuple[int, int]] = []  # (epoch, first LSN of that epoch), ascending
         self.topics: dict[str, int] = {}
-        self.pending: dict[str, PendingTx] = {}
+        self._pending: dict[str, PendingTx] = {}
+        # Producer groups' transaction settings as GroupSettingsRecords set them (each with its
+        # "generation"); `on_group_settings` hears of every change (None: all may have changed).
+        self.group_settings: dict[str, dict] = {}
+        self.on_group_settings: list[Callable[[str | None], None]] = []
         # Coordinated transactions (jobs): the undecided ones, and each job's members still pending.
         self.jobs: dict[str, JobState] = {}
         self.job_members: dict[str, set[str]] = {}
@@ -104,9 +114,9 @@ class StateMachine:
         if published is not None:
             self._published_marked = True
             self._hide_unpublished(keys.lsn_from_key(published))
-        parked = sum(1 for p in self.pending.values() if p.state == PARKED)
+        parked = sum(1 for p in self._pending.values() if p.state == PARKED)
         log.info("recovered store %s: next LSN %d, epoch %d, %d topics, %d pending transactions (%d parked)",
-                 self.path, self.next_lsn, self.epoch, len(self.topics), len(self.pending) - parked, parked)
+                 self.path, self.next_lsn, self.epoch, len(self.topics), len(self._pending) - parked, parked)
 
     def _count_log_bytes(self) -> None:
         """The byte count retention measures sizes with: the last mark's, plus the records after it."""
@@ -122,7 +132,7 @@ class StateMachine:
         """What memory holds of the store (epochs, topics, pending transactions, queue ends), from disk."""
         self.epochs.clear()
         self.topics.clear()
-        self.pending.clear()
+        self._pending.clear()
         self._queue_end.clear()
         self.visible_end.clear()
         self._queue_start.clear()
@@ -134,12 +144,17 @@ class StateMachine:
             if not k.startswith(b"topic/"):
                 break
             self.topics[k[6:].decode()] = int(v)
+        self.group_settings.clear()
+        for k, v in self.db.meta.items(from_key=keys.GROUP_SETTINGS_PREFIX):
+            if not k.startswith(keys.GROUP_SETTINGS_PREFIX):
+                break
+            self.group_settings[k[len(keys.GROUP_SETTINGS_PREFIX):].decode()] = json.loads(v)
         self.jobs.clear()
         self.job_members.clear()
         self._jobs_writing.clear()
         for _k, v in self.db.pending.items():
             p = decode_pending(v)
-            self.pending[p.transaction_id] = p
+            self._pending[p.transaction_id] = p
             if p.job_id:
                 self.job_members.setdefault(p.job_id, set()).add(p.transaction_id)
         for k, v in self.db.jobs.items(from_key=keys.JOB_ID_PREFIX):
@@ -270,7 +285,7 @@ class StateMachine:
         return self._write(lsn, decode_record(raw), raw)
 
     def _write(self, lsn: int, record: Record, raw: bytes) -> asyncio.Future:
-        b = self.writer.batch()
+        b = self._writer.batch()
         self.next_lsn = lsn + 1
         b.wb.put(keys.lsn_key(lsn), raw, self._h_log)
         self.log_bytes += len(raw)
@@ -340,18 +355,18 @@ class StateMachine:
                 put(k, keys.lsn_key(offset), self._h_offsets)
         elif kind is CheckRecord:
             for txid in record.transaction_ids:
-                p = self.pending[txid]
+                p = self._pending[txid]
                 p.checks += 1
                 p.last_check_ms = record.check_ms
                 b.wb.put(txid.encode(), encode(p), self._h_pending)
         elif kind is ParkRecord:
-            p = self.pending[record.transaction_id]
+            p = self._pending[record.transaction_id]
             p.state = PARKED
             p.last_check_ms = record.park_ms
             b.wb.put(p.transaction_id.encode(), encode(p), self._h_pending)
             self._index(b, p.half_lsn, [(TRANS_CHECK_MAX_TIME_TOPIC, 0)] * len(p.destinations), record.queue_offsets)
         elif kind is ResumeRecord:
-            p = self.pending[record.transaction_id]
+            p = self._pending[record.transaction_id]
             p.state = PREPARED
             p.checks = 0
             p.last_check_ms = record.resume_ms
@@ -359,6 +374,8 @@ class StateMachine:
         elif kind is TopicRecord:
             self.topics[record.name] = record.queue_count
             b.wb.put(b"topic/" + record.name.encode(), str(record.queue_count).encode(), self._h_meta)
+        elif kind is GroupSettingsRecord:
+            self._apply_group_settings(record, b.wb)
         elif kind is EpochRecord:
             self.epochs.append((record.epoch, lsn))
             b.wb.put(b"epoch/" + keys.lsn_key(record.epoch), str(lsn).encode(), self._h_meta)
@@ -387,6 +404,18 @@ class StateMachine:
                 self.job_members.pop(j.job_id, None)
         else:  # pragma: no cover - the Record union is closed
             raise TypeError(f"unknown record {kind.__name__}")
+
+    def _apply_group_settings(self, r: GroupSettingsRecord, wb) -> None:
+        key = keys.group_settings_key(r.group)
+        if r.settings:
+            doc = {**r.settings, "generation": r.generation}
+            self.group_settings[r.group] = doc
+            wb.put(key, json.dumps(doc).encode(), self._h_meta)
+        else:
+            self.group_settings.pop(r.group, None)
+            wb.delete(key, self._h_meta)
+        for fn in self.on_group_settings:
+            fn(r.group)
 
     def _put_job(self, b: Batch, j: JobState) -> None:
         key = keys.JOB_ID_PREFIX + j.job_id.encode()
@@ -433,11 +462,11 @@ class StateMachine:
         )
         if r.job_id:
             self.job_members.setdefault(r.job_id, set()).add(r.transaction_id)
-        self.pending[r.transaction_id] = p
+        self._pending[r.transaction_id] = p
         b.wb.put(r.transaction_id.encode(), encode(p), self._h_pending)
 
     def _apply_end(self, r: EndRecord, lsn: int, b: Batch) -> None:
-        p = self.pending.pop(r.transaction_id)
+        p = self._pending.pop(r.transaction_id)
         tid = r.transaction_id.encode()
         b.wb.delete(tid, self._h_pending)
         committed = r.state == TransactionState.COMMIT
@@ -578,7 +607,7 @@ class StateMachine:
         if lsn <= self.durable_lsn:
             return None
         if lsn > self.local_durable_lsn:
-            return self.writer.open_future
+            return self._writer.open_future
         if self.replication_wait is not None:
             return self.replication_wait(lsn)
         return None  # not leading: the request was refused before it got here
@@ -590,7 +619,7 @@ class StateMachine:
         Returns how many records were dropped."""
         self.truncating = True
         try:
-            await self.writer.drain()
+            await self._writer.drain()
             dropped = truncate(self, last_kept)
         finally:
             self.truncating = False
@@ -604,6 +633,8 @@ class StateMachine:
         self._load_memory()
         for forget in self.on_truncate:
             forget()
+        for fn in self.on_group_settings:
+            fn(None)
         return dropped
 
     # ---- waiting for visibility (long polling) -------------------------------------------------
@@ -620,6 +651,43 @@ class StateMachine:
 
     # ---- lookups ---------------------------------------------------------------------------
 
+    def pending_transaction(self, transaction_id: str) -> PendingTx | None:
+        """A transaction still prepared or parked."""
+        return self._pending.get(transaction_id)
+
+    def pending_transactions(self):
+        """Every transaction still prepared or parked (a live view: do not append while walking it)."""
+        return self._pending.values()
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def log_records(self, first: int, last: int, max_records: int, max_bytes: int) -> list[bytes]:
+        """The raw records from LSN `first` up to `last`, at most `max_records` or about `max_bytes`
+        (at least one): what replication ships to a slave catching up."""
+        out: list[bytes] = []
+        size = 0
+        for k, raw in self.db.log.items(from_key=keys.lsn_key(first)):
+            if keys.lsn_from_key(k) > last:
+                break
+            out.append(raw)
+            size += len(raw)
+            if len(out) >= max_records or size >= max_bytes:
+                break
+        return out
+
+    # ---- waiting for writes ------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Everything appended so far is written to the local disk (not necessarily replicated)."""
+        await self._writer.drain()
+
+    def barrier(self) -> asyncio.Future:
+        """A future that resolves when everything appended so far is durable and published (as
+        the batch it joins is), or fails as that batch's write would."""
+        return self._writer.batch().future
+
     def finished(self, transaction_id: str) -> FinishedTx | None:
         f = self._finishing.get(transaction_id)
         if f is not None:
@@ -634,7 +702,7 @@ class StateMachine:
         return end if end is not None else self._load_queue_end(prefix)
 
     async def close(self) -> None:
-        await self.writer.drain()
+        await self._writer.drain()
         self.db.close()
         # Column-family handles keep RocksDB (and its LOCK) open until they are gone.
         self._h_log = self._h_cq = self._h_pending = self._h_tx = self._h_meta = None

@@ -5,7 +5,8 @@ they derived (queue-index and key-index entries, send-back keys, epochs), and th
 changed is derived again from the kept log, only where they changed it:
 - transactions they touched: from each one's half record on, replaying only that transaction's
   records (a long-pending transaction makes this walk longer, nothing else does);
-- consumer offsets and topics they set: the latest kept record that set each, walking back;
+- consumer offsets, topics and producer groups' settings they set: the latest kept record that set
+  each, walking back;
 - jobs (coordinated transactions) they opened, prepared or decided: from each one's open record on.
 A kill at any point leaves the store as it was before the truncation or after it, never between,
 so recovery has nothing to finish (no marker, no resumable state); the caller reloads memory.
@@ -22,7 +23,7 @@ from txbroker.store import keys
 from txbroker.store.db import sync_write_options
 from txbroker.store.group_commit import Batch
 from txbroker.store.records import (
-    CheckRecord, EndRecord, EpochRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, NormalRecord,
+    CheckRecord, EndRecord, EpochRecord, GroupSettingsRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, NormalRecord,
     OffsetRecord, ParkRecord, ResumeRecord, TopicRecord, decode_finished, decode_job, decode_pending, decode_record,
 )
 
@@ -48,6 +49,7 @@ def truncate(state: "StateMachine", last_kept: int) -> int:
     txids: set[str] = set()
     offsets: set[tuple[str, str, int]] = set()
     topics: set[str] = set()
+    groups: set[str] = set()
     jobs: set[str] = set()
     for lsn, r in dropped:
         kind = type(r)
@@ -72,13 +74,15 @@ def truncate(state: "StateMachine", last_kept: int) -> int:
             offsets.update((r.consumer_group, t, q) for t, q, _ in r.offsets)
         elif kind is TopicRecord:
             topics.add(r.name)
+        elif kind is GroupSettingsRecord:
+            groups.add(r.group)
         elif kind is EpochRecord:
             wb.delete(b"epoch/" + keys.lsn_key(r.epoch), h["meta"])
         elif kind in _JOB_RECORDS:
             jobs.add(r.job_id)
     _rederive_transactions(state, scratch, txids, last_kept)
     names = _rederive_jobs(state, scratch, jobs, last_kept)
-    _rederive_latest(state, wb, offsets, topics, last_kept, names)
+    _rederive_latest(state, wb, offsets, topics, last_kept, names, groups)
     wb.delete(b"published", h["meta"])
     db.db.write(wb, sync_write_options())
     log.warning("truncated %d records after LSN %d (%d transactions, %d consumer offsets, %d topics re-derived)",
@@ -96,7 +100,7 @@ def _rederive_transactions(state: "StateMachine", scratch: Batch, txids: set[str
         key = txid.encode()
         scratch.wb.delete(key, h["pending"])
         scratch.wb.delete(key, h["tx"])
-        state.pending.pop(txid, None)
+        state._pending.pop(txid, None)  # replaying its kept records below adds it again
         stored = db.pending.get(key)
         half_lsn = decode_pending(stored).half_lsn if stored is not None else None
         if half_lsn is None and (stored := db.tx.get(key)) is not None:
@@ -147,17 +151,17 @@ def _rederive_jobs(state: "StateMachine", scratch: Batch, job_ids: set[str], las
 
 
 def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics: set[str], last_kept: int,
-                     names: set[str] = frozenset()) -> None:
-    """Consumer offsets, topics and job names' newest jobs as the latest kept record set them
-    (walking the log back)."""
-    if not offsets and not topics and not names:
+                     names: set[str] = frozenset(), groups: set[str] = frozenset()) -> None:
+    """Consumer offsets, topics, job names' newest jobs and producer groups' settings as the latest
+    kept record set them (walking the log back)."""
+    if not offsets and not topics and not names and not groups:
         return
 
     h = state.db.handles
-    offsets, topics, names = set(offsets), set(topics), set(names)
+    offsets, topics, names, groups = set(offsets), set(topics), set(names), set(groups)
     it = state.db.log.iter()
     it.seek_for_prev(keys.lsn_key(last_kept))
-    while it.valid() and (offsets or topics or names):
+    while it.valid() and (offsets or topics or names or groups):
         r = decode_record(it.value())
         if type(r) is OffsetRecord:
             for topic, queue, offset in r.offsets:
@@ -170,7 +174,12 @@ def _rederive_latest(state: "StateMachine", wb: WriteBatch, offsets: set, topics
         elif type(r) is JobOpenRecord and r.name in names:
             names.discard(r.name)
             wb.put(keys.JOB_NAME_PREFIX + r.name.encode(), r.job_id.encode(), h["jobs"])
+        elif type(r) is GroupSettingsRecord and r.group in groups:
+            groups.discard(r.group)
+            state._apply_group_settings(r, wb)  # the state machine's own derivation
         it.prev()
+    for group in groups:  # set only by dropped records: removed
+        state._apply_group_settings(GroupSettingsRecord(group, 0), wb)
     for group, topic, queue in offsets:  # set only by dropped records
         wb.delete(keys.offset_key(group, topic, queue), h["offsets"])
     for name in topics:

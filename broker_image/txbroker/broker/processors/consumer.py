@@ -178,13 +178,5 @@ class QueryByKeyProcessor:
         req = self._decode(body)
         conn.access.require_topic(req.topic, SUB)
         self._b.topics.require(req.topic)
-        prefix = keys.key_index_prefix(req.topic, req.key)
-        reader = self._b.reader
-        out = []
-        for k, v in self._b.state.db.keys.items(from_key=prefix):
-            if not k.startswith(prefix) or len(out) >= min(req.max_messages, 1024):
-                break
-            lsn, idx = keys.cq_value_decode(k[len(prefix):])
-            rec = reader.record(lsn)
-            out.append(reader.view(lsn, idx, req.topic, rec.messages[idx].queue_id, keys.lsn_from_key(v)))
+        out = self._b.reader.by_key(req.topic, req.key, min(req.max_messages, 1024))
         return ok(QueryByKeyResponse(out))

@@ -27,4 +27,4 @@ class CreateTopicProcessor:
         conn.access.require_create_topic(req.topic)
         self._broker.role.require_master()
         self._broker.topics.create(req.topic, req.queue_count)
-        return ok(None, self._broker.state.writer.batch().future)
+        return ok(None, self._broker.state.barrier())

@@ -19,7 +19,6 @@ import time
 from txbroker.broker.replies import RequestError, error, ok
 from txbroker.protocol.bodies import ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome
 from txbroker.protocol.codes import RequestCode, ResponseCode
-from txbroker.store import keys
 from txbroker.store.group_commit import Batch, answer
 
 log = logging.getLogger(__name__)
@@ -259,7 +258,6 @@ class ReplicationLeader:
 
     async def _catch_up(self, feed: ReplicaFeed) -> None:
         state = self._state
-        log_cf = state.db.log
         try:
             while self.feeds.get(feed.conn) is feed:
                 end = state.local_durable_lsn
@@ -267,15 +265,7 @@ class ReplicationLeader:
                     feed.live = True
                     self._release()
                     return
-                records: list[bytes] = []
-                size = 0
-                for k, v in log_cf.items(from_key=keys.lsn_key(feed.next_lsn)):
-                    if keys.lsn_from_key(k) > end:
-                        break
-                    records.append(v)
-                    size += len(v)
-                    if len(records) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
-                        break
+                records = state.log_records(feed.next_lsn, end, CHUNK_RECORDS, CHUNK_BYTES)
                 feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, ReplicaRecords(feed.next_lsn, records, state.epoch))
                 feed.next_lsn += len(records)
                 feed.sent = time.monotonic()

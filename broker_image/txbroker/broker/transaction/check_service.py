@@ -91,12 +91,12 @@ class CheckService:
     def scan(self, now: int | None = None) -> ScanResult:
         t0 = time.perf_counter()
         now = now_ms() if now is None else now
-        result = ScanResult(pending=len(self._state.pending))
+        result = ScanResult(pending=self._state.pending_count)
         settings_for = self._settings.for_group
         due: list = []
         to_park: list = []
         ahead = self._stamped_ahead
-        for p in self._state.pending.values():
+        for p in self._state.pending_transactions():
             if p.state != PREPARED or p.job_id:  # a job's member: its job decides it (broker/transaction/jobs.py)
                 continue
             s = settings_for(p.producer_group)
@@ -116,7 +116,7 @@ class CheckService:
             else:
                 due.append(p)
         if ahead:
-            for txid in [t for t in ahead if t not in self._state.pending]:
+            for txid in [t for t in ahead if self._state.pending_transaction(t) is None]:
                 del ahead[txid]
         for p in to_park:
             self._tx.park(p, now)

@@ -193,7 +193,7 @@ class JobService:
         for txid in members:
             if txid in ours:
                 continue
-            t = self._state.pending.get(txid) or self._state.finished(txid)
+            t = self._state.pending_transaction(txid) or self._state.finished(txid)
             if t is None:
                 raise RequestError(ResponseCode.QUERY_NOT_FOUND,
                                    f"job {j.job_id}: no transaction {txid[:140]!r} on this broker")
@@ -275,14 +275,14 @@ class JobService:
     async def _end_members(self, j: JobState) -> None:
         t0 = time.perf_counter()
         keep = set(j.members) if j.state == JOB_COMMITTED else set()
-        pending = self._state.pending
+        pending = self._state.pending_transaction
         members = self._state.job_members.get(j.job_id, set())
         ended = {"commit": 0, "rollback": 0}
         last = None
         while members and self._role.is_master:
             messages = 0
             for txid in list(itertools.islice(members, RESOLVE_SLICE)):
-                p = pending.get(txid)
+                p = pending(txid)
                 if p is None:  # ended meanwhile (a member's own END agreeing with the decision)
                     members.discard(txid)
                     continue

@@ -53,7 +53,7 @@ class TransactionService:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction id longer than {MAX_TRANSACTION_ID} characters")
         if not req.producer_group:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a transactional send needs a producer group")
-        existing = self._state.pending.get(txid) or self._state.finished(txid)
+        existing = self._state.pending_transaction(txid) or self._state.finished(txid)
         if existing is not None:  # a retried half send: answer what was stored, store nothing
             return self._duplicate_prepare(req, existing)
         if req.job_id:
@@ -111,7 +111,7 @@ class TransactionService:
         except ValueError:
             return error(ResponseCode.MESSAGE_ILLEGAL, f"unknown transaction state {req.state}: use 0 UNKNOWN, 1 COMMIT, 2 ROLLBACK")
         txid = req.transaction_id
-        p = self._state.pending.get(txid)
+        p = self._state.pending_transaction(txid)
         if p is None:
             return self._end_finished(req, wanted)
         if by != "admin" and req.producer_group != p.producer_group:
@@ -184,7 +184,7 @@ class TransactionService:
 
     def resume(self, txid: str) -> Reply:
         self._role.require_master()
-        p = self._state.pending.get(txid)
+        p = self._state.pending_transaction(txid)
         if p is None:
             f = self._state.finished(txid)
             if f is None:
@@ -196,8 +196,8 @@ class TransactionService:
         return ok(None, durable)
 
     def counts(self) -> tuple[int, int]:
-        parked = sum(1 for p in self._state.pending.values() if p.state == PARKED)
-        return len(self._state.pending) - parked, parked
+        parked = sum(1 for p in self._state.pending_transactions() if p.state == PARKED)
+        return self._state.pending_count - parked, parked
 
 
 __all__ = ["TransactionService", "now_ms", "PREPARED", "PARKED"]
