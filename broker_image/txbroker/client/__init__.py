@@ -13,7 +13,7 @@ from txbroker.client.errors import (
 )
 from txbroker.client.job import AsyncJobCoordinator, JobCoordinator, JobInfo
 from txbroker.client.producer import AsyncProducer, Producer, SendResult, hash_selector
-from txbroker.client.push_consumer import (
+from txbroker.client.push import (
     AsyncPushConsumer, ConsumeContext, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, MessageModel, PushConsumer,
 )
 from txbroker.client.security import Credentials, TlsConfig

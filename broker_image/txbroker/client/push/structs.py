@@ -1,0 +1,42 @@
+"""What a push consumer's user sees: the listener's answers and context, the options' values, the
+counters."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ConsumeStatus(enum.Enum):
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeOrderlyStatus(enum.Enum):
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+class MessageModel(enum.Enum):
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeFrom(enum.Enum):
+    FIRST = "FIRST"  # a new group starts at each queue's beginning
+    LAST = "LAST"  # ... at each queue's end: only messages from now on
+    TIMESTAMP = "TIMESTAMP"  # ... at the first message stored at or after consume_timestamp_ms
+
+
+@dataclass
+class ConsumeContext:
+    topic: str
+    queue_id: int
+
+
+@dataclass
+class ConsumerStats:
+    """Counters a user can read: the client has no metrics registry of its own."""
+
+    queue_errors: int = 0  # failed requests of a queue's loop (pull, offset commit, ...), each retried
+    send_back_errors: int = 0  # failed send-backs of messages the listener did not consume, each retried
