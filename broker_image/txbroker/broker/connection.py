@@ -1,75 +1,55 @@
-"""One data-plane connection: framing in, dispatch, answers out, with flow control.
+"""One data-plane connection: the asyncio glue between a transport and the dispatcher.
 
-`data_received` only decodes frames and hands each to its processor; a frame that cannot be
-decoded becomes an error answer, never an exception in the callback. Flow control: the broker
-stops reading from a connection that has too many requests in flight, or whose client is not
-reading its answers (transport paused), so one slow client cannot make the broker buffer
-without bound or stall others.
+`data_received` only decodes frames and hands each to the dispatcher (dispatch.py: admission,
+processors, errors to codes), which answers through `respond`; a frame that cannot be decoded
+becomes an error answer, never an exception in the callback. Writes are batched per loop iteration
+(protocol/batched.py, shared with the client). Flow control: the broker stops reading from a
+connection that has too many requests in flight, or whose client is not reading its answers
+(transport paused), so one slow client cannot make the broker buffer without bound or stall others.
 
-With authentication on, every request but SASL_AUTHENTICATE is admitted first (the connection
-must have authenticated, and its credentials must still be valid: one dict lookup), and the
-handlers check rights through `connection.access`. Limits (broker/limits.py) refuse what would
-go beyond them with SYSTEM_BUSY naming the limit. A refusal that ends the connection is answered
+With authentication on, the dispatcher admits every request but SASL_AUTHENTICATE first, and the
+handlers check rights through `connection.access`. A refusal that ends the connection is answered
 first and the connection closed a moment later ("lingering"), so the client reads the answer
-instead of a reset.
+instead of a reset. `sweep` closes connections that did not authenticate in time or sat idle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import logging
 import time
 
-import msgspec
-
 from txbroker.broker.auth.acl import NO_ACCESS, OPEN_ACCESS
+from txbroker.broker.dispatch import REQUEST_NAMES, Dispatcher
 from txbroker.broker.limits import busy
-from txbroker.broker.replies import Reply, RequestError
+from txbroker.broker.replies import Reply
+from txbroker.protocol.batched import OUTPUT_HIGH_WATER, BatchedProtocol
 from txbroker.protocol.bodies import ErrorBody, encode
-from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
+from txbroker.protocol.codes import ResponseCode, code_name
 from txbroker.protocol.framing import FLAG_ONEWAY, FLAG_RESPONSE, Frame, FrameDecoder, FrameError, encode_frame
 
 log = logging.getLogger(__name__)
 
-_REQUEST_NAMES = {c.value: c.name for c in RequestCode}
-_SASL = RequestCode.SASL_AUTHENTICATE
 LINGER_SECONDS = 1.0  # how long a refused connection stays open for its answer to be read
-OUTPUT_HIGH_WATER = 4 * 1024 * 1024  # answers queued (not yet handed to the transport) before dispatch waits
 
 
-def _held_reply(reply: Reply, durable: asyncio.Future) -> Reply:
-    """What a reply held until its change was durable becomes, now that it is (or failed)."""
-    err = None if durable.cancelled() else durable.exception()
-    if err is None and not durable.cancelled():
-        return reply
-    if isinstance(err, RequestError):  # e.g. FLUSH_SLAVE_TIMEOUT: stored, but not as promised
-        return Reply(err.code, None, err.remark)
-    return Reply(ResponseCode.SYSTEM_ERROR, None, "the broker could not store the request; it is restarting")
-
-
-class BrokerConnection(asyncio.Protocol):
+class BrokerConnection(BatchedProtocol):
     def __init__(self, broker):
+        super().__init__()
         self._broker = broker
-        self._handlers = broker.handlers
         self._metrics = broker.metrics
+        self._dispatch = Dispatcher(broker).dispatch
         self._decoder = FrameDecoder(broker.config.max_frame_size)
         self._max_inflight = broker.config.max_inflight_per_connection
         self._inflight = 0
+        self._held = 0  # bytes of this connection's requests in flight
         self._reading_paused = False
-        self._writing_paused = False
         self._closing = False
-        self.transport: asyncio.Transport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._out: list[bytes] | None = None  # frames to write at the end of this loop iteration
-        self._out_bytes = 0
         # Frames decoded but not dispatched yet because the connection must wait (too much in
         # flight, answers not being read): at most one read's worth, as reading pauses at once.
         self._backlog: collections.deque = collections.deque()
         self._running = False  # inside _run: do not start another
-        self._writable = asyncio.Event()
-        self._writable.set()
         self.peer = "?"
         self.client_id = ""
         # security and limits
@@ -77,8 +57,6 @@ class BrokerConnection(asyncio.Protocol):
         self.access = OPEN_ACCESS if self._auth is None else NO_ACCESS  # what handlers check rights on
         self.principal = None  # whom the connection authenticated as
         self.sasl = None  # a SCRAM exchange in progress
-        self._budget = broker.unacked
-        self._held = 0  # bytes of this connection's requests in flight
         self._counted = False  # in broker.connections (a connection refused at once is not)
         self._lingering = False  # answered a refusal: ignore input until closed
         self.active = True  # received something since the last idle sweep
@@ -90,13 +68,11 @@ class BrokerConnection(asyncio.Protocol):
     # ---- asyncio callbacks ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+        super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         self.tls = transport.get_extra_info("sslcontext") is not None
-        # kept: asyncio.get_running_loop() per answer costs a getpid() system call on Python 3.11
-        self._loop = asyncio.get_running_loop()
         self.opened_at = self.idle_since = self._loop.time()
         limit = self._broker.config.max_connections
         if len(self._broker.connections) >= limit:
@@ -110,7 +86,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self._writable.set()
+        super().connection_lost(exc)
         if not self._counted:
             return
         self._broker.connections.discard(self)
@@ -118,22 +94,16 @@ class BrokerConnection(asyncio.Protocol):
         self._broker.leader.remove(self)
         self._broker.consumers.remove_connection(self)
         self._metrics.connections.dec()
-        # requests still in flight give their bytes back as they finish (_track)
+        # requests still in flight give their bytes back as they finish (the dispatcher)
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
-        self._writable.clear()
+        super().pause_writing()
         self._update_reading()
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
-        self._writable.set()
+        super().resume_writing()
         self._update_reading()
         self._resume_backlog()
-
-    async def drained(self) -> None:
-        """Wait until the peer has taken what was written (or the connection is gone)."""
-        await self._writable.wait()
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -153,16 +123,17 @@ class BrokerConnection(asyncio.Protocol):
     def _run(self, items) -> None:
         """Dispatch frames until the connection must wait; keep the rest for later."""
         self._running = True
+        dispatch = self._dispatch
         try:
             for i, item in enumerate(items):
-                if self._closing:
+                if self._closing:  # also after a refusal (lingering): nothing more is processed
                     return
                 if self._must_wait():
                     self._backlog.extend(items[i:])
                     self._update_reading()
                     return
                 if type(item) is Frame:
-                    self._dispatch(item)
+                    dispatch(self, item)
                 else:
                     self._frame_error(item)
         finally:
@@ -175,118 +146,10 @@ class BrokerConnection(asyncio.Protocol):
             self._run(items)
             self._update_reading()
 
-    # ---- requests ---------------------------------------------------------------------------
-
-    def _dispatch(self, frame: Frame) -> None:
-        if frame.flags & FLAG_RESPONSE:
-            return  # check-backs are one-way: nothing to match an answer to
-        if self._lingering:
-            return
-        auth = self._auth
-        if auth is not None and frame.code != _SASL:
-            refusal = auth.admit(self)
-            if refusal is not None:
-                refusal.close = True
-                self._respond(frame, refusal, 0.0)
-                return
-        handler = self._handlers.get(frame.code)
-        if handler is None:
-            self._respond(frame, Reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, None,
-                                       f"request code {frame.code} is not supported"), 0.0)
-            return
-        size = len(frame.body)
-        budget = self._budget
-        if budget.used and budget.used + size > budget.limit:
-            self._metrics.limit_refusals.labels("max_unacked_bytes").inc()
-            self._respond(frame, busy("max_unacked_bytes", f"the broker holds {budget.used} bytes of requests "
-                                                           f"not yet answered (limit {budget.limit})"), 0.0)
-            return
-        started = time.perf_counter()
-        try:
-            reply = handler(self, frame.body)
-        except Exception as e:  # noqa: BLE001 - every failure becomes an answer, see _failure
-            reply = self._failure(frame, e)
-        if reply is None:  # a one-way request handled in full
-            return
-        if inspect.isawaitable(reply):
-            self._track(+1, size)
-            task = asyncio.ensure_future(reply)
-            task.add_done_callback(lambda t, f=frame, s=started, n=size: self._async_done(f, t, s, n))
-            return
-        durable = reply.durable
-        if durable is not None:
-            if not durable.done():
-                self._track(+1, size)
-                durable.add_done_callback(
-                    lambda d, f=frame, r=reply, s=started, n=size: self._durable_done(f, r, d, s, n))
-                return
-            reply = _held_reply(reply, durable)
-        self._respond(frame, reply, started)
-
-    def _durable_done(self, frame: Frame, reply: Reply, durable: asyncio.Future, started: float, size: int) -> None:
-        self._track(-1, size)
-        self._respond(frame, _held_reply(reply, durable), started)
-
-    def _async_done(self, frame: Frame, task: asyncio.Task, started: float, size: int) -> None:
-        self._track(-1, size)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        reply = self._failure(frame, exc) if exc is not None else task.result()
-        self._respond(frame, reply, started)
-
-    def _failure(self, frame: Frame, e: BaseException) -> Reply:
-        name = _REQUEST_NAMES.get(frame.code, str(frame.code))
-        if isinstance(e, RequestError):
-            return Reply(e.code, None, e.remark)
-        if isinstance(e, UnicodeDecodeError):
-            return Reply(ResponseCode.MESSAGE_ILLEGAL, None, f"malformed {name} request body: a string is not "
-                                                             f"valid UTF-8 ({e.reason} at byte {e.start})")
-        if isinstance(e, msgspec.DecodeError):  # ValidationError included: it names the field
-            return Reply(ResponseCode.MESSAGE_ILLEGAL, None, f"malformed {name} request body: {e}")
-        log.exception("%s from %s failed", name, self.peer)
-        return Reply(ResponseCode.SYSTEM_ERROR, None, f"{name} failed on the broker: {type(e).__name__}: {e}")
-
-    def _respond(self, frame: Frame, reply: Reply, started: float) -> None:
-        if started:
-            self._metrics.latency(_REQUEST_NAMES.get(frame.code, "UNKNOWN")).observe(time.perf_counter() - started)
-        if reply.code:
-            self._metrics.requests_rejected.labels(code_name(reply.code)).inc()
-        if frame.flags & FLAG_ONEWAY or self._closing:
-            if reply.close:
-                self.close()
-            return
-        if reply.code == ResponseCode.SUCCESS:
-            body = encode(reply.body) if reply.body is not None else b""
-        else:
-            body = encode(ErrorBody(reply.remark))
-        self._write(encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, body))
-        if reply.close:
-            self._linger()
-
-    def _write(self, data: bytes) -> None:
-        """Queue a frame; all frames of one loop iteration go out in one system call (a group
-        commit completes many requests at once, and a send syscall costs more than the rest)."""
-        out = self._out
-        self._out_bytes += len(data)
-        if out is None:
-            self._out = [data]
-            self._loop.call_soon(self._flush_out)
-        else:
-            out.append(data)
-
-    def _flush_out(self) -> None:
-        out, self._out = self._out, None
-        waited = self._out_bytes >= OUTPUT_HIGH_WATER
-        self._out_bytes = 0
-        if out and not self.transport.is_closing():
-            if len(out) == 1:
-                self.transport.write(out[0])
-            else:
-                self.transport.writelines(out)
-        if waited:  # dispatch may go on unless the transport is now above its own high-water mark
-            self._resume_backlog()
-            self._update_reading()
+    def _batch_flushed(self) -> None:
+        # dispatch may go on unless the transport is now above its own high-water mark
+        self._resume_backlog()
+        self._update_reading()
 
     def _frame_error(self, err: FrameError) -> None:
         log.warning("bad frame from %s: %s%s", self.peer, err.reason, " (closing)" if err.fatal else "")
@@ -302,16 +165,38 @@ class BrokerConnection(asyncio.Protocol):
             self._flush_out()
             self.transport.close()  # flushes what was written first
 
-    # ---- flow control ------------------------------------------------------------------------
+    # ---- the dispatcher's side: answers, and requests in flight --------------------------------
 
-    def _track(self, delta: int, size: int) -> None:
-        self._inflight += delta
-        held = delta * size
-        self._held += held
-        self._budget.used += held
+    def respond(self, frame: Frame, reply: Reply, started: float) -> None:
+        """Answer `frame` with `reply`; `started` (perf_counter, 0.0: not timed) gives its latency."""
+        if started:
+            self._metrics.latency(REQUEST_NAMES.get(frame.code, "UNKNOWN")).observe(time.perf_counter() - started)
+        if reply.code:
+            self._metrics.requests_rejected.labels(code_name(reply.code)).inc()
+        if frame.flags & FLAG_ONEWAY or self._closing:
+            if reply.close:
+                self.close()
+            return
+        if reply.code == ResponseCode.SUCCESS:
+            body = encode(reply.body) if reply.body is not None else b""
+        else:
+            body = encode(ErrorBody(reply.remark))
+        self._write(encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, body))
+        if reply.close:
+            self._linger()
+
+    def hold(self, size: int) -> None:
+        """A request of `size` bytes waits (for a coroutine, or durability): it counts as in flight."""
+        self._inflight += 1
+        self._held += size
         self._update_reading()
-        if delta < 0:
-            self._resume_backlog()
+
+    def release(self, size: int) -> None:
+        """A request counted by `hold` finished: reading, and what waited, may go on."""
+        self._inflight -= 1
+        self._held -= size
+        self._update_reading()
+        self._resume_backlog()
 
     def _update_reading(self) -> None:
         should_pause = self._must_wait() or bool(self._backlog)

@@ -23,6 +23,7 @@ from txbroker.client.errors import (
 )
 from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.security import as_credentials, as_tls, authenticate, tls_error
+from txbroker.protocol.batched import BatchedProtocol
 from txbroker.protocol.bodies import BODY_ERRORS, ErrorBody, HeartbeatRequest, HeartbeatResponse, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import FLAG_ONEWAY, Frame, FrameDecoder, FrameError, encode_frame
@@ -52,39 +53,20 @@ class ConnectionLost(Exception):
         return None
 
 
-class _Protocol(asyncio.Protocol):
-    def __init__(self, conn: "Connection"):
-        self._conn = conn
-        self._decoder = FrameDecoder(MAX_FRAME)
-
-    def connection_made(self, transport):
-        self._conn._transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        for item in self._decoder.feed(data):
-            if type(item) is FrameError:
-                log.error("bad frame from %s: %s", self._conn.address, item.reason)
-                self._conn._transport.close()
-                return
-            self._conn._frame(item)
-
-    def connection_lost(self, exc):
-        self._conn._lost(exc)
-
-
-class Connection:
-    """One TCP connection. `call` pipelines: many requests may be in flight at once."""
+class Connection(BatchedProtocol):
+    """One TCP connection, its own asyncio protocol. `call` pipelines: many requests may be in
+    flight at once; those of one loop iteration leave in one write (BatchedProtocol)."""
 
     def __init__(self, address: str, on_request: Callable[[Frame], None] | None = None, *,
                  ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None):
+        super().__init__()
         self.address = address
         self._on_request = on_request
         self._ssl = ssl_context
         self._server_hostname = server_hostname
-        self._transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(MAX_FRAME)
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
-        self._out: list[bytes] | None = None
         self.refusal: tuple[int, str] | None = None  # what the broker said when it closed the connection
         self.answered = False  # any response arrived (the connection worked at least once)
         self.closed = asyncio.Event()
@@ -100,13 +82,27 @@ class Connection:
             extra = {"ssl": self._ssl, "server_hostname": self._server_hostname or host,
                      "ssl_handshake_timeout": max(timeout, 0.1)}
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(self), host, int(port), **extra), timeout)
+            await asyncio.wait_for(loop.create_connection(lambda: self, host, int(port), **extra), timeout)
         except ssl.SSLError as e:
             raise tls_error(self.address, e) from None
 
     @property
     def is_open(self) -> bool:
-        return self._transport is not None and not self.closed.is_set()
+        return self.transport is not None and not self.closed.is_set()
+
+    # ---- asyncio callbacks (connection_made: BatchedProtocol) -----------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        for item in self._decoder.feed(data):
+            if type(item) is FrameError:
+                log.error("bad frame from %s: %s", self.address, item.reason)
+                self.transport.close()
+                return
+            self._frame(item)
+
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        self._lost(exc)
 
     def _frame(self, frame: Frame) -> None:
         if frame.is_response:
@@ -150,23 +146,10 @@ class Connection:
         if self.is_open:
             self._write(encode_frame(FLAG_ONEWAY, code, 0, body))
 
-    def _write(self, data: bytes) -> None:
-        """Requests made in one loop iteration (pipelining) leave in one system call."""
-        if self._out is None:
-            self._out = [data]
-            asyncio.get_running_loop().call_soon(self._flush_out)
-        else:
-            self._out.append(data)
-
-    def _flush_out(self) -> None:
-        out, self._out = self._out, None
-        if out and self.is_open:
-            self._transport.writelines(out)
-
     def close(self) -> None:
-        if self._transport is not None:
+        if self.transport is not None:
             self._flush_out()  # what was sent before closing still leaves (the transport flushes it)
-            self._transport.close()
+            self.transport.close()
 
 
 def parse_brokers(brokers) -> list[str]:
