@@ -1,6 +1,7 @@
-"""The transactional producer against a fake broker: half sends the broker stored without the
-durability asked for roll back without running the local transaction, other refusals raise, and
-check-backs run on a bounded worker pool behind a bounded queue.
+"""The transactional producer and its TransactionSession against a fake broker: half sends the broker
+stored without the durability asked for roll back without running the local transaction, other
+refusals raise, a listener's exception counts as UNKNOWN, check-backs run on a bounded worker pool
+behind a bounded queue, and the session's prepare / end / end_many / rights check send what they say.
 
 The real broker never answers FLUSH_DISK_TIMEOUT, so these tests use a minimal fake that speaks the
 real framing and bodies (protocol/framing.py, protocol/bodies.py) on a loopback port.
@@ -16,13 +17,17 @@ import threading
 import pytest
 
 from txbroker.client import background
+from txbroker.client.connection import BrokerClient
 from txbroker.client.errors import BrokerError
 from txbroker.client.transaction import (
     AsyncTransactionProducer, LocalTransactionState, TransactionListener, TransactionProducer,
 )
+from txbroker.client.transaction_session import (
+    Prepared, TransactionSession, local_decision, local_decision_async,
+)
 from txbroker.protocol.bodies import (
     CheckTransactionStateRequest, EndTransactionRequest, EndTransactionResponse, ErrorBody, HeartbeatResponse, Message,
-    MessageExt, decode, encode,
+    MessageExt, QueryJobRequest, SendRequest, SendResponse, decode, encode,
 )
 from txbroker.protocol.names import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED
 from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
@@ -37,12 +42,18 @@ def _reply(frame: Frame, code: int, body) -> bytes:
 
 
 class FakeBroker:
-    """A master that refuses every SEND_MESSAGE with `send_code`, records and accepts every
-    END_TRANSACTION, and can push CHECK_TRANSACTION_STATE to the client that connected last."""
+    """A master that refuses every SEND_MESSAGE with `send_code` (SUCCESS: stores it, at commit log
+    offset 1000 + n), records and accepts every END_TRANSACTION (but refuses those of `refuse_ends`
+    with QUERY_NOT_FOUND), answers QUERY_JOB with `query_code`, and can push CHECK_TRANSACTION_STATE
+    to the client that connected last."""
 
     def __init__(self, send_code: ResponseCode = ResponseCode.MESSAGE_ILLEGAL):
         self.send_code = send_code
+        self.sends: list[SendRequest] = []
         self.ends: list[EndTransactionRequest] = []
+        self.refuse_ends: set[str] = set()
+        self.queries: list[QueryJobRequest] = []
+        self.query_code = ResponseCode.QUERY_NOT_FOUND
         self._writers: list[asyncio.StreamWriter] = []
 
     async def start(self) -> "FakeBroker":
@@ -71,11 +82,22 @@ class FakeBroker:
         if frame.code == RequestCode.HEARTBEAT:
             return _reply(frame, ResponseCode.SUCCESS, HeartbeatResponse("fake", "master", epoch=1))
         if frame.code == RequestCode.SEND_MESSAGE:
-            return _reply(frame, self.send_code, ErrorBody(f"fake broker refuses: {self.send_code.name}"))
+            req = decode(SendRequest, frame.body)
+            self.sends.append(req)
+            if self.send_code != ResponseCode.SUCCESS:
+                return _reply(frame, self.send_code, ErrorBody(f"fake broker refuses: {self.send_code.name}"))
+            return _reply(frame, ResponseCode.SUCCESS, SendResponse(
+                [f"msg-{len(self.sends)}-{i}" for i in range(len(req.messages))], transaction_id=req.transaction_id,
+                commit_log_offset=1000 + len(self.sends)))
         if frame.code == RequestCode.END_TRANSACTION:
             req = decode(EndTransactionRequest, frame.body)
             self.ends.append(req)
-            return _reply(frame, ResponseCode.SUCCESS, EndTransactionResponse(req.state))
+            if req.transaction_id in self.refuse_ends:
+                return _reply(frame, ResponseCode.QUERY_NOT_FOUND, ErrorBody(f"no transaction {req.transaction_id}"))
+            return _reply(frame, ResponseCode.SUCCESS, EndTransactionResponse(req.state, queue_offsets=[7]))
+        if frame.code == RequestCode.QUERY_JOB:
+            self.queries.append(decode(QueryJobRequest, frame.body))
+            return _reply(frame, self.query_code, ErrorBody(f"fake broker answers {self.query_code.name}"))
         return _reply(frame, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, ErrorBody(f"code {frame.code}"))
 
     def send_checks(self, txids: list[str]) -> None:
@@ -289,3 +311,157 @@ def test_async_check_backs_have_the_same_bounds(caplog):
     fake = asyncio.run(scenario())
     assert (seen["started"], seen["max"]) == (3, 2)
     assert all(e.from_transaction_check and e.state == TransactionState.COMMIT for e in fake.ends)
+
+
+# ---- a listener's answer -----------------------------------------------------------------------------
+
+class _Boom(Exception):
+    pass
+
+
+def _raises(*args):
+    raise _Boom("the local transaction failed")
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda: LocalTransactionState.COMMIT, LocalTransactionState.COMMIT),
+    (lambda: LocalTransactionState.ROLLBACK, LocalTransactionState.ROLLBACK),
+    (_raises, LocalTransactionState.UNKNOWN),
+    (lambda: None, LocalTransactionState.UNKNOWN),
+    (lambda: "COMMIT", LocalTransactionState.UNKNOWN),  # not a LocalTransactionState
+], ids=["commit", "rollback", "raises", "none", "other"])
+def test_local_decision_counts_an_exception_none_or_anything_else_as_unknown(call, expected):
+    assert local_decision("execute_local_transaction", "tx", call) is expected
+    assert asyncio.run(local_decision_async("execute_local_transaction", "tx", call)) is expected
+
+    async def async_call():
+        return call()
+
+    assert asyncio.run(local_decision_async("check_local_transaction", "tx", async_call)) is expected
+
+
+def test_a_raising_listener_leaves_the_decision_to_check_back_in_both_producers():
+    """Its exception counts as UNKNOWN: the half message stays, no END_TRANSACTION is sent."""
+    class Raising(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            raise _Boom("local transaction failed")
+
+    class AsyncRaising(TransactionListener):
+        async def execute_local_transaction(self, msg, arg):
+            raise _Boom("local transaction failed")
+
+    async def scenario(listener):
+        async with fake_broker(ResponseCode.SUCCESS) as fake, \
+                AsyncTransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
+            return fake, await producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-a")
+
+    for listener in (Raising(), AsyncRaising()):
+        fake, result = asyncio.run(scenario(listener))
+        assert (result.send_status, result.local_state, result.transaction_id) == (
+            "SEND_OK", LocalTransactionState.UNKNOWN, "tx-a")
+        assert [s.transaction_id for s in fake.sends] == ["tx-a"] and fake.ends == []
+
+    fake = background.run(FakeBroker(ResponseCode.SUCCESS).start())
+    try:
+        with TransactionProducer(GROUP, fake.address, Raising(), request_timeout=5) as producer:
+            result = producer.send_message_in_transaction(Message("orders", b"x"), transaction_id="tx-b")
+    finally:
+        background.run(fake.stop())
+    assert (result.send_status, result.local_state, result.msg_ids) == (
+        "SEND_OK", LocalTransactionState.UNKNOWN, ["msg-1-0"])
+    assert fake.ends == []
+
+
+def test_a_committed_local_transaction_ends_at_the_half_messages_offset():
+    listener = Listener()
+    fake = background.run(FakeBroker(ResponseCode.SUCCESS).start())
+    try:
+        with TransactionProducer(GROUP, fake.address, listener, request_timeout=5) as producer:
+            msg = Message("orders", b"x")
+            result = producer.send_message_in_transaction(msg, transaction_id="tx-c")
+    finally:
+        background.run(fake.stop())
+    assert listener.executed == [msg] and msg.transaction_id == "tx-c"  # the listener sees the id
+    assert (result.local_state, result.commit_log_offset, result.queue_offsets) == (
+        LocalTransactionState.COMMIT, 1001, [7])
+    assert [(e.transaction_id, e.state, e.commit_log_offset, e.from_transaction_check) for e in fake.ends] == [
+        ("tx-c", TransactionState.COMMIT, 1001, False)]
+
+
+# ---- the session on its own ----------------------------------------------------------------------------
+
+@contextlib.asynccontextmanager
+async def session_on(fake: FakeBroker, group: str = GROUP):
+    """A TransactionSession over a client that registers nothing (as a Spark task's)."""
+    client = BrokerClient(fake.address, request_timeout=5)
+    try:
+        yield TransactionSession(client, group)
+    finally:
+        await client.close()
+
+
+def test_session_prepares_into_a_job_and_ends_by_handle_or_id():
+    async def scenario():
+        async with fake_broker(ResponseCode.SUCCESS) as fake, session_on(fake) as session:
+            msgs = [Message("orders", b"a"), Message("orders", b"b")]
+            half = await session.prepare(msgs, "tx-1", job_id="job-7")
+            plain = await session.prepare([Message("orders", b"c")])
+            ends = [await session.end(half, LocalTransactionState.COMMIT),
+                    await session.end(plain.transaction_id, LocalTransactionState.ROLLBACK)]
+            return fake, msgs, half, plain, ends
+
+    fake, msgs, half, plain, ends = asyncio.run(scenario())
+    assert half == Prepared("tx-1", 1001, ["msg-1-0", "msg-1-1"])
+    assert half.response.commit_log_offset == 1001 and {m.transaction_id for m in msgs} == {"tx-1"}
+    assert len(plain.transaction_id) == 32 and plain.commit_log_offset == 1002  # a new id when none is given
+    assert [(s.producer_group, s.transaction_id, s.job_id) for s in fake.sends] == [
+        (GROUP, "tx-1", "job-7"), (GROUP, plain.transaction_id, "")]
+    assert [(e.transaction_id, e.state, e.commit_log_offset) for e in fake.ends] == [
+        ("tx-1", TransactionState.COMMIT, 1001), (plain.transaction_id, TransactionState.ROLLBACK, 0)]
+    assert [e.state for e in ends] == [TransactionState.COMMIT, TransactionState.ROLLBACK]
+
+
+def test_session_end_many_reports_each_outcome_and_one_refusal_stops_nothing():
+    async def scenario():
+        async with fake_broker(ResponseCode.SUCCESS) as fake, session_on(fake) as session:
+            fake.refuse_ends.add("gone")
+            half = await session.prepare([Message("orders", b"a")], "kept")
+            outcomes = await session.end_many([(half, LocalTransactionState.COMMIT),
+                                               ("gone", LocalTransactionState.ROLLBACK),
+                                               ("other", LocalTransactionState.ROLLBACK)])
+            return fake, outcomes
+
+    fake, outcomes = asyncio.run(scenario())
+    assert [type(o).__name__ for o in outcomes] == ["EndTransactionResponse", "BrokerError", "EndTransactionResponse"]
+    assert outcomes[1].code == ResponseCode.QUERY_NOT_FOUND and outcomes[1].request == "END_TRANSACTION"
+    assert sorted((e.transaction_id, e.commit_log_offset) for e in fake.ends) == [
+        ("gone", 0), ("kept", 1001), ("other", 0)]
+
+
+def test_session_rights_check_is_a_read_only_query_for_the_group():
+    """QUERY_NOT_FOUND: the broker checked the group right, then found nothing: allowed. NO_PERMISSION
+    raises. Either way nothing is prepared or ended."""
+    async def scenario():
+        async with fake_broker(ResponseCode.SUCCESS) as fake, session_on(fake, "spark-pg") as session:
+            await session.check_group_right()
+            fake.query_code = ResponseCode.NO_PERMISSION
+            with pytest.raises(BrokerError) as refused:
+                await session.check_group_right()
+            return fake, refused.value
+
+    fake, refused = asyncio.run(scenario())
+    assert refused.code == ResponseCode.NO_PERMISSION and refused.request == "QUERY_JOB"
+    assert [q.producer_group for q in fake.queries] == ["spark-pg", "spark-pg"]
+    assert all(q.name and not q.job_id for q in fake.queries)
+    assert fake.sends == [] and fake.ends == []
+
+
+def test_only_the_session_builds_half_sends_and_decisions():
+    """The producers go through TransactionSession: they build no transactional SEND_MESSAGE and no
+    END_TRANSACTION by hand."""
+    from tests.conftest import REPO
+
+    users = [REPO / "broker_image" / "txbroker" / "client" / "transaction.py"]
+    by_hand = [f.name for f in users if any(s in f.read_text() for s in (
+        "RequestCode.END_TRANSACTION", "EndTransactionRequest(", "RequestCode.SEND_MESSAGE", "SendRequest("))]
+    assert by_hand == []

@@ -17,8 +17,9 @@ from txbroker.client.push import (
     AsyncPushConsumer, ConsumeContext, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, MessageModel, PushConsumer,
 )
 from txbroker.client.security import Credentials, TlsConfig
-from txbroker.client.transaction import (
-    AsyncTransactionProducer, LocalTransactionState, TransactionListener, TransactionProducer, TransactionSendResult,
+from txbroker.client.transaction import AsyncTransactionProducer, TransactionListener, TransactionProducer
+from txbroker.client.transaction_session import (
+    LocalTransactionState, Prepared, TransactionSendResult, TransactionSession,
 )
 from txbroker.protocol.bodies import Message, MessageExt
 
@@ -29,4 +30,5 @@ __all__ = [
     "ConsumeOrderlyStatus", "ConsumeStatus", "MessageModel", "PushConsumer", "hash_selector", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
     "ClientError", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",
     "RequestTimeout", "SendResult", "TransactionListener", "TransactionProducer", "TransactionSendResult",
+    "Prepared", "TransactionSession",
 ]

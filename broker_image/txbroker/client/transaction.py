@@ -6,43 +6,40 @@ success the listener's `execute_local_transaction` runs; its answer is sent with
 An exception or None counts as UNKNOWN, which sends nothing and leaves the decision to check-back.
 If the half send answers FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE, the local
 transaction is not run and the messages are rolled back.
+
+The requests and those rules are the TransactionSession's (transaction_session.py), shared with the
+Spark data source; a producer adds the listener, its group's registration and the check-backs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
 import inspect
 import logging
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient, Connection
-from txbroker.client.errors import BrokerError, ClientError
-from txbroker.client.log_limit import RepeatedWarnings
+from txbroker.client.errors import ClientError
 from txbroker.client.producer import as_list, new_client_id
-from txbroker.protocol.bodies import (
-    CheckTransactionStateRequest, EndTransactionRequest, EndTransactionResponse, HeartbeatRequest, Message,
-    MessageExt, SendRequest, SendResponse, decoder,
+from txbroker.client.transaction_session import (
+    LocalTransactionState, TransactionSendResult, TransactionSession, local_decision, local_decision_async,
 )
-from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
+from txbroker.protocol.bodies import (
+    CheckTransactionStateRequest, EndTransactionResponse, HeartbeatRequest, Message, MessageExt, SendResponse, decoder,
+)
+from txbroker.protocol.codes import RequestCode
 from txbroker.protocol.framing import Frame
 
+__all__ = ["AsyncTransactionProducer", "LocalTransactionState", "TransactionListener", "TransactionProducer",
+           "TransactionSendResult"]
+
 log = logging.getLogger(__name__)
-_warnings = RepeatedWarnings(log)
 
-_NOT_STORED_CODES = (ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE)
 _check_decoder = decoder(CheckTransactionStateRequest)
-
-
-class LocalTransactionState(enum.Enum):
-    COMMIT = TransactionState.COMMIT
-    ROLLBACK = TransactionState.ROLLBACK
-    UNKNOWN = TransactionState.UNKNOWN
+_EXECUTE, _CHECK = "execute_local_transaction", "check_local_transaction"
 
 
 class TransactionListener:
@@ -53,29 +50,6 @@ class TransactionListener:
 
     def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
         raise NotImplementedError
-
-
-@dataclass
-class TransactionSendResult:
-    send_status: str  # SEND_OK, or the code that stopped the half send
-    transaction_id: str
-    msg_ids: list[str]
-    local_state: LocalTransactionState
-    commit_log_offset: int = 0
-    queue_offsets: list[int] = field(default_factory=list)  # where committed messages landed
-    end_error: str = ""  # END_TRANSACTION could not be delivered: check-back will decide
-
-    @property
-    def msg_id(self) -> str:
-        return self.msg_ids[0] if self.msg_ids else ""
-
-
-def _state_of(value, where: str, txid: str) -> LocalTransactionState:
-    if isinstance(value, LocalTransactionState):
-        return value
-    if value is not None:
-        log.warning("%s for transaction %s returned %r, not a LocalTransactionState: UNKNOWN", where, txid, value)
-    return LocalTransactionState.UNKNOWN
 
 
 class AsyncTransactionProducer:
@@ -91,6 +65,7 @@ class AsyncTransactionProducer:
         self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
                                    request_timeout=request_timeout, on_request=self._on_request,
                                    credentials=credentials, tls=tls)
+        self.session = TransactionSession(self.client, group)
         # Check-backs run on a bounded pool, as RocketMQ's checkExecutor; beyond the queue they are
         # dropped (the broker asks again at its next interval). An `async def` listener gets the
         # same bounds: check_workers at once, check_queue in all.
@@ -132,71 +107,20 @@ class AsyncTransactionProducer:
 
     async def prepare(self, msgs: list[Message], transaction_id: str | None = None) -> SendResponse:
         """Store the messages as one half message. Safe to retry: the id makes it idempotent."""
-        txid = transaction_id or uuid.uuid4().hex
-        r: SendResponse = await self.client.request(
-            RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs, txid), SendResponse, retry=True)
-        for m in msgs:
-            m.transaction_id = txid
-        return r
+        return (await self.session.prepare(msgs, transaction_id)).response
 
     async def end(self, transaction_id: str, state: LocalTransactionState, commit_log_offset: int = 0,
                   from_check: bool = False) -> EndTransactionResponse:
         """Send the decision; idempotent, so retried across reconnects until the timeout."""
-        return await self.client.request(
-            RequestCode.END_TRANSACTION,
-            EndTransactionRequest(self.group, transaction_id, state.value, commit_log_offset, from_check),
-            EndTransactionResponse, retry=True)
+        return await self.session.end(transaction_id, state, commit_log_offset, from_check)
 
     async def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None) -> TransactionSendResult:
-        msgs = as_list(msg_or_msgs)
-        txid = transaction_id or uuid.uuid4().hex
-        try:
-            sent = await self.prepare(msgs, txid)
-        except BrokerError as e:
-            if e.code in _NOT_STORED_CODES:
-                return await self._not_stored(e, txid, msgs)
-            raise
-        state = await self._execute(msg_or_msgs, arg, sent.transaction_id)
-        return await self._finish(sent, state)
-
-    async def _execute(self, msg_or_msgs, arg, txid: str) -> LocalTransactionState:
-        try:
-            value = self.listener.execute_local_transaction(msg_or_msgs, arg)
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception:
-            log.exception("execute_local_transaction for %s raised: UNKNOWN", txid)
-            return LocalTransactionState.UNKNOWN
-        return _state_of(value, "execute_local_transaction", txid)
-
-    async def _finish(self, sent: SendResponse, state: LocalTransactionState) -> TransactionSendResult:
-        result = TransactionSendResult("SEND_OK", sent.transaction_id, sent.msg_ids, state, sent.commit_log_offset)
-        if state is LocalTransactionState.UNKNOWN:
-            return result  # nothing to send: check-back decides
-        try:
-            r = await self.end(sent.transaction_id, state, sent.commit_log_offset)
-            result.queue_offsets = r.queue_offsets
-        except ClientError as e:
-            _warnings.warning("END_TRANSACTION not delivered",
-                              "END_TRANSACTION %s for %s not delivered (%s); check-back will resolve it",
-                              state.name, sent.transaction_id, e)
-            result.end_error = str(e)
-        return result
-
-    async def _not_stored(self, e: BrokerError, txid: str, msgs) -> TransactionSendResult:
-        _warnings.warning("half message not safely stored", "half message not safely stored (%s): rolling back "
-                          "without running the local transaction", e.code_name)
-        result = TransactionSendResult(e.code_name, txid, [], LocalTransactionState.ROLLBACK)
-        try:
-            await self.end(txid, LocalTransactionState.ROLLBACK)
-        except BrokerError as end_error:
-            # The rollback may itself be "stored on the master only" (same replication state):
-            # it is recorded there all the same, so only other refusals are worth reporting.
-            if end_error.code not in _NOT_STORED_CODES:
-                result.end_error = str(end_error)
-        except ClientError as end_error:
-            result.end_error = str(end_error)
-        return result
+        begun = await self.session.begin(as_list(msg_or_msgs), transaction_id)
+        if isinstance(begun, TransactionSendResult):  # not safely stored: rolled back, no local transaction
+            return begun
+        state = await local_decision_async(_EXECUTE, begun.transaction_id, self.listener.execute_local_transaction,
+                                           msg_or_msgs, arg)
+        return await self.session.finish(begun, state)
 
     # ---- check-back ------------------------------------------------------------------------------
 
@@ -222,40 +146,23 @@ class AsyncTransactionProducer:
 
     def _run_check(self, msg: MessageExt, txid: str) -> LocalTransactionState:
         try:
-            return _state_of(self.listener.check_local_transaction(msg), "check_local_transaction", txid)
-        except Exception:
-            log.exception("check_local_transaction for %s raised: UNKNOWN", txid)
-            return LocalTransactionState.UNKNOWN
+            return local_decision(_CHECK, txid, self.listener.check_local_transaction, msg)
         finally:
             self._check_slots.release()
 
     def _checked(self, req: CheckTransactionStateRequest, fut) -> None:
         if fut.cancelled():
             return
-        asyncio.ensure_future(self._answer(req, fut.result()))
+        asyncio.ensure_future(self.session.answer_check(req.transaction_id, fut.result(), req.commit_log_offset))
 
     async def _answer_async(self, req: CheckTransactionStateRequest) -> None:
         try:
             async with self._async_check_workers:
-                state = _state_of(await self.listener.check_local_transaction(req.message), "check_local_transaction",
-                                  req.transaction_id)
-        except Exception:
-            log.exception("check_local_transaction for %s raised: UNKNOWN", req.transaction_id)
-            state = LocalTransactionState.UNKNOWN
+                state = await local_decision_async(_CHECK, req.transaction_id, self.listener.check_local_transaction,
+                                                   req.message)
         finally:
             self._check_slots.release()
-        await self._answer(req, state)
-
-    async def _answer(self, req: CheckTransactionStateRequest, state: LocalTransactionState) -> None:
-        try:
-            await self.end(req.transaction_id, state, req.commit_log_offset, from_check=True)
-        except BrokerError as e:
-            # Already decided the other way, or gone: the broker keeps its decision; say so.
-            _warnings.warning("check-back answer refused", "check-back answer %s for %s refused: %s", state.name,
-                              req.transaction_id, e)
-        except ClientError as e:
-            _warnings.warning("check-back answer not delivered", "check-back answer for %s not delivered: %s",
-                              req.transaction_id, e)
+        await self.session.answer_check(req.transaction_id, state, req.commit_log_offset)
 
 
 class TransactionProducer:
@@ -278,22 +185,14 @@ class TransactionProducer:
         return self
 
     def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None) -> TransactionSendResult:
-        a = self._async
-        msgs = as_list(msg_or_msgs)
-        txid = transaction_id or uuid.uuid4().hex
-        try:
-            sent = background.run(a.prepare(msgs, txid))
-        except BrokerError as e:
-            if e.code in _NOT_STORED_CODES:
-                return background.run(a._not_stored(e, txid, msgs))
-            raise
-        try:
-            state = _state_of(a.listener.execute_local_transaction(msg_or_msgs, arg), "execute_local_transaction",
-                              sent.transaction_id)
-        except Exception:
-            log.exception("execute_local_transaction for %s raised: UNKNOWN", sent.transaction_id)
-            state = LocalTransactionState.UNKNOWN
-        return background.run(a._finish(sent, state))
+        session = self._async.session
+        begun = background.run(session.begin(as_list(msg_or_msgs), transaction_id))
+        if isinstance(begun, TransactionSendResult):  # not safely stored: rolled back, no local transaction
+            return begun
+        # the local transaction runs here, in the caller's thread (its database session, its locks)
+        state = local_decision(_EXECUTE, begun.transaction_id, self.listener.execute_local_transaction, msg_or_msgs,
+                               arg)
+        return background.run(session.finish(begun, state))
 
     @property
     def listener(self) -> TransactionListener:

@@ -1,0 +1,241 @@
+"""One transaction session: half messages and decisions for one producer group, and nothing else.
+
+    session = TransactionSession(client, "orders-pg")       # a BrokerClient; the session does not own it
+    half = await session.prepare([Message("Orders", b"o1")], job_id="")   # Prepared: id, where it is stored
+    await session.end(half, LocalTransactionState.COMMIT)   # or end_many([(half, state), ...])
+
+No listener, no check-backs, no HEARTBEAT registration: those belong to whoever uses the session (the
+transactional producers in transaction.py register the group and answer check-backs; a Spark task
+registers nothing, since its transactions join a job that the broker ends). Kept apart from the
+producers as aiokafka keeps its TransactionManager apart from its producer, so the asyncio producer,
+its blocking form and the Spark data source send the same SEND_MESSAGE and END_TRANSACTION.
+
+The rules every user shares live here once:
+- `local_decision` (and its asyncio form): what a listener answered, where an exception, None or anything that is not a
+  LocalTransactionState counts as UNKNOWN (which sends nothing and leaves the decision to check-back);
+- `begin` / `finish`: a half send the broker stored without the durability asked for
+  (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE) is rolled back before any local
+  transaction runs; an END_TRANSACTION that cannot be delivered is reported, not raised, since
+  check-back resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from txbroker.client.connection import BrokerClient
+from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.log_limit import RepeatedWarnings
+from txbroker.protocol.bodies import (
+    EndTransactionRequest, EndTransactionResponse, JobInfo, Message, QueryJobRequest, SendRequest, SendResponse,
+)
+from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
+
+log = logging.getLogger(__name__)
+_warnings = RepeatedWarnings(log)
+
+# The half message is stored, but not as durably as asked (disk flush, slave): no local transaction
+# may run on it, so it is rolled back.
+NOT_STORED_CODES = (ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                    ResponseCode.SLAVE_NOT_AVAILABLE)
+
+
+class LocalTransactionState(enum.Enum):
+    COMMIT = TransactionState.COMMIT
+    ROLLBACK = TransactionState.ROLLBACK
+    UNKNOWN = TransactionState.UNKNOWN
+
+
+@dataclass
+class TransactionSendResult:
+    send_status: str  # SEND_OK, or the code that stopped the half send
+    transaction_id: str
+    msg_ids: list[str]
+    local_state: LocalTransactionState
+    commit_log_offset: int = 0
+    queue_offsets: list[int] = field(default_factory=list)  # where committed messages landed
+    end_error: str = ""  # END_TRANSACTION could not be delivered: check-back will decide
+
+    @property
+    def msg_id(self) -> str:
+        return self.msg_ids[0] if self.msg_ids else ""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A half message the broker stored: what END_TRANSACTION needs to find it."""
+
+    transaction_id: str
+    commit_log_offset: int  # where it is stored; END_TRANSACTION is checked against it
+    msg_ids: list[str]
+    duplicate: bool = False  # the id was already prepared: nothing new was stored
+    response: SendResponse | None = field(default=None, repr=False, compare=False)  # the broker's answer, as is
+
+
+# ---- what a listener answered ------------------------------------------------------------------
+
+def _state_of(value, where: str, txid: str) -> LocalTransactionState:
+    if isinstance(value, LocalTransactionState):
+        return value
+    if value is not None:
+        log.warning("%s for transaction %s returned %r, not a LocalTransactionState: UNKNOWN", where, txid, value)
+    return LocalTransactionState.UNKNOWN
+
+
+def _raised(where: str, txid: str) -> LocalTransactionState:
+    log.exception("%s for %s raised: UNKNOWN", where, txid)
+    return LocalTransactionState.UNKNOWN
+
+
+def local_decision(where: str, txid: str, call, *args) -> LocalTransactionState:
+    """Call a listener method (`where` names it in logs) for transaction `txid`, in this thread: its
+    LocalTransactionState, or UNKNOWN for an exception, None or any other value (an awaitable
+    included: this caller cannot wait for it)."""
+    try:
+        value = call(*args)
+    except Exception:  # noqa: BLE001 - a failing listener is an undecided transaction, not a client failure
+        return _raised(where, txid)
+    return _state_of(value, where, txid)
+
+
+async def local_decision_async(where: str, txid: str, call, *args) -> LocalTransactionState:
+    """local_decision for a caller on an event loop: a method may also be `async def`."""
+    try:
+        value = call(*args)
+        if inspect.isawaitable(value):
+            value = await value
+    except Exception:  # noqa: BLE001 - as in local_decision
+        return _raised(where, txid)
+    return _state_of(value, where, txid)
+
+
+# ---- the session --------------------------------------------------------------------------------
+
+class TransactionSession:
+    """Half messages and their decisions for `group`, over `client` (which the caller opens and closes)."""
+
+    def __init__(self, client: BrokerClient, group: str):
+        if not group:
+            raise ValueError("a transaction needs a producer group")
+        self.client = client
+        self.group = group
+
+    async def prepare(self, msgs: list[Message], transaction_id: str | None = None, job_id: str = "") -> Prepared:
+        """Store the messages as one half message (joining job `job_id` if given). Safe to retry: the
+        id makes it idempotent (a repeat answers `duplicate`). Every refusal raises BrokerError.
+        The messages get the transaction id (a listener sees it on them)."""
+        txid = transaction_id or uuid.uuid4().hex
+        r: SendResponse = await self.client.request(
+            RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs, txid, job_id), SendResponse, retry=True)
+        for m in msgs:
+            m.transaction_id = txid
+        return Prepared(r.transaction_id or txid, r.commit_log_offset, r.msg_ids, r.duplicate, r)
+
+    async def end(self, txn: Prepared | str, state: LocalTransactionState, commit_log_offset: int | None = None,
+                  from_check: bool = False) -> EndTransactionResponse:
+        """Send the decision for a Prepared (at its offset) or a transaction id (at
+        `commit_log_offset`; 0 finds it by id). Idempotent, so retried across reconnects until the
+        request timeout; a refusal raises BrokerError."""
+        if isinstance(txn, Prepared):
+            txid, offset = txn.transaction_id, txn.commit_log_offset
+        else:
+            txid, offset = txn, 0
+        if commit_log_offset is not None:
+            offset = commit_log_offset
+        return await self.client.request(
+            RequestCode.END_TRANSACTION, EndTransactionRequest(self.group, txid, state.value, offset, from_check),
+            EndTransactionResponse, retry=True)
+
+    async def end_many(self, decisions: Iterable[tuple[Prepared | str, LocalTransactionState]]
+                       ) -> list[EndTransactionResponse | ClientError]:
+        """Several decisions at once, in flight together on the one connection. Each outcome in the
+        order given: the broker's answer, or the ClientError that refused or lost it (one failure
+        does not stop the others)."""
+        async def one(txn, state):
+            try:
+                return await self.end(txn, state)
+            except ClientError as e:
+                return e
+
+        return list(await asyncio.gather(*(one(txn, state) for txn, state in decisions)))
+
+    # ---- a producer's transaction: begin, (the local transaction), finish ---------------------------
+
+    async def begin(self, msgs: list[Message], transaction_id: str | None = None) -> Prepared | TransactionSendResult:
+        """The half send of a producer's transaction. Prepared: stored, run the local transaction and
+        `finish`. A TransactionSendResult: stored without the durability asked for, already rolled
+        back; run no local transaction. Other refusals raise BrokerError."""
+        txid = transaction_id or uuid.uuid4().hex
+        try:
+            return await self.prepare(msgs, txid)
+        except BrokerError as e:
+            if e.code not in NOT_STORED_CODES:
+                raise
+            return await self._roll_back_unstored(e, txid)
+
+    async def finish(self, prepared: Prepared, state: LocalTransactionState) -> TransactionSendResult:
+        """END_TRANSACTION with the local transaction's state (nothing for UNKNOWN: check-back decides).
+        A decision that cannot be delivered is reported in `end_error`, not raised."""
+        result = TransactionSendResult("SEND_OK", prepared.transaction_id, prepared.msg_ids, state,
+                                       prepared.commit_log_offset)
+        if state is LocalTransactionState.UNKNOWN:
+            return result
+        try:
+            r = await self.end(prepared, state)
+            result.queue_offsets = r.queue_offsets
+        except ClientError as e:
+            _warnings.warning("END_TRANSACTION not delivered",
+                              "END_TRANSACTION %s for %s not delivered (%s); check-back will resolve it",
+                              state.name, prepared.transaction_id, e)
+            result.end_error = str(e)
+        return result
+
+    async def _roll_back_unstored(self, e: BrokerError, txid: str) -> TransactionSendResult:
+        _warnings.warning("half message not safely stored", "half message not safely stored (%s): rolling back "
+                          "without running the local transaction", e.code_name)
+        result = TransactionSendResult(e.code_name, txid, [], LocalTransactionState.ROLLBACK)
+        try:
+            await self.end(txid, LocalTransactionState.ROLLBACK)
+        except BrokerError as end_error:
+            # The rollback may itself be "stored on the master only" (same replication state):
+            # it is recorded there all the same, so only other refusals are worth reporting.
+            if end_error.code not in NOT_STORED_CODES:
+                result.end_error = str(end_error)
+        except ClientError as end_error:
+            result.end_error = str(end_error)
+        return result
+
+    async def answer_check(self, txid: str, state: LocalTransactionState, commit_log_offset: int) -> None:
+        """A check-back's answer. Never raises: the broker keeps its decision and asks again."""
+        try:
+            await self.end(txid, state, commit_log_offset, from_check=True)
+        except BrokerError as e:
+            # Already decided the other way, or gone: the broker keeps its decision; say so.
+            _warnings.warning("check-back answer refused", "check-back answer %s for %s refused: %s", state.name,
+                              txid, e)
+        except ClientError as e:
+            _warnings.warning("check-back answer not delivered", "check-back answer for %s not delivered: %s",
+                              txid, e)
+
+    # ---- rights ------------------------------------------------------------------------------------
+
+    async def check_group_right(self) -> None:
+        """Raise BrokerError (NO_PERMISSION; UNAUTHORIZED without credentials) unless these
+        credentials may act for the group; changes nothing on the broker.
+
+        The data plane has no "what may I do" request and the admin API needs the admin right, so
+        this asks QUERY_JOB, read-only, for a job name nobody uses: the broker checks the group
+        right before it looks, then answers QUERY_NOT_FOUND. (Not an END_TRANSACTION for a made-up
+        id: that would be a decision, and one the broker logs as refused.)"""
+        try:
+            await self.client.request(RequestCode.QUERY_JOB, QueryJobRequest(
+                self.group, name=f"rights-check-{uuid.uuid4().hex}"), JobInfo, retry=False)
+        except BrokerError as e:
+            if e.code != ResponseCode.QUERY_NOT_FOUND:
+                raise
