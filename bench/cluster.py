@@ -15,6 +15,8 @@ import tempfile
 import time
 import urllib.request
 
+from txbroker.client.admin import AdminClient
+
 TXBROKER = os.path.join(os.path.dirname(sys.executable), "txbroker")
 
 
@@ -53,12 +55,9 @@ class Broker:
                 time.sleep(0.05)
         raise RuntimeError(f"broker {self.name} did not become ready")
 
-    def admin(self, path: str, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}{path}", data=data,
-                                     method="POST" if data else "GET", headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+    @property
+    def admin(self) -> AdminClient:
+        return AdminClient(f"http://127.0.0.1:{self.admin_port}", timeout=30)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -108,7 +108,7 @@ def main() -> int:
     with workdir() as (d, brokers):
         b = Broker(d, "broker").start()
         brokers.append(b)
-        b.admin("/api/v1/topics", {"name": "Consume", "queues": 8})
+        b.admin.create_topic("Consume", 8)
         asyncio.run(fill(b.address, "Consume", n))
         rows = [throughput(b.address, "Consume", members, batch, n) for members, batch in ((1, 1), (4, 1), (1, 32), (4, 32))]
         lat = asyncio.run(latency(b.address, 300 if args.quick else 2000, 200.0))

@@ -59,7 +59,7 @@ def throughput(mode: str, seconds: float) -> dict:
             s = Broker(d, "slave", "--role", "slave", "--master", m.address).start()
             brokers.append(s)
             deadline = time.monotonic() + 20
-            while not any(x["in_sync"] for x in m.admin("/api/v1/broker")["replication"]["slaves"]):
+            while not any(x.in_sync for x in m.admin.broker_info().replication.slaves):
                 if time.monotonic() > deadline:
                     raise RuntimeError("slave never in sync")
                 time.sleep(0.05)
@@ -77,7 +77,7 @@ def failover(seconds_before: float) -> dict:
         s1 = Broker(d, "slave1", "--role", "slave", "--master", m.address, *args).start()
         s2 = Broker(d, "slave2", "--role", "slave", "--master", m.address, *args).start()
         brokers += [m, s1, s2]
-        while sum(x["in_sync"] for x in m.admin("/api/v1/broker")["replication"]["slaves"]) < 2:
+        while sum(x.in_sync for x in m.admin.broker_info().replication.slaves) < 2:
             time.sleep(0.05)
         acks: list[tuple[float, str]] = []
 
@@ -89,12 +89,11 @@ def failover(seconds_before: float) -> dict:
             m.kill()
             loop = asyncio.get_running_loop()
             best, other = await loop.run_in_executor(None, lambda: sorted(
-                [s1, s2], key=lambda s: s.admin("/api/v1/broker")["local_durable_offset"], reverse=True))
-            epoch = (await loop.run_in_executor(None, best.admin, "/api/v1/broker"))["epoch"] + 1
-            await loop.run_in_executor(None, best.admin, "/api/v1/role", {"role": "master", "epoch": epoch})
+                [s1, s2], key=lambda s: s.admin.broker_info().local_durable_offset, reverse=True))
+            epoch = (await loop.run_in_executor(None, best.admin.broker_info)).epoch + 1
+            await loop.run_in_executor(None, best.admin.change_role, "master", epoch)
             promoted = time.monotonic()
-            await loop.run_in_executor(None, other.admin, "/api/v1/role",
-                                       {"role": "slave", "master": best.address, "epoch": epoch})
+            await loop.run_in_executor(None, other.admin.change_role, "slave", epoch, best.address)
             await load
             first = next((t for t, addr in acks if t > killed and addr == best.address), None)
             return {"kill_to_promoted_s": round(promoted - killed, 3),

@@ -174,12 +174,12 @@ def _run(rnd: random.Random, seed: int, duration: float, net: Network, procs: li
         try:
             master = ctl.procs[ctl.master]
             admin = AdminClient(f"http://{master.ip}:10912", timeout=3)
-            pending = admin.get("/api/v1/transactions?state=pending")["total"]
-            parked = admin.get("/api/v1/transactions?state=parked")["total"]
-            info = admin.get("/api/v1/broker")
-            undecided = admin.get("/api/v1/jobs?state=undecided")["total"]
-            if info["role"] == "master" and pending == 0 and undecided == 0 \
-                    and info["durable_offset"] == info["log_end_offset"]:
+            pending = admin.transactions("pending", limit=0).total
+            parked = admin.transactions("parked", limit=0).total
+            info = admin.broker_info()
+            undecided = admin.jobs("undecided", limit=0).total
+            if info.role == "master" and pending == 0 and undecided == 0 \
+                    and info.durable_offset == info.log_end_offset:
                 break
         except Exception:  # noqa: BLE001 - the master may be changing
             pass

@@ -28,7 +28,9 @@ import sys
 import time
 import uuid
 
+import msgspec
 from common import PYTHON, BrokerProcess, RandomBodies, du, loadavg, track, untrack
+from txbroker.client.admin import AdminClient
 
 GROUPS = 4
 PRODUCERS_PER_GROUP = 2
@@ -211,7 +213,6 @@ def cmd_inprocess(args) -> int:
 
 def subprocess_broker(path: str, expected_pending: int) -> dict:
     from txbroker.client import AsyncTransactionProducer, LocalTransactionState, TransactionListener
-    import urllib.request
 
     out: dict = {}
     with BrokerProcess("ASYNC") as empty:
@@ -241,11 +242,8 @@ def subprocess_broker(path: str, expected_pending: int) -> dict:
                 await p.start()
             loop = asyncio.get_running_loop()
 
-            def post():
-                req = urllib.request.Request(b.admin + "/api/v1/check-scan", method="POST", data=b"{}",
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    return json.loads(r.read())
+            def post() -> dict:
+                return msgspec.to_builtins(AdminClient(b.admin, timeout=60).check_scan())
 
             t0 = time.perf_counter()
             first = await loop.run_in_executor(None, post)

@@ -89,14 +89,14 @@ def main() -> int:
         proc.wait()
         proc = start_broker(data, port, admin_port)
         admin = AdminClient(f"127.0.0.1:{admin_port}")
-        print(f"[demo] broker recovered: {admin.get('/api/v1/transactions')['total']} transactions awaiting check-back")
+        print(f"[demo] broker recovered: {admin.transactions().total} transactions awaiting check-back")
         with TransactionProducer("order-service", addr, service) as producer:
             for i in range(ORDERS // 2, ORDERS):
                 r = producer.send_message_in_transaction(Message(TOPIC, f"order-{i}".encode(), keys=f"order-{i}"), i)
                 if r.local_state is S.COMMIT and not r.end_error:
                     acked_commits.add(f"order-{i}")
             deadline = time.monotonic() + 60
-            while (left := admin.get("/api/v1/transactions")["total"]) and time.monotonic() < deadline:
+            while (left := admin.transactions().total) and time.monotonic() < deadline:
                 print(f"[demo] waiting for check-back: {left} undecided", flush=True)
                 time.sleep(1)
         with PullConsumer(addr) as reader:

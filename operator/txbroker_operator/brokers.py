@@ -10,11 +10,16 @@ from __future__ import annotations
 import json
 from urllib.parse import quote
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import urllib3
 
+from txbroker.protocol import admin as answers
+
 from . import constants as c
+
+T = TypeVar("T")
 
 TIMEOUT = urllib3.Timeout(connect=1.0, read=3.0)
 _plain_pool = urllib3.PoolManager(num_pools=16, maxsize=4, retries=False)
@@ -46,7 +51,10 @@ class Access:
     authorization: str = ""
     pool: urllib3.PoolManager = _plain_pool
 
-    def _call(self, ip: str, method: str, path: str, body: Any = None, query: dict | None = None) -> Any:
+    def _call(self, ip: str, method: str, path: str, body: Any = None, query: dict | None = None,
+              answer: type[T] | None = None) -> Any:
+        """The broker's answer: decoded as `answer` (a protocol/admin.py type; Incompatible if it does
+        not decode), or as plain JSON."""
         headers = {"Content-Type": "application/json"}
         if self.authorization:
             headers["Authorization"] = self.authorization
@@ -56,6 +64,12 @@ class Access:
                                   fields=query, headers=headers, timeout=TIMEOUT)
         except urllib3.exceptions.HTTPError as e:
             raise Unreachable(f"broker {ip}: {e}") from e
+        if 200 <= r.status < 300 and answer is not None:
+            try:
+                return msgspec.json.decode(r.data, type=answer)
+            except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                raise Incompatible(f"broker {ip}: {method} {path} answered in a form this operator cannot read "
+                                   f"({e}); are the broker and the operator of different versions?") from None
         try:
             decoded = json.loads(r.data) if r.data else None
         except ValueError:
@@ -65,13 +79,7 @@ class Access:
         return decoded
 
     def info(self, ip: str) -> "BrokerInfo":
-        answer = self._call(ip, "GET", "/api/v1/broker")
-        try:
-            return BrokerInfo.from_api(answer)
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise Incompatible(f"broker {ip}: GET /api/v1/broker answered in a form this operator cannot read "
-                               f"({type(e).__name__}: {e}); are the broker and the operator of different "
-                               f"versions?") from None
+        return BrokerInfo.from_api(self._call(ip, "GET", "/api/v1/broker", answer=answers.BrokerInfo))
 
     def try_info(self, ip: str | None) -> "BrokerInfo | None":
         if not ip:
@@ -88,16 +96,16 @@ class Access:
     def demote(self, ip: str, master_address: str, epoch: int) -> None:
         self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_SLAVE, "master": master_address, "epoch": epoch})
 
-    def put_transaction_defaults(self, ip: str, settings: dict) -> dict:
-        return self._call(ip, "PUT", "/api/v1/config/transaction", settings)
+    def put_transaction_defaults(self, ip: str, settings: dict) -> answers.TransactionSettings:
+        return self._call(ip, "PUT", "/api/v1/config/transaction", settings, answer=answers.TransactionSettings)
 
-    def groups(self, ip: str) -> dict[str, dict]:
+    def groups(self, ip: str) -> dict[str, answers.GroupSettings]:
         """Per producer group: its settings and the generation the operator applied."""
-        return self._call(ip, "GET", "/api/v1/groups")
+        return self._call(ip, "GET", "/api/v1/groups", answer=dict[str, answers.GroupSettings])
 
-    def put_group(self, ip: str, group: str, settings: dict, generation: int) -> dict:
+    def put_group(self, ip: str, group: str, settings: dict, generation: int) -> answers.GroupSettings:
         return self._call(ip, "PUT", f"/api/v1/groups/{quote(group, safe='')}/transaction",
-                          {**settings, "generation": generation})
+                          {**settings, "generation": generation}, answer=answers.GroupSettings)
 
     def delete_group(self, ip: str, group: str) -> None:
         try:
@@ -107,8 +115,8 @@ class Access:
                 raise
 
     def transaction_count(self, ip: str, group: str, state: str) -> int:
-        return int(self._call(ip, "GET", "/api/v1/transactions",
-                              query={"group": group, "state": state, "limit": "0"})["total"])
+        return self._call(ip, "GET", "/api/v1/transactions", query={"group": group, "state": state, "limit": "0"},
+                          answer=answers.TransactionList).total
 
 
 PLAIN = Access()
@@ -129,13 +137,13 @@ class BrokerInfo:
     sync_replicas: int = 0       # as a SYNC master: slaves that must hold a write before it is acknowledged
 
     @classmethod
-    def from_api(cls, d: dict) -> "BrokerInfo":
-        rep = d.get("replication") or {}
-        return cls(role=d["role"], epoch=int(d["epoch"]), log_end_offset=int(d["log_end_offset"]),
-                   master=d.get("master") or "", fenced_by=int(d.get("fenced_by") or 0),
-                   pending=int(d.get("pending_transactions", 0)), parked=int(d.get("parked_transactions", 0)),
-                   slaves=tuple(rep.get("slaves") or ()), connected=bool(rep.get("connected")),
-                   sync_replicas=int(rep.get("sync_replicas") or 0) if rep.get("mode") == "SYNC" else 0)
+    def from_api(cls, a: answers.BrokerInfo) -> "BrokerInfo":
+        """The operator's view of a broker's answer (decoded and checked by then)."""
+        rep = a.replication
+        return cls(role=a.role, epoch=a.epoch, log_end_offset=a.log_end_offset, master=a.master,
+                   fenced_by=a.fenced_by, pending=a.pending_transactions, parked=a.parked_transactions,
+                   slaves=tuple(msgspec.structs.asdict(s) for s in rep.slaves), connected=rep.connected,
+                   sync_replicas=rep.sync_replicas if rep.mode == "SYNC" else 0)
 
     @property
     def is_master(self) -> bool:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
+from txbroker.protocol import admin as answers
+
 from . import brokers, events, kube, manifests, observe, security, status
 from . import constants as c
 
@@ -42,10 +44,10 @@ def broker_settings(spec: Mapping[str, Any]) -> dict:
     return out
 
 
-def runs_settings(current: Mapping[str, Any] | None, want: Mapping[str, Any], generation: int) -> bool:
+def runs_settings(current: answers.GroupSettings | None, want: Mapping[str, Any], generation: int) -> bool:
     """Whether a broker's answer for a group (`current`) shows `want` applied at `generation`."""
-    return bool(current) and current.get("generation") == generation and \
-        all(current.get(k) == v for k, v in want.items())
+    return current is not None and current.generation == generation and \
+        all(getattr(current, k, None) == v for k, v in want.items())
 
 
 def applied_generation(applied: list[dict]) -> int | None:
@@ -155,7 +157,7 @@ def remove_orphans(namespace: str, broker_name: str, members: Mapping[str, obser
             continue
         try:
             for group, doc in access.groups(m.ip).items():
-                if doc.get("generation", 0) > 0 and group not in wanted:
+                if doc.generation > 0 and group not in wanted:
                     access.delete_group(m.ip, group)
                     logger.info("group %s: settings removed through master %s (no TxProducerGroup names it)",
                                 group, m.name)

@@ -40,7 +40,7 @@ def _queued_bytes(port: int) -> int:
 def _member(name: str, index: int, b) -> Member:
     """The broker as the operator observes it: its info, or None when its admin API does not answer."""
     try:
-        info = BrokerInfo.from_api(_admin(b).get("/api/v1/broker"))
+        info = BrokerInfo.from_api(_admin(b).broker_info())
     except Exception:  # noqa: BLE001 - a paused broker does not answer
         info = None
     return Member(name, index, {"metadata": {}, "status": {}}, info)

@@ -69,10 +69,10 @@ def visible(address, topic="Orders") -> Counter:
 def settled(admin_url) -> bool:
     """No transaction left undecided, and every decision durable (and replicated), so visible."""
     admin = AdminClient(admin_url)
-    if admin.get("/api/v1/transactions")["total"]:
+    if admin.transactions(limit=0).total:
         return False
-    i = admin.get("/api/v1/broker")
-    return i["durable_offset"] == i["log_end_offset"]
+    i = admin.broker_info()
+    return i.durable_offset == i.log_end_offset
 
 
 def invariant_violations(seen: Counter, acked: dict, must_keep_acked: bool) -> list[str]:

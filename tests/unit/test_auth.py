@@ -260,7 +260,7 @@ def test_admission_follows_reloads(service, tmp_path):
     assert not service.valid(conn.principal)
     open(path, "w").write("broken = [")
     assert not service.reload() and service.lookup("bob") is not None
-    assert "not valid TOML" in service.status()["last_error"]
+    assert "not valid TOML" in service.status().last_error
 
 
 def test_watcher_sees_a_kubernetes_style_symlink_swap(tmp_path):

@@ -6,7 +6,8 @@ import asyncio
 
 import msgspec
 from txbroker.store.state import StateMachine
-from txbroker.broker.config import TransactionSettings
+from txbroker.protocol import admin as answers
+from txbroker.protocol.admin import TransactionSettings
 from txbroker.broker.transaction.settings import SettingsBook
 from txbroker_operator import failover, manifests, producer_groups, status
 from txbroker_operator.brokers import BrokerInfo
@@ -178,16 +179,16 @@ def test_check_mode_ledger_requires_every_transaction_of_the_group_to_join_a_job
         state = StateMachine(str(tmp_path / str(want["require_job"])), False, lambda e: None)
         book = SettingsBook(TransactionSettings(), state)
         await book.update_group("orders-publisher", want, 3)[1]
-        listed = {**msgspec.to_builtins(book.for_group("orders-publisher")), "generation": 3}
+        listed = answers.GroupSettings(**msgspec.structs.asdict(book.for_group("orders-publisher")), generation=3)
         await state.close()
         return listed
 
     for mode, required in (("ledger", True), ("connection", False)):
         want = producer_groups.broker_settings({"checkMode": mode})
         listed = asyncio.run(applied(want))
-        assert listed["require_job"] is required
+        assert listed.require_job is required
         assert producer_groups.runs_settings(listed, want, 3)
-        assert not producer_groups.runs_settings({**listed, "require_job": not required}, want, 3)
+        assert not producer_groups.runs_settings(msgspec.structs.replace(listed, require_job=not required), want, 3)
 
 
 def test_a_master_serves_only_while_its_pod_is_ready_and_its_broker_answers_as_master():

@@ -8,18 +8,25 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import msgspec
 import pytest
 import yaml
+from txbroker.protocol import admin as answers
 from txbroker_operator import brokers, failover, observe, status
 from txbroker_operator import constants as c
 
 from tests.conftest import REPO
 
 IP = "127.0.0.77"  # a loopback address of its own: the operator always asks port 10912
-# GET /api/v1/broker as a master answers it, but from a version that renamed "role"
-RENAMED = {"broker_role": "master", "epoch": 3, "log_end_offset": 120, "master": "", "fenced_by": 0,
-           "pending_transactions": 0, "parked_transactions": 0,
-           "replication": {"mode": "SYNC", "sync_replicas": 1, "slaves": []}}
+# GET /api/v1/broker as a master answers it (the shared answer type), but from a version that renamed "role"
+ANSWER = answers.BrokerInfo(
+    broker_name="b-0", version="9.9.9", role="master", epoch=3, master="", log_end_offset=120, durable_offset=120,
+    local_durable_offset=120, log_start_offset=1, flush_disk_type="SYNC", pending_transactions=0,
+    parked_transactions=0, topics=1, connections=0, producer_groups={}, consumer_groups={}, recovery_seconds=0.1,
+    fenced_by=0, replication=answers.Replication(mode="SYNC", sync_replicas=1),
+    security=answers.Security(None, False, False), limits=answers.Limits(1000, 1 << 26, 0, 0, 1000))
+RENAMED = msgspec.to_builtins(ANSWER)
+RENAMED["broker_role"] = RENAMED.pop("role")
 
 
 @pytest.fixture
@@ -48,11 +55,16 @@ def master_pod():
             "status": {"podIP": IP, "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
+def test_the_answer_as_the_broker_gives_it_reads():
+    info = brokers.BrokerInfo.from_api(msgspec.json.decode(msgspec.json.encode(ANSWER), type=answers.BrokerInfo))
+    assert (info.role, info.epoch, info.log_end_offset, info.sync_replicas) == ("master", 3, 120, 1)
+
+
 def test_an_answer_the_operator_cannot_read_is_incompatible_not_a_dead_master(newer_broker):
     members = observe.observe([master_pod()], brokers.PLAIN)
     m = members["b-0"]
     assert m.info is None
-    assert "cannot read" in m.incompatible and "'role'" in m.incompatible, m.incompatible
+    assert "cannot read" in m.incompatible and "`role`" in m.incompatible, m.incompatible
     assert failover.master_down_reason(members, "b-0") == ""
     body = {"metadata": {"name": "txb", "generation": 1}, "spec": {"replicas": 1},
             "status": {"master": "b-0", "epoch": 3}}

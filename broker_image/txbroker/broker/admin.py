@@ -21,7 +21,8 @@ from aiohttp import web
 
 from txbroker import __version__
 from txbroker.broker.auth.handshake import AuthFailure
-from txbroker.broker.config import ConfigError
+from txbroker.protocol import admin as answers
+from txbroker.protocol.admin import SettingsError
 from txbroker.broker.replies import Reply, RequestError
 from txbroker.protocol.bodies import DecideJobRequest, EndTransactionRequest, QueryJobRequest
 from txbroker.protocol.codes import ResponseCode, TransactionState
@@ -42,8 +43,13 @@ _HTTP_STATUS = {
 }
 
 
+def _answer(answer, status: int = 200) -> web.Response:
+    """A typed answer (protocol/admin.py) as JSON."""
+    return web.Response(body=answers.encode(answer), status=status, content_type="application/json")
+
+
 def _error(status: int, message: str, code: str = "") -> web.Response:
-    return web.json_response({"error": message, "code": code}, status=status)
+    return _answer(answers.ErrorAnswer(message, code), status)
 
 
 def _unauthorized(message: str) -> web.Response:
@@ -52,21 +58,24 @@ def _unauthorized(message: str) -> web.Response:
     return r
 
 
-def _from_reply(reply: Reply, body: dict | None = None) -> web.Response:
+def _from_reply(reply: Reply, body=None) -> web.Response:
     if reply.code == ResponseCode.SUCCESS:
-        return web.json_response(body or {"ok": True})
+        return _answer(body) if body is not None else web.json_response({"ok": True})
     code = ResponseCode(reply.code)
     return _error(_HTTP_STATUS.get(code, 400), reply.remark, code.name)
 
 
-def _pending_doc(p) -> dict:
-    return {"transaction_id": p.transaction_id, "producer_group": p.producer_group, "state": p.state,
-            "commit_log_offset": p.half_lsn, "born_ms": p.born_ms, "messages": len(p.destinations),
-            "checks": p.checks, "last_check_ms": p.last_check_ms, "immunity_ms": p.immunity_ms, "job_id": p.job_id}
+def _pending(p) -> answers.PendingTransaction:
+    return answers.PendingTransaction(p.transaction_id, p.producer_group, p.state, p.half_lsn, p.born_ms,
+                                      len(p.destinations), p.checks, p.last_check_ms, p.immunity_ms, p.job_id)
 
 
-def _job_doc(info) -> dict:
-    return msgspec.structs.asdict(info)
+def _job(info) -> answers.Job:
+    return answers.Job(**msgspec.structs.asdict(info))
+
+
+def _group_settings(settings, generation: int) -> answers.GroupSettings:
+    return answers.GroupSettings(**msgspec.structs.asdict(settings), generation=generation)
 
 
 class AdminApp:
@@ -135,7 +144,7 @@ class AdminApp:
             return await handler(request)
         except RequestError as e:
             return _error(_HTTP_STATUS.get(e.code, 400), e.remark, ResponseCode(e.code).name)
-        except ConfigError as e:
+        except SettingsError as e:  # ConfigError too
             return _error(400, str(e), "INVALID_CONFIG")
         except json.JSONDecodeError as e:
             return _error(400, f"request body is not valid JSON: {e}", "MALFORMED")
@@ -157,30 +166,30 @@ class AdminApp:
             self.b.metrics.jobs_undecided.labels(state).set(jobs[state])
         return web.Response(body=self.b.metrics.render(), content_type="text/plain", charset="utf-8")
 
-    async def broker_info(self, request):
+    def info(self) -> answers.BrokerInfo:
         b = self.b
         pending, parked = b.transactions.counts()
-        return web.json_response({
-            "broker_name": b.config.broker_name, "version": __version__, "role": b.role.role, "epoch": b.role.epoch,
-            "master": b.role.master_address, "log_end_offset": b.state.next_lsn - 1,
-            "durable_offset": b.state.durable_lsn, "flush_disk_type": b.config.flush_disk_type,
-            "pending_transactions": pending, "parked_transactions": parked, "topics": len(b.state.topics),
-            "connections": len(b.connections), "producer_groups": b.producers.counts(),
-            "consumer_groups": b.consumers.groups(),
-            "recovery_seconds": round(b.state.recovery_seconds, 4), "fenced_by": b.role.fenced_by,
-            "local_durable_offset": b.state.local_durable_lsn, "replication": b.replication_status(),
-            "log_start_offset": b.state.log_complete_from,
-            "security": {"auth": b.auth.status() if b.auth is not None else None, "tls": b.tls.data is not None,
-                         "client_certificates": bool(b.config.tls_client_ca)},
-            "limits": {"max_connections": b.config.max_connections, "max_unacked_bytes": b.config.max_unacked_bytes,
-                       "unacked_bytes": b.unacked.used, "idle_timeout_ms": b.config.idle_timeout_ms,
-                       "max_inflight_per_connection": b.config.max_inflight_per_connection},
-        })
+        return answers.BrokerInfo(
+            broker_name=b.config.broker_name, version=__version__, role=b.role.role, epoch=b.role.epoch,
+            master=b.role.master_address, log_end_offset=b.state.next_lsn - 1, durable_offset=b.state.durable_lsn,
+            local_durable_offset=b.state.local_durable_lsn, log_start_offset=b.state.log_complete_from,
+            flush_disk_type=b.config.flush_disk_type, pending_transactions=pending, parked_transactions=parked,
+            topics=len(b.state.topics), connections=len(b.connections), producer_groups=b.producers.counts(),
+            consumer_groups=b.consumers.groups(), recovery_seconds=round(b.state.recovery_seconds, 4),
+            fenced_by=b.role.fenced_by, replication=b.replication_status(),
+            security=answers.Security(b.auth.status() if b.auth is not None else None, b.tls.data is not None,
+                                      bool(b.config.tls_client_ca)),
+            limits=answers.Limits(b.config.max_connections, b.config.max_unacked_bytes, b.unacked.used,
+                                  b.config.idle_timeout_ms, b.config.max_inflight_per_connection),
+        )
+
+    async def broker_info(self, request):
+        return _answer(self.info())
 
     async def list_connections(self, request):
         """Every data-plane connection: who, how much in flight, whether the broker stopped reading it."""
         now = asyncio.get_running_loop().time()
-        return web.json_response({"connections": [c.describe(now) for c in list(self.b.connections)]})
+        return _answer(answers.ConnectionList([c.describe(now) for c in list(self.b.connections)]))
 
     async def change_role(self, request):
         """{"role": "master", "epoch": E} promotes; {"role": "slave", "master": ADDR, "epoch": E} demotes."""
@@ -199,35 +208,34 @@ class AdminApp:
         b = self.b
         doc = msgspec.to_builtins(b.config)
         doc["transaction"] = msgspec.to_builtins(b.settings.defaults)
-        doc["groups"] = {g: {**msgspec.to_builtins(s), "generation": b.settings.generations.get(g, 0)}
+        doc["groups"] = {g: _group_settings(s, b.settings.generations.get(g, 0))
                          for g, s in b.settings.groups.items()}
         doc["reject_transaction_message"] = b.transactions.reject_transaction_message
-        return web.json_response(doc)
+        return _answer(doc)
 
     async def put_transaction_defaults(self, request):
         merged = self.b.settings.update_defaults(await request.json())
         log.info("transaction defaults changed: %s", msgspec.to_builtins(merged))
-        return web.json_response(msgspec.to_builtins(merged))
+        return _answer(merged)
 
     async def list_groups(self, request):
         s = self.b.settings
-        return web.json_response({g: {**msgspec.to_builtins(v), "generation": s.generations.get(g, 0)}
-                                  for g, v in s.groups.items()})
+        return _answer({g: _group_settings(v, s.generations.get(g, 0)) for g, v in s.groups.items()})
 
     async def put_group_settings(self, request):
         group = request.match_info["group"]
         doc = await request.json()
         if not isinstance(doc, dict):
-            raise ConfigError(f"groups.{group}: expected an object of settings")
+            raise SettingsError(f"groups.{group}: expected an object of settings")
         generation = doc.pop("generation", 0)
         if not isinstance(generation, int):
-            raise ConfigError(f"groups.{group}.generation must be an integer")
+            raise SettingsError(f"groups.{group}.generation must be an integer")
         # Settings are log records: the master writes them, its slaves replicate them.
         self.b.role.require_master()
         merged, durable = self.b.settings.update_group(group, doc, generation)
         await durable
         log.info("transaction settings for group %s (generation %d): %s", group, generation, msgspec.to_builtins(merged))
-        return web.json_response({**msgspec.to_builtins(merged), "generation": generation})
+        return _answer(_group_settings(merged, generation))
 
     async def delete_group_settings(self, request):
         group = request.match_info["group"]
@@ -239,7 +247,7 @@ class AdminApp:
         return web.json_response({"ok": True})
 
     async def list_topics(self, request):
-        return web.json_response({"topics": [{"name": t, "queues": n} for t, n in sorted(self.b.state.topics.items())]})
+        return _answer(answers.TopicList([answers.TopicSummary(t, n) for t, n in sorted(self.b.state.topics.items())]))
 
     async def create_topic(self, request):
         doc = await request.json()
@@ -252,17 +260,15 @@ class AdminApp:
         self.b.role.require_master()
         created = self.b.topics.create(name, queues)
         await self.b.state.drain()
-        return web.json_response({"name": name, "queues": self.b.state.topics[name], "created": created},
-                                 status=201 if created else 200)
+        return _answer(answers.TopicCreated(name, self.b.state.topics[name], created), 201 if created else 200)
 
     async def get_topic(self, request):
         name = request.match_info["topic"]
         count = self.b.topics.queue_count(name)
         if count is None:
             return _error(404, f"topic {name} does not exist", "TOPIC_NOT_EXIST")
-        queues = [{"queue_id": q, "max_offset": self.b.state.visible_end.get(keys.queue_prefix(name, q), 0)}
-                  for q in range(count)]
-        return web.json_response({"name": name, "queues": queues})
+        queues = [answers.QueueInfo(q, self.b.state.readable_end(name, q)) for q in range(count)]
+        return _answer(answers.TopicInfo(name, queues))
 
     async def list_transactions(self, request):
         want = request.query.get("state", "all").upper()
@@ -273,28 +279,28 @@ class AdminApp:
             return _error(400, f"state must be pending, parked or all, got {want.lower()!r}", "MALFORMED")
         items = [p for p in self.b.state.pending_transactions() if p.state in states and (group is None or p.producer_group == group)]
         items.sort(key=lambda p: p.born_ms)
-        return web.json_response({"total": len(items), "transactions": [_pending_doc(p) for p in items[:limit]]})
+        return _answer(answers.TransactionList(len(items), [_pending(p) for p in items[:limit]]))
 
     async def get_transaction(self, request):
         txid = request.match_info["txid"]
         p = self.b.state.pending_transaction(txid)
         if p is not None:
-            doc = _pending_doc(p)
+            tx = answers.Transaction(**msgspec.structs.asdict(_pending(p)), message_ids=[])
         else:
             f = self.b.state.finished(txid)
             if f is None:
                 return _error(404, f"no transaction {txid!r} on this broker", "QUERY_NOT_FOUND")
-            doc = msgspec.structs.asdict(f)
-            doc["commit_log_offset"] = doc.pop("half_lsn")
-            doc["messages"] = doc.pop("message_count")
-        lsn = doc["commit_log_offset"]
-        doc["message_ids"] = [keys.msg_id(lsn, i) for i in range(doc["messages"])]
-        first = self.b.reader.half_message(lsn)
+            tx = answers.Transaction(
+                transaction_id=f.transaction_id, producer_group=f.producer_group, state=f.state,
+                commit_log_offset=f.half_lsn, messages=f.message_count, message_ids=[], checks=f.checks,
+                job_id=f.job_id, end_lsn=f.end_lsn, end_ms=f.end_ms, queue_offsets=f.queue_offsets, by=f.by)
+        tx.message_ids = keys.msg_ids(tx.commit_log_offset, tx.messages)
+        first = self.b.reader.half_message(tx.commit_log_offset)
         if first is not None:
             m = first[0]
-            doc["first_message"] = {"topic": m.topic, "queue_id": m.queue_id, "tags": m.tags, "keys": m.keys,
-                                    "properties": m.properties, "body_preview": m.body[:200].decode("utf-8", "replace")}
-        return web.json_response(doc)
+            tx.first_message = answers.MessagePreview(m.topic, m.queue_id, m.tags, m.keys, m.properties,
+                                                      m.body[:200].decode("utf-8", "replace"))
+        return _answer(tx)
 
     async def act_on_transaction(self, request):
         txid = request.match_info["txid"]
@@ -309,7 +315,7 @@ class AdminApp:
         log.warning("operator %s of transaction %s: %s", action, txid, ResponseCode(reply.code).name)
         state_name = {"commit": "COMMITTED", "rollback": "ROLLED_BACK", "resume": "PREPARED"}[action]
         already = getattr(reply.body, "already", False)
-        return _from_reply(reply, {"transaction_id": txid, "state": state_name, "already": already})
+        return _from_reply(reply, answers.TransactionAction(txid, state_name, already))
 
     async def list_jobs(self, request):
         """Jobs, newest first: ?state=open|prepared|committed|aborted|undecided|all, ?group=, ?limit= (100)."""
@@ -324,17 +330,15 @@ class AdminApp:
             else self.b.state.iter_jobs()
         items = [j for j in source if (states is None or j.state in states) and (group is None or j.producer_group == group)]
         items.sort(key=lambda j: j.open_lsn, reverse=True)
-        return web.json_response({"total": len(items), "jobs": [
-            _job_doc(self.b.jobs.info(j)) for j in items[:limit]]})
+        return _answer(answers.JobList(len(items), [_job(self.b.jobs.info(j)) for j in items[:limit]]))
 
     async def get_job(self, request):
         reply = self.b.jobs.query(QueryJobRequest("", request.match_info["job_id"]))
         if reply.code != ResponseCode.SUCCESS:
             return _from_reply(reply)
-        doc = _job_doc(reply.body)
         j = self.b.state.job(reply.body.job_id)
-        doc["member_ids"] = list(j.members) if j.members else sorted(self.b.state.job_members.get(j.job_id, ()))
-        return web.json_response(doc)
+        members = list(j.members) if j.members else sorted(self.b.state.job_members.get(j.job_id, ()))
+        return _answer(answers.JobDetail(**msgspec.structs.asdict(reply.body), member_ids=members))
 
     async def decide_job(self, request):
         """An operator's decision: commit keeps the prepared list (or, for an OPEN job, every member
@@ -352,13 +356,12 @@ class AdminApp:
         if reply.durable is not None:
             await reply.durable
         log.warning("operator %s of job %s: %s", action, job_id, ResponseCode(reply.code).name)
-        return _from_reply(reply, _job_doc(reply.body) if reply.body is not None else None)
+        return _from_reply(reply, _job(reply.body) if reply.body is not None else None)
 
     async def check_scan(self, request):
         self.b.role.require_master()
         r = self.b.check_service.scan()
-        return web.json_response({"pending": r.pending, "checked": r.checked, "parked": r.parked,
-                                  "without_producer": r.without_producer, "seconds": r.seconds})
+        return _answer(answers.ScanResult(r.pending, r.checked, r.parked, r.without_producer, r.seconds))
 
     async def get_message(self, request):
         msg_id = request.match_info["msg_id"]
@@ -380,9 +383,6 @@ class AdminApp:
             if f is not None and visible:
                 idx = int(msg_id[16:], 16)
                 m.queue_offset = f.queue_offsets[idx]
-        return web.json_response({
-            "msg_id": m.msg_id, "topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
-            "tags": m.tags, "keys": m.keys, "properties": m.properties, "born_timestamp": m.born_timestamp,
-            "transaction_id": txid, "transaction_state": state, "visible": visible,
-            "body": m.body.decode("utf-8", "replace"), "body_size": len(m.body),
-        })
+        return _answer(answers.StoredMessage(
+            m.msg_id, m.topic, m.queue_id, m.queue_offset, m.tags, m.keys, m.properties, m.born_timestamp, txid,
+            state, visible, m.body.decode("utf-8", "replace"), len(m.body)))

@@ -13,45 +13,11 @@ from typing import Literal
 import msgspec
 from msgspec import Struct, field
 
+from txbroker.protocol.admin import SettingsError, TransactionSettings
 
-class ConfigError(ValueError):
+
+class ConfigError(SettingsError):
     """The configuration is broken; the message names the setting."""
-
-
-class TransactionSettings(Struct, forbid_unknown_fields=True):
-    check_interval_ms: int = 60_000  # RocketMQ's transactionCheckInterval (the seeds' 60 s)
-    timeout_ms: int = 6_000  # transactionTimeOut: a half message younger than this is not checked
-    check_max: int = 15  # transactionCheckMax: checks before parking in TRANS_CHECK_MAX_TIME_TOPIC
-    # CHECK_IMMUNITY_TIME for messages that carry none (0: timeout_ms); waiting it out burns no check
-    default_immunity_ms: int = 0
-    # check-back through an HTTP webhook instead of a producer connection (TxProducerGroup checkMode http)
-    webhook_url: str = ""
-    # Every half message of the group must join a coordinated transaction (TxProducerGroup
-    # checkMode ledger): the broker answers for them from the job's decision; others are refused.
-    require_job: bool = False
-
-    def validate(self, where: str = "transaction") -> "TransactionSettings":
-        if self.default_immunity_ms < 0:
-            raise ConfigError(f"{where}.default_immunity_ms must not be negative, got {self.default_immunity_ms}")
-        if self.webhook_url and not self.webhook_url.startswith(("http://", "https://")):
-            raise ConfigError(f"{where}.webhook_url must be an http:// or https:// URL, got {self.webhook_url!r}")
-        if self.check_interval_ms < 100:
-            raise ConfigError(f"{where}.check_interval_ms must be at least 100, got {self.check_interval_ms}")
-        if self.timeout_ms < 0:
-            raise ConfigError(f"{where}.timeout_ms must not be negative, got {self.timeout_ms}")
-        if not 1 <= self.check_max <= 10_000:
-            raise ConfigError(f"{where}.check_max must be between 1 and 10000, got {self.check_max}")
-        return self
-
-    def merged(self, changes: dict, where: str) -> "TransactionSettings":
-        """These settings with `changes` (a partial object, as an admin PUT or flags give) applied."""
-        if not isinstance(changes, dict):
-            raise ConfigError(f"{where}: expected an object of settings")
-        try:
-            merged = msgspec.convert({**msgspec.to_builtins(self), **changes}, TransactionSettings)
-        except msgspec.ValidationError as e:
-            raise ConfigError(f"{where}: {e}") from None
-        return merged.validate(where)
 
 
 class BrokerConfig(Struct, forbid_unknown_fields=True):
@@ -138,7 +104,10 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             parse_delay_levels(self.message_delay_level)
         except ValueError as e:
             raise ConfigError(f"message_delay_level: {e}") from None
-        self.transaction.validate()
+        try:
+            self.transaction.validate()
+        except SettingsError as e:
+            raise ConfigError(str(e)) from None
         return self
 
 

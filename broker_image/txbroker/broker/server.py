@@ -28,6 +28,7 @@ from txbroker.broker.retention_service import RetentionService
 from txbroker.broker.role import RoleState
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.broker.transaction.settings import SettingsBook
+from txbroker.protocol.admin import Replication
 from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transaction.service import TransactionService, now_ms
@@ -211,11 +212,11 @@ class Broker:
         self.stopped.set()
         log.info("broker %s stopped", self.config.broker_name)
 
-    def replication_status(self) -> dict:
+    def replication_status(self) -> Replication:
         if self.role.is_master:
-            return {"slaves": self.leader.status(), "mode": self.config.replication_mode,
-                    "sync_replicas": self.config.sync_replicas}
-        return self.follower.status() if self.follower else {"master": "", "connected": False}
+            return Replication(mode=self.config.replication_mode, sync_replicas=self.config.sync_replicas,
+                               slaves=self.leader.status())
+        return self.follower.status() if self.follower else Replication()
 
     async def _housekeep(self) -> None:
         loop = asyncio.get_running_loop()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from txbroker.broker.config import ConfigError, load_config
+from txbroker.broker.config import load_config
+from txbroker.protocol.admin import SettingsError
 
 
 def register(sub) -> None:
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, overrides)
         if any(v is not None for v in tx.values()):
             cfg.transaction = cfg.transaction.merged({k: v for k, v in tx.items() if v is not None}, "transaction")
-    except ConfigError as e:
+    except SettingsError as e:  # a ConfigError, or flags' transaction settings
         print(f"txbroker broker: {e}", file=sys.stderr)
         return 2
     from txbroker.broker.main import run as run_broker

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import msgspec
+
 from txbroker.cli.security_opts import add_arguments, admin_client
 
 
@@ -41,25 +43,24 @@ def _age(ms: int, now: float) -> str:
 
 
 def list_jobs(args) -> int:
-    q = f"?state={args.state}&limit={args.limit}" + (f"&group={args.group}" if args.group else "")
-    r = admin_client(args).get("/api/v1/jobs" + q)
+    r = admin_client(args).jobs(args.state, args.group, args.limit)
     now = time.time() * 1000
     print(f"{'JOB':40} {'GROUP':20} {'STATE':9} {'MEMBERS':>7} {'PENDING':>7} {'AGE':>7} {'DEADLINE IN':>11} BY")
-    for j in r["jobs"]:
-        left = f"{(j['deadline_ms'] - now) / 1000:.0f}s" if j["state"] in ("OPEN", "PREPARED") else "-"
-        print(f"{j['job_id']:40} {j['producer_group']:20} {j['state']:9} {j['members']:>7} {j['pending']:>7} "
-              f"{_age(j['open_ms'], now):>7} {left:>11} {j['by'] or '-'}")
-    print(f"{r['total']} jobs")
+    for j in r.jobs:
+        left = f"{(j.deadline_ms - now) / 1000:.0f}s" if j.state in ("OPEN", "PREPARED") else "-"
+        print(f"{j.job_id:40} {j.producer_group:20} {j.state:9} {j.members:>7} {j.pending:>7} "
+              f"{_age(j.open_ms, now):>7} {left:>11} {j.by or '-'}")
+    print(f"{r.total} jobs")
     return 0
 
 
 def show(args) -> int:
-    print(json.dumps(admin_client(args).get(f"/api/v1/jobs/{args.job_id}"), indent=2))
+    print(json.dumps(msgspec.to_builtins(admin_client(args).job(args.job_id)), indent=2))
     return 0
 
 
 def decide(args) -> int:
-    r = admin_client(args).post(f"/api/v1/jobs/{args.job_id}/{args.action}")
-    print(f"job {r['job_id']}: {r['state']} ({r['members']} members kept, {r['pending']} being ended)"
-          + (" (already)" if r.get("already") else ""))
+    r = admin_client(args).decide_job(args.job_id, args.action)
+    print(f"job {r.job_id}: {r.state} ({r.members} members kept, {r.pending} being ended)"
+          + (" (already)" if r.already else ""))
     return 0

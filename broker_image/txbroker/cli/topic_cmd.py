@@ -20,14 +20,14 @@ def register(sub, default_admin: str) -> None:
 
 
 def create(args) -> int:
-    r = admin_client(args).post("/api/v1/topics", {"name": args.name, "queues": args.queues})
-    print(f"topic {r['name']}: {r['queues']} queues" + ("" if r["created"] else " (already existed)"))
+    r = admin_client(args).create_topic(args.name, args.queues)
+    print(f"topic {r.name}: {r.queues} queues" + ("" if r.created else " (already existed)"))
     return 0
 
 
 def list_topics(args) -> int:
-    r = admin_client(args).get("/api/v1/topics")
+    r = admin_client(args).topics()
     print(f"{'TOPIC':40} QUEUES")
-    for t in r["topics"]:
-        print(f"{t['name']:40} {t['queues']}")
+    for t in r.topics:
+        print(f"{t.name:40} {t.queues}")
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import msgspec
+
 from txbroker.cli.security_opts import add_arguments, admin_client
 
 
@@ -35,24 +37,22 @@ def register(sub, default_admin: str) -> None:
 
 
 def list_tx(args) -> int:
-    q = f"?state={args.state}&limit={args.limit}" + (f"&group={args.group}" if args.group else "")
-    r = admin_client(args).get("/api/v1/transactions" + q)
+    r = admin_client(args).transactions(args.state, args.group, args.limit)
     now = time.time() * 1000
     print(f"{'TRANSACTION':34} {'GROUP':20} {'STATE':9} {'MSGS':>4} {'CHECKS':>6} {'AGE':>8}")
-    for t in r["transactions"]:
-        age = f"{(now - t['born_ms']) / 1000:.0f}s"
-        print(f"{t['transaction_id']:34} {t['producer_group']:20} {t['state']:9} {t['messages']:>4} "
-              f"{t['checks']:>6} {age:>8}")
-    print(f"{r['total']} transactions")
+    for t in r.transactions:
+        age = f"{(now - t.born_ms) / 1000:.0f}s"
+        print(f"{t.transaction_id:34} {t.producer_group:20} {t.state:9} {t.messages:>4} {t.checks:>6} {age:>8}")
+    print(f"{r.total} transactions")
     return 0
 
 
 def show(args) -> int:
-    print(json.dumps(admin_client(args).get(f"/api/v1/transactions/{args.transaction_id}"), indent=2))
+    print(json.dumps(msgspec.to_builtins(admin_client(args).transaction(args.transaction_id)), indent=2))
     return 0
 
 
 def act(args) -> int:
-    r = admin_client(args).post(f"/api/v1/transactions/{args.transaction_id}/{args.action}")
-    print(f"transaction {r['transaction_id']}: {r['state']}" + (" (already)" if r.get("already") else ""))
+    r = admin_client(args).act_on_transaction(args.transaction_id, args.action)
+    print(f"transaction {r.transaction_id}: {r.state}" + (" (already)" if r.already else ""))
     return 0

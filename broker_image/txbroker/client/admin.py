@@ -1,4 +1,6 @@
-"""A small blocking client for the broker's admin API (used by the CLI and by tests).
+"""A small blocking client for the broker's admin API, the one every part uses (the CLI, Spark, the
+chaos harness, the bench, tests). Its typed methods decode the answers into protocol/admin.py's
+Structs; an answer that does not decode (a broker of another version) raises AdminIncompatible.
 
 With `credentials` it sends HTTP Basic (access key and secret; the broker checks them against the
 same hashed store as the data plane, and wants the admin permission under /api/). With `tls` it
@@ -12,10 +14,17 @@ import base64
 import json
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
+from typing import TypeVar
+
+import msgspec
 
 from txbroker.client.errors import BrokerUnavailable, ClientError
 from txbroker.client.security import as_credentials, as_tls, tls_error
+from txbroker.protocol import admin as answers
+
+T = TypeVar("T")
 
 
 class AdminError(ClientError):
@@ -23,6 +32,14 @@ class AdminError(ClientError):
         self.status = status
         self.code = code
         super().__init__(f"{message} ({code or status})")
+
+
+class AdminIncompatible(AdminError):
+    """The broker answered, in a form this client cannot read: a broker of another version."""
+
+    def __init__(self, url: str, path: str, error: Exception):
+        super().__init__(200, "INCOMPATIBLE", f"{url}{path} answered in a form this client cannot read ({error}); "
+                                              f"are the broker and this client of different versions?")
 
 
 class AdminClient:
@@ -40,6 +57,19 @@ class AdminClient:
             self._auth = f"Basic {token}"
 
     def request(self, method: str, path: str, body=None):
+        """The answer as plain JSON (dicts and lists), or text for a non-JSON answer (metrics)."""
+        raw, ctype = self._exchange(method, path, body)
+        return json.loads(raw) if "json" in ctype else raw.decode()
+
+    def answer(self, method: str, path: str, answer_type: type[T], body=None) -> T:
+        """The answer decoded as `answer_type` (a protocol/admin.py Struct, or a dict or list of them)."""
+        raw, _ctype = self._exchange(method, path, body)
+        try:
+            return msgspec.json.decode(raw, type=answer_type)
+        except msgspec.ValidationError as e:
+            raise AdminIncompatible(self.url, path, e) from None
+
+    def _exchange(self, method: str, path: str, body) -> tuple[bytes, str]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data else {}
         if self._auth is not None:
@@ -64,7 +94,7 @@ class AdminClient:
             raise tls_error(self.url, e) from None
         except OSError as e:
             raise BrokerUnavailable(f"admin API at {self.url} unreachable: {getattr(e, 'reason', e)}") from None
-        return json.loads(raw) if "json" in ctype else raw.decode()
+        return raw, ctype
 
     def get(self, path: str):
         return self.request("GET", path)
@@ -74,3 +104,69 @@ class AdminClient:
 
     def put(self, path: str, body):
         return self.request("PUT", path, body)
+
+    # ---- typed: one method per admin answer (protocol/admin.py) ----------------------------------
+
+    def broker_info(self) -> answers.BrokerInfo:
+        return self.answer("GET", "/api/v1/broker", answers.BrokerInfo)
+
+    def change_role(self, role: str, epoch: int, master: str = "") -> answers.BrokerInfo:
+        body = {"role": role, "epoch": epoch, **({"master": master} if master else {})}
+        return self.answer("POST", "/api/v1/role", answers.BrokerInfo, body)
+
+    def groups(self) -> dict[str, answers.GroupSettings]:
+        return self.answer("GET", "/api/v1/groups", dict[str, answers.GroupSettings])
+
+    def put_group(self, group: str, settings: dict, generation: int = 0) -> answers.GroupSettings:
+        return self.answer("PUT", f"/api/v1/groups/{_quote(group)}/transaction", answers.GroupSettings,
+                           {**settings, "generation": generation})
+
+    def put_transaction_defaults(self, settings: dict) -> answers.TransactionSettings:
+        return self.answer("PUT", "/api/v1/config/transaction", answers.TransactionSettings, settings)
+
+    def topics(self) -> answers.TopicList:
+        return self.answer("GET", "/api/v1/topics", answers.TopicList)
+
+    def topic(self, name: str) -> answers.TopicInfo:
+        return self.answer("GET", f"/api/v1/topics/{_quote(name)}", answers.TopicInfo)
+
+    def create_topic(self, name: str, queues: int = 0) -> answers.TopicCreated:
+        return self.answer("POST", "/api/v1/topics", answers.TopicCreated, {"name": name, "queues": queues})
+
+    def transactions(self, state: str = "all", group: str | None = None, limit: int | None = None
+                     ) -> answers.TransactionList:
+        query = {"state": state, **({"group": group} if group else {}), **({"limit": limit} if limit is not None else {})}
+        return self.answer("GET", "/api/v1/transactions?" + urllib.parse.urlencode(query), answers.TransactionList)
+
+    def transaction(self, transaction_id: str) -> answers.Transaction:
+        return self.answer("GET", f"/api/v1/transactions/{_quote(transaction_id)}", answers.Transaction)
+
+    def act_on_transaction(self, transaction_id: str, action: str) -> answers.TransactionAction:
+        """`action`: commit, rollback or resume (a parked one)."""
+        return self.answer("POST", f"/api/v1/transactions/{_quote(transaction_id)}/{action}",
+                           answers.TransactionAction, {})
+
+    def jobs(self, state: str = "all", group: str | None = None, limit: int | None = None) -> answers.JobList:
+        query = {"state": state, **({"group": group} if group else {}), **({"limit": limit} if limit is not None else {})}
+        return self.answer("GET", "/api/v1/jobs?" + urllib.parse.urlencode(query), answers.JobList)
+
+    def job(self, job_id: str) -> answers.JobDetail:
+        return self.answer("GET", f"/api/v1/jobs/{_quote(job_id)}", answers.JobDetail)
+
+    def decide_job(self, job_id: str, action: str, members: list[str] | None = None) -> answers.Job:
+        """`action`: commit (the prepared list, or `members`) or abort."""
+        return self.answer("POST", f"/api/v1/jobs/{_quote(job_id)}/{action}", answers.Job,
+                           {"members": members} if members is not None else {})
+
+    def message(self, msg_id: str) -> answers.StoredMessage:
+        return self.answer("GET", f"/api/v1/messages/{_quote(msg_id)}", answers.StoredMessage)
+
+    def check_scan(self) -> answers.ScanResult:
+        return self.answer("POST", "/api/v1/check-scan", answers.ScanResult, {})
+
+    def connections(self) -> answers.ConnectionList:
+        return self.answer("GET", "/api/v1/connections", answers.ConnectionList)
+
+
+def _quote(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from txbroker.protocol.admin import AuthStatus
 from txbroker.broker.auth.acl import Principal
 from txbroker.broker.auth.credentials import CredentialsError, load_credentials
 from txbroker.broker.auth.decoy import Decoys
@@ -145,9 +146,8 @@ class AuthService:
         self._basic_ok[key] = p
         return p
 
-    def status(self) -> dict:
-        return {"file": self.path, "users": len(self.principals), "loaded_at": round(self.loaded_at, 3),
-                "reloads": self.reloads, "last_error": self.last_error}
+    def status(self) -> AuthStatus:
+        return AuthStatus(self.path, len(self.principals), round(self.loaded_at, 3), self.reloads, self.last_error or "")
 
 
 __all__ = ["AUTH_REQUIRED", "AuthFailure", "AuthService"]

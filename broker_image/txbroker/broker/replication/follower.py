@@ -11,6 +11,7 @@ import asyncio
 import logging
 import random
 
+from txbroker.protocol.admin import Replication
 from txbroker.client.connection import Connection, ConnectionLost
 from txbroker.client.errors import ClientError, RequestTimeout
 from txbroker.client.security import Credentials, authenticate
@@ -153,6 +154,6 @@ class ReplicationFollower:
             return
         conn.send_oneway(RequestCode.REPLICATION_ACK, encode(ReplicaAck(lsn, self._state.epoch)))
 
-    def status(self) -> dict:
-        return {"master": self.master, "connected": self.connected, "replicated_offset": self._state.durable_lsn,
-                "last_error": self.last_error}
+    def status(self) -> Replication:
+        return Replication(master=self.master, connected=self.connected, replicated_offset=self._state.durable_lsn,
+                           last_error=self.last_error or "")

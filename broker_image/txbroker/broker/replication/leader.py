@@ -16,6 +16,7 @@ import collections
 import logging
 import time
 
+from txbroker.protocol.admin import SlaveLink
 from txbroker.broker.replies import RequestError, error, ok
 from txbroker.protocol.bodies import ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome
 from txbroker.protocol.codes import RequestCode, ResponseCode
@@ -290,7 +291,7 @@ class ReplicationLeader:
                                           ReplicaRecords(feed.next_lsn, [], self._state.epoch))
                     feed.sent = now
 
-    def status(self) -> list[dict]:
+    def status(self) -> list[SlaveLink]:
         end = self._state.next_lsn - 1
-        return [{"name": f.name, "address": f.address or f.conn.peer, "acknowledged_offset": f.acked_lsn,
-                 "lag": end - f.acked_lsn, "in_sync": f.live} for f in self.feeds.values()]
+        return [SlaveLink(f.name, f.address or f.conn.peer, f.acked_lsn, end - f.acked_lsn, f.live)
+                for f in self.feeds.values()]

@@ -17,7 +17,7 @@ from typing import Callable
 
 import msgspec
 
-from txbroker.broker.config import TransactionSettings
+from txbroker.protocol.admin import TransactionSettings
 from txbroker.store.records import GroupSettingsRecord
 from txbroker.store.state import StateMachine
 
