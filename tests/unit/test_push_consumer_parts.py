@@ -53,3 +53,49 @@ def test_retry_pause_doubles_up_to_the_maximum_and_resets_on_success():
     assert pauses == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
     r.succeeded()
     assert r.failures == 0 and r.failed(RuntimeError("refused")) == 0.5
+
+
+def test_orderly_consumption_that_loses_its_lock_pulls_again_from_the_first_unconsumed_message(tmp_path):
+    """A member that loses a queue's lock halfway through a pulled set (a renewal refused after the
+    lease ran out) stops there; when it holds the lock again it must go on from the first message it
+    did not consume, not from the end of the set (it skipped them, and a commit moved past them)."""
+    from txbroker.client.push.consuming import Listener, OrderlyConsumption
+    from txbroker.client.push.member import Member
+    from txbroker.client.push.pulling import Puller
+    from txbroker.client.push.structs import ConsumeOrderlyStatus
+    from txbroker.protocol.bodies import MessageExt, PullResponse
+
+    class Broker:  # answers one pull: offsets 0-3 of queue T:0
+        request_timeout = 1.0
+
+        async def request(self, code, body, response_type=None, **_):
+            msgs = [MessageExt(f"m{i}", "T", 0, i, b"x") for i in range(4)]
+            return PullResponse(msgs, next_offset=4)
+
+    class Locks:  # held for the first two batches, then lost
+        retry_after = 0.0
+
+        def __init__(self):
+            self.answers = [True, True, True, False]
+
+        async def hold(self, q):
+            return self.answers.pop(0)
+
+    consumed = []
+
+    async def listener(msgs, ctx):
+        consumed.extend(m.queue_offset for m in msgs)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    async def main():
+        member = Member("g", "c1", Broker(), running=True)
+        locks = Locks()
+        orderly = OrderlyConsumption(member, Listener(listener, None), locks,
+                                     LocalOffsetStore(str(tmp_path / "g.json"), orderly=True), batch_max=1, suspend_s=0)
+        q = ProcessQueue("T", 0, next_pull=0)
+        await Puller(member, orderly, locks, tags="*", pull_batch=32, long_poll_ms=0)._pull_and_consume(q)
+        return q
+
+    q = asyncio.run(main())
+    assert consumed == [0, 1]
+    assert q.next_pull == 2 and q.consumed_to == 2

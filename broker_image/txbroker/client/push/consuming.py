@@ -79,7 +79,8 @@ class ConcurrentConsumption:
         self._consuming: set[asyncio.Task] = set()  # batches handed to the listener
 
     async def hand_over(self, q: ProcessQueue, msgs: list[MessageExt]) -> None:
-        """Starts the listener on each batch of `msgs`; their offsets are in flight until it is done."""
+        """Starts the listener on each batch of `msgs`; their offsets are in flight until it is done.
+        The pull goes on after them (None)."""
         for i in range(0, len(msgs), self.batch_max):
             batch = msgs[i:i + self.batch_max]
             q.in_flight.update(m.queue_offset for m in batch)
@@ -119,14 +120,14 @@ class OrderlyConsumption:
         self.batch_max = batch_max
         self.suspend_s = suspend_s
 
-    async def hand_over(self, q: ProcessQueue, msgs: list[MessageExt]) -> None:
+    async def hand_over(self, q: ProcessQueue, msgs: list[MessageExt]) -> int | None:
         """Consumes `msgs` batch by batch, each until the listener succeeds, while this member holds
-        the queue's lock; commits how far it got."""
+        the queue's lock; commits how far it got. Returns the offset to pull from again if it stopped
+        before the end (the lock lost), else None."""
         i = 0
         while i < len(msgs):
             if not self.member.running or q.stopped or not await self.locks.hold(q):
-                q.next_pull = msgs[i].queue_offset  # pull again from the first unconsumed one
-                return
+                return msgs[i].queue_offset  # the first unconsumed one
             batch = msgs[i:i + self.batch_max]
             q.in_flight.update(m.queue_offset for m in batch)
             try:
@@ -145,6 +146,7 @@ class OrderlyConsumption:
                 await asyncio.sleep(self.suspend_s)
         q.next_pull = msgs[-1].queue_offset + 1
         await self.offsets.commit([q])
+        return None
 
     async def wait(self, timeout: float) -> None:
         """Nothing to wait for: a queue's batches run inside its pull loop, which shutdown has stopped."""

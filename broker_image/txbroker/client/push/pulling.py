@@ -77,8 +77,9 @@ class Puller:
         if not msgs:
             q.next_pull = r.next_offset
             return
-        await self.consumption.hand_over(q, msgs)
-        q.next_pull = r.next_offset
+        # Orderly consumption that lost the queue's lock stopped early: it says where to go on.
+        stopped_at = await self.consumption.hand_over(q, msgs)
+        q.next_pull = r.next_offset if stopped_at is None else stopped_at
 
     async def _moved(self, q: ProcessQueue, why: str) -> int:
         """Where to go on after PULL_OFFSET_MOVED: below the queue's first stored message (retention
