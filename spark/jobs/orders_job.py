@@ -185,8 +185,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stdout,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from txbroker_spark import DeferredJob, JobAborted, local_session, register
-    from txbroker_spark.datasource import new_job_id
+    from txbroker_spark import DeferredJob, JobAborted, local_session, new_job_id, register
     from txbroker_spark.options import OptionError
     from txbroker_spark.progress import StageProgress
     from txbroker_spark.security import flag_message, from_args, options_from_args

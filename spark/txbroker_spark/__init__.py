@@ -13,6 +13,7 @@ guarantees.
 """
 
 from txbroker_spark.deferred import DeferredJob, JobAborted
+from txbroker_spark.jobs import new_job_id
 from txbroker_spark.session import local_session, register
 
-__all__ = ["DeferredJob", "JobAborted", "local_session", "register"]
+__all__ = ["DeferredJob", "JobAborted", "local_session", "new_job_id", "register"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from txbroker.client import JobCoordinator
 from txbroker.client.errors import BrokerError, TlsHandshakeError
@@ -105,6 +106,11 @@ class Jobs:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def new_job_id(prefix: str = "j") -> str:
+    """A new job name, `<prefix><local time YYYYmmddTHHMMSS>-<8 hex>`: a batch write's unless option jobId names it."""
+    return f"{prefix}{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
 def check_name(option: str, name: str) -> str:

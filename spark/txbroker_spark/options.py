@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from txbroker.protocol.names import TOPIC_NAME, TOPIC_NAME_RULE
 
+from txbroker_spark.faults import FAIL_MODES, HANG_POINTS, FaultPlan
 from txbroker_spark.option_values import OptionError, option_value
 from txbroker_spark.security import BrokerSecurity, parse_security
 
@@ -118,18 +119,30 @@ class WriteOptions:
     checkpoint: str | None = None
     columns: list[str] = field(default_factory=list)
     security: BrokerSecurity = None  # credentials and TLS (security.py); its repr leaves out the secret
-    # failure injection, for tests and demos (never set in production)
-    fail_partition: int | None = None
-    fail_mode: str = "crash"  # crash (the Python worker dies) | raise (the task raises) | always (every attempt raises)
-    slow_partition: int | None = None
-    slow_seconds: float = 0.0
-    hang_at: str | None = None  # before-decision | after-decision
-    hang_batch: int | None = None  # streaming: only this batch id
-    marker_file: str | None = None
+    faults: FaultPlan = field(default_factory=FaultPlan)  # inject.*: tests and demos only (faults.py)
 
     def __post_init__(self):
         if self.security is None:
             self.security = BrokerSecurity()
+
+
+def _faults(options) -> FaultPlan:
+    """The inject.* options (faults.py), checked in the order they were always checked."""
+    fp = option_value(options, "inject.failPartition")
+    fail_partition = _int(options, "inject.failPartition", 0, 0, 1_000_000) if fp is not None else None
+    fail_mode = option_value(options, "inject.failMode", "crash").lower()
+    if fail_mode not in FAIL_MODES:
+        raise OptionError("inject.failMode", f"must be crash, raise or always, got {fail_mode!r}")
+    sp = option_value(options, "inject.slowPartition")
+    slow_partition = _int(options, "inject.slowPartition", 0, 0, 1_000_000) if sp is not None else None
+    slow_seconds = _float(options, "inject.slowSeconds", 30.0, 0.0, 3600.0)
+    hang_at = option_value(options, "inject.hangAt")
+    if hang_at is not None and hang_at not in HANG_POINTS:
+        raise OptionError("inject.hangAt", f"must be before-decision or after-decision, got {hang_at!r}")
+    hb = option_value(options, "inject.hangBatch")
+    hang_batch = _int(options, "inject.hangBatch", 0, 0, 10**12) if hb is not None else None
+    return FaultPlan(fail_partition, fail_mode, slow_partition, slow_seconds, hang_at, hang_batch,
+                     option_value(options, "inject.markerFile"))
 
 
 def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
@@ -198,20 +211,7 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
         raise OptionError("streamId", f"must be 1-48 characters from letters, digits, '_', '.', '-', got {o.stream_id!r}")
     o.checkpoint = option_value(options, "checkpointLocation")
 
-    fp = option_value(options, "inject.failPartition")
-    o.fail_partition = _int(options, "inject.failPartition", 0, 0, 1_000_000) if fp is not None else None
-    o.fail_mode = option_value(options, "inject.failMode", "crash").lower()
-    if o.fail_mode not in ("crash", "raise", "always"):
-        raise OptionError("inject.failMode", f"must be crash, raise or always, got {o.fail_mode!r}")
-    sp = option_value(options, "inject.slowPartition")
-    o.slow_partition = _int(options, "inject.slowPartition", 0, 0, 1_000_000) if sp is not None else None
-    o.slow_seconds = _float(options, "inject.slowSeconds", 30.0, 0.0, 3600.0)
-    o.hang_at = option_value(options, "inject.hangAt")
-    if o.hang_at is not None and o.hang_at not in ("before-decision", "after-decision"):
-        raise OptionError("inject.hangAt", f"must be before-decision or after-decision, got {o.hang_at!r}")
-    hb = option_value(options, "inject.hangBatch")
-    o.hang_batch = _int(options, "inject.hangBatch", 0, 0, 10**12) if hb is not None else None
-    o.marker_file = option_value(options, "inject.markerFile")
+    o.faults = _faults(options)
     return o
 
 

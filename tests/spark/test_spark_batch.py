@@ -15,8 +15,7 @@ from spark_helpers import bodies_by_id
 
 pytest.importorskip("pyspark.sql.datasource")
 
-from txbroker_spark import DeferredJob, JobAborted  # noqa: E402
-from txbroker_spark.datasource import new_job_id  # noqa: E402
+from txbroker_spark import DeferredJob, JobAborted, new_job_id  # noqa: E402
 from txbroker_spark.options import P_ATTEMPT, P_JOB, P_PARTITION  # noqa: E402
 
 ROWS = 120

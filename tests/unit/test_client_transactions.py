@@ -457,11 +457,13 @@ def test_session_rights_check_is_a_read_only_query_for_the_group():
 
 
 def test_only_the_session_builds_half_sends_and_decisions():
-    """The producers go through TransactionSession: they build no transactional SEND_MESSAGE and no
-    END_TRANSACTION by hand."""
+    """The producers and the Spark data source go through TransactionSession: none of them builds a
+    transactional SEND_MESSAGE or an END_TRANSACTION by hand."""
     from tests.conftest import REPO
 
-    users = [REPO / "broker_image" / "txbroker" / "client" / "transaction.py"]
+    users = [REPO / "broker_image" / "txbroker" / "client" / "transaction.py",
+             *sorted((REPO / "spark" / "txbroker_spark").glob("*.py"))]
+    assert len(users) > 10
     by_hand = [f.name for f in users if any(s in f.read_text() for s in (
         "RequestCode.END_TRANSACTION", "EndTransactionRequest(", "RequestCode.SEND_MESSAGE", "SendRequest("))]
     assert by_hand == []

@@ -1,0 +1,100 @@
+"""Rows to messages: the body (the row as JSON by default, or one column as bytes / string / JSON),
+keys and tags as the write options say; and a digest of what a batch holds."""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+import hashlib
+
+import msgspec
+
+from txbroker.protocol.bodies import Message
+
+from txbroker_spark.options import WriteOptions
+
+
+def _json_default(value):
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if hasattr(value, "asDict"):
+        return value.asDict(recursive=True)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+# msgspec writes datetimes as RFC 3339, decimals as strings, bytes as base64, NaN/inf as null.
+_dumps = msgspec.json.Encoder(enc_hook=_json_default, decimal_format="string").encode
+
+
+class MessageBuilder:
+    """Turns rows into Messages as the options say: body (row as JSON by default, or one column as
+    bytes / string / JSON), keys from keyColumn, tags from tagsColumn or a constant."""
+
+    def __init__(self, o: WriteOptions, properties: dict[str, str]):
+        self.o = o
+        self.topic = o.topic
+        self.properties = properties
+
+    def _body(self, value, row_number: int) -> bytes:
+        fmt = self.o.body_format
+        if fmt == "json":
+            body = _dumps(value)
+        elif value is None:
+            raise ValueError(f"txbroker option 'bodyColumn': column {self.o.body_column!r} is null in a row "
+                             f"(row {row_number} of this task); a message needs a body")
+        elif fmt == "bytes":
+            body = bytes(value)
+        else:
+            body = value.encode()
+        if not body:
+            raise ValueError(f"txbroker option 'bodyColumn': column {self.o.body_column!r} is empty in a row "
+                             f"(row {row_number} of this task); the broker refuses empty bodies")
+        return body
+
+    def from_arrow(self, batch, first_row: int = 0) -> list[Message]:
+        o = self.o
+        n = batch.num_rows
+        if o.body_column is None:
+            values = batch.to_pylist()
+        else:
+            values = batch.column(o.body_column).to_pylist()
+        keys = batch.column(o.key_column).to_pylist() if o.key_column else None
+        tags = batch.column(o.tags_column).to_pylist() if o.tags_column else None
+        return self._build(n, values, keys, tags, first_row)
+
+    def from_rows(self, rows: list, first_row: int = 0) -> list[Message]:
+        o = self.o
+        if o.body_column is None:
+            values = [r.asDict(recursive=True) for r in rows]
+        else:
+            values = [r[o.body_column] for r in rows]
+        keys = [r[o.key_column] for r in rows] if o.key_column else None
+        tags = [r[o.tags_column] for r in rows] if o.tags_column else None
+        return self._build(len(rows), values, keys, tags, first_row)
+
+    def _build(self, n, values, keys, tags, first_row) -> list[Message]:
+        topic, props, const_tags, body = self.topic, self.properties, self.o.tags, self._body
+        out = []
+        for i in range(n):
+            k = keys[i] if keys is not None else None
+            t = tags[i] if tags is not None else const_tags
+            out.append(Message(topic, body(values[i], first_row + i), "" if t is None else str(t),
+                               "" if k is None else str(k), props))
+        return out
+
+
+def content_hash(msgs: list[Message]) -> str:
+    """A digest of what a batch holds: two attempts that send the same rows get the same id."""
+    h = hashlib.blake2b(digest_size=8)
+    for m in msgs:
+        for part in (m.body, m.keys.encode(), m.tags.encode()):
+            h.update(len(part).to_bytes(4, "little"))
+            h.update(part)
+    return h.hexdigest()
