@@ -6,11 +6,9 @@ How the operator runs (a pod of the chart, one release per watched namespace): t
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
-import urllib.request
 
 import pytest
 from support.waiting import wait_until
@@ -21,6 +19,7 @@ from operator_env import (
 from support import txload
 
 from txbroker.client import ClientError, LocalTransactionState as S, Message, TransactionListener, TransactionProducer
+from txbroker.client.admin import AdminClient
 
 pytestmark = pytest.mark.e2e
 
@@ -363,11 +362,10 @@ def roles(tb, namespace: str, pods: list[str]) -> dict[str, tuple[str, int]]:
     for name in pods:
         ip = (tb.get("pod", name, namespace) or {}).get("status", {}).get("podIP")
         try:
-            with urllib.request.urlopen(f"http://{ip}:10912/api/v1/broker", timeout=1) as r:
-                info = json.loads(r.read())
-            out[name] = (info["role"], info["epoch"])
-        except (OSError, ValueError):
+            info = AdminClient(f"http://{ip}:10912", timeout=1).broker_info()
+        except ClientError:
             continue
+        out[name] = (info.role, info.epoch)
     return out
 
 

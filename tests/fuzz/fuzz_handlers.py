@@ -49,6 +49,14 @@ def broker():
     return _broker
 
 
+def close() -> None:
+    """Stop the broker the inputs ran against (the corpus test's teardown)."""
+    global _broker
+    if _broker is not None:
+        _broker.close()
+        _broker = None
+
+
 def parse(data: bytes) -> tuple[bool, int, list[bytes]]:
     """(authenticated, chunk size, frames) from an input."""
     if not data:

@@ -197,7 +197,7 @@ class InProcessBroker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await asyncio.sleep(0.001)
-            if not conn._inflight and not conn._backlog and conn._out is None:
+            if conn.quiet:
                 break
         await asyncio.sleep(0)
 

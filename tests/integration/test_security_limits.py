@@ -4,9 +4,7 @@ expire; too many requests in flight on one connection is backpressure, not an er
 
 from __future__ import annotations
 
-import json
 import socket
-import urllib.request
 
 import pytest
 
@@ -59,8 +57,7 @@ def remark(frame) -> str:
 
 
 def connections(broker) -> list[dict]:
-    with urllib.request.urlopen(broker.admin_url + "/api/v1/connections", timeout=5) as r:
-        return json.loads(r.read())["connections"]
+    return AdminClient(broker.admin_url, timeout=5).get("/api/v1/connections")["connections"]
 
 
 class Commit(TransactionListener):

@@ -42,8 +42,7 @@ def test_handlers_corpus_replays_cleanly():
         for f in files:
             harness.TestOneInput(f.read_bytes())
     finally:
-        if harness._broker is not None:
-            harness._broker.close()
+        harness.close()
 
 
 @pytest.mark.parametrize("name,runs", [("fuzz_frames", 2000), ("fuzz_handlers", 200)])

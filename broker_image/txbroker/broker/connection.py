@@ -280,6 +280,11 @@ class BrokerConnection(BatchedProtocol):
                               f"closing the connection: idle for more than idle_timeout_ms "
                               f"({int(idle_timeout * 1000)}); requests sent after this were not processed"))
 
+    @property
+    def quiet(self) -> bool:
+        """No request in flight or waiting, and no answer queued to write."""
+        return not self._inflight and not self._backlog and self._out is None
+
     def describe(self, now: float) -> dict:
         t = self.transport
         return {"peer": self.peer, "client_id": self.client_id, "tls": self.tls,

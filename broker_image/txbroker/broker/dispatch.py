@@ -142,5 +142,5 @@ class Dispatcher:
         for kind, answer in ERROR_REPLIES:
             if isinstance(e, kind):
                 return answer(e, name)
-        log.exception("%s from %s failed", name, conn.peer)
+        log.error("%s from %s failed", name, conn.peer, exc_info=e)  # also called outside the except (async handlers)
         return Reply(ResponseCode.SYSTEM_ERROR, None, f"{name} failed on the broker: {type(e).__name__}: {e}")
