@@ -390,6 +390,10 @@ class BrokerClient:
         except (ConnectionLost, RequestTimeout):
             return False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def send_oneway(self, code: int, body) -> None:
         if self._conn is not None:
             self._conn.send_oneway(code, encode(body))

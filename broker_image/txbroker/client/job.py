@@ -16,14 +16,12 @@ the other way, or aborted at its deadline) raises BrokerError naming the decisio
 
 from __future__ import annotations
 
-import uuid
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient
 from txbroker.client.producer import as_list
-from txbroker.protocol.bodies import (
-    DecideJobRequest, JobInfo, OpenJobRequest, PrepareJobRequest, QueryJobRequest, SendRequest, SendResponse,
-)
+from txbroker.client.transaction_session import TransactionSession
+from txbroker.protocol.bodies import DecideJobRequest, JobInfo, OpenJobRequest, PrepareJobRequest, QueryJobRequest
 from txbroker.protocol.codes import RequestCode, TransactionState
 
 __all__ = ["AsyncJobCoordinator", "JobCoordinator", "JobInfo"]
@@ -35,6 +33,7 @@ class AsyncJobCoordinator:
             raise ValueError("a job needs a producer group")
         self.group = group
         self.client = BrokerClient(brokers, request_timeout=request_timeout, credentials=credentials, tls=tls)
+        self.session = TransactionSession(self.client, group)  # the members' half messages and their ends
 
     async def open(self, timeout: float, name: str = "") -> JobInfo:
         """A job the broker aborts unless decided within `timeout` seconds. With `name`: the newest
@@ -43,10 +42,7 @@ class AsyncJobCoordinator:
 
     async def send(self, job_id: str, msg_or_msgs, transaction_id: str | None = None) -> str:
         """Store messages as one half message joining the job; returns its transaction id."""
-        txid = transaction_id or uuid.uuid4().hex
-        await self.client.request(RequestCode.SEND_MESSAGE, SendRequest(self.group, as_list(msg_or_msgs), txid,
-                                                                         job_id), SendResponse, retry=True)
-        return txid
+        return (await self.session.prepare(as_list(msg_or_msgs), transaction_id, job_id)).transaction_id
 
     async def prepare(self, job_id: str, members: list[str]) -> JobInfo:
         """Fix the member list (no new members); `commit(job_id)` then keeps exactly these."""

@@ -84,7 +84,7 @@ class AsyncTransactionProducer:
         return self
 
     async def _heartbeats(self) -> None:
-        while not self.client._closed:
+        while not self.client.closed:
             await asyncio.sleep(30)
             try:
                 await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id, [self.group]))
