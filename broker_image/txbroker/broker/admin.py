@@ -4,8 +4,9 @@ configuration, topics, transactions and messages. The operator and the CLI use i
 Security: /healthz, /readyz and /metrics stay open (kubelet probes and Prometheus scrapers carry no
 credentials; they reveal no message data). Everything under /api/ needs, when the broker has
 --auth-file, HTTP Basic credentials (access key:secret, checked against the same hashed store as
-the data plane) of a user with the admin permission: 401 without or with wrong credentials, 403
-without the permission; and, when the broker has --tls-client-ca, a verified client certificate.
+the data plane) of a user with the admin permission (or, for GET requests only, the monitor
+permission; /api/v1/whoami answers any authenticated user): 401 without or with wrong credentials,
+403 without the permission; and, when the broker has --tls-client-ca, a verified client certificate.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class AdminApp:
         r.add_post("/api/v1/jobs/{job_id}/{action:commit|abort}", self.decide_job)
         r.add_get("/api/v1/messages/{msg_id}", self.get_message)
         r.add_get("/api/v1/connections", self.list_connections)
+        r.add_get("/api/v1/whoami", self.whoami)
 
     @web.middleware
     async def _guard(self, request, handler):
@@ -132,8 +134,14 @@ class AdminApp:
         if isinstance(got, AuthFailure):
             auth.failed(got.reason)
             return _unauthorized(got.remark)
+        request["principal"] = got
         try:
-            got.require_admin()
+            if request.path == "/api/v1/whoami":
+                pass  # any authenticated user may ask who it is
+            elif request.method in ("GET", "HEAD"):
+                got.require_admin_read()
+            else:
+                got.require_admin()
         except RequestError as e:
             return _error(403, e.remark, ResponseCode(e.code).name)
         return await handler(request)
@@ -185,6 +193,12 @@ class AdminApp:
 
     async def broker_info(self, request):
         return _answer(self.info())
+
+    async def whoami(self, request):
+        p = request.get("principal")
+        if p is None:  # no authentication on this broker: everyone may do everything
+            return _answer(answers.Identity("", False, True, False))
+        return _answer(answers.Identity(p.access_key, True, p.perms.admin, p.perms.monitor))
 
     async def list_connections(self, request):
         """Every data-plane connection: who, how much in flight, whether the broker stopped reading it."""

@@ -20,7 +20,7 @@ from txbroker.broker.auth.scram_secret import DEFAULT_ITERATIONS, hash_secret
 
 _PERM_NAMES = {0: "DENY", 1: "PUB", 2: "SUB", 3: "PUB|SUB"}
 _FIELDS = ("access_key", "scram", "expires", "disabled", "topics", "producer_groups", "consumer_groups", "admin",
-           "replication")
+           "replication", "monitor")
 
 
 def register(sub) -> None:
@@ -44,6 +44,8 @@ def register(sub) -> None:
                    help="consumer group it may consume as (repeat)")
     a.add_argument("--admin", action="store_true", help="the admin API and every data-plane right")
     a.add_argument("--replication", action="store_true", help="may replicate from a master (slaves)")
+    a.add_argument("--monitor", action="store_true",
+                   help="may read the admin API (GET requests only): a read-only user of `txbroker console`")
     a.add_argument("--expires", help="expiry, RFC 3339 (e.g. 2027-01-01T00:00:00Z)")
     a.add_argument("--generate", action="store_true",
                    help="generate a random secret and print it once (otherwise read from standard input)")
@@ -126,7 +128,8 @@ def add_user(args) -> int:
     secret = secrets.token_urlsafe(32) if args.generate else _read_secret()
     user = {"access_key": args.access_key, "scram": hash_secret(secret, args.iterations).encode(),
             "topics": args.topic, "producer_groups": args.producer_group, "consumer_groups": args.consumer_group,
-            "admin": args.admin, "replication": args.replication}
+            "admin": args.admin, "replication": args.replication,
+            "monitor": args.monitor}
     if args.expires:
         parse_expiry(args.expires)  # raises ValueError naming the problem
         user["expires"] = args.expires
@@ -165,6 +168,7 @@ def check(args) -> int:
     now = dt.datetime.now(dt.timezone.utc).timestamp()
     for key, p in principals.items():
         flags = [name for name, on in (("admin", p.perms.admin), ("replication", p.perms.replication),
+                                       ("monitor", p.perms.monitor),
                                        ("disabled", p.disabled), ("expired", p.expired(now))) if on]
         topics = ", ".join(f"{r.pattern}={_PERM_NAMES[r.perms]}" for r in p.perms.topics)
         print(f"{key}: topics [{topics}] producer_groups {list(p.perms.producer_groups)} "

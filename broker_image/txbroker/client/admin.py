@@ -167,6 +167,10 @@ class AdminClient:
     def connections(self) -> answers.ConnectionList:
         return self.answer("GET", "/api/v1/connections", answers.ConnectionList)
 
+    def whoami(self) -> answers.Identity:
+        """Who these credentials are on the broker, and whether they may write (admin) or only read (monitor)."""
+        return self.answer("GET", "/api/v1/whoami", answers.Identity)
+
 
 def _quote(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")

@@ -282,6 +282,16 @@ class ConnectionList(Struct):
     connections: list[Connection]
 
 
+class Identity(Struct):
+    """GET /api/v1/whoami: who the credentials are, and what they may do on the admin API
+    (any authenticated user may ask). Without authentication on the broker, everyone may do all."""
+
+    access_key: str  # empty: the broker requires no authentication
+    authenticated: bool
+    admin: bool  # every admin request, reads and writes (and every data-plane right)
+    monitor: bool  # the admin API's reads (GET) only
+
+
 class ErrorAnswer(Struct):
     """Any refusal: HTTP 4xx/5xx with the broker's message and a code (RocketMQ's names, or
     MALFORMED, INVALID_CONFIG, CLIENT_CERTIFICATE_REQUIRED)."""

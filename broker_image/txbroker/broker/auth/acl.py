@@ -5,7 +5,8 @@ Patterns are shell-style globs (`*`, `?`), matched case-sensitively: topic names
 "=PUB|SUB" or "=DENY"; the first rule that matches decides, and no match means no access (as
 RocketMQ's defaultTopicPerm DENY). Being allowed to consume as group G also allows reading G's
 retry and dead-letter topics (%RETRY%G, %DLQ%G), as in RocketMQ. `admin` is a superuser: the
-admin API and every data-plane right. `replication` lets a slave subscribe to the log.
+admin API and every data-plane right. `monitor` reads the admin API (its GET requests: the web
+console's read-only users) and grants nothing else. `replication` lets a slave subscribe to the log.
 
 Every check answers from a per-principal cache after the first time, so authorising a request
 costs a dict lookup; a reload builds new principals (and so new caches).
@@ -49,6 +50,7 @@ class Permissions:
     consumer_groups: tuple[str, ...] = ()
     admin: bool = False
     replication: bool = False
+    monitor: bool = False  # the admin API's reads (GET), nothing else
 
     def topic_perms(self, topic: str) -> int:
         for rule in self.topics:
@@ -167,6 +169,12 @@ class Principal:
     def require_admin(self) -> None:
         if not self.perms.admin:
             self._deny("admin", f"access key {self.access_key!r} is not an administrator")
+
+    def require_admin_read(self) -> None:
+        """Reading the admin API: admin or monitor."""
+        if not (self.perms.admin or self.perms.monitor):
+            self._deny("admin", f"access key {self.access_key!r} may not read the admin API "
+                                "(needs admin or monitor)")
 
     def _deny(self, right: str, message: str) -> None:
         if self.on_denied is not None:

@@ -9,6 +9,7 @@
     producer_groups = ["order-service"]            # may send half messages / END_TRANSACTION, get check-backs
     consumer_groups = ["billing-*"]                # may consume as (and read %RETRY%/%DLQ% of) these groups
     admin = false                                  # the admin API, and every data-plane right
+    monitor = false                                # the admin API's reads only (GET): read-only consoles
     replication = false                            # may replicate the log (slaves)
 
 Only the salted hash is stored; a file without a single valid user, or with a mistake, is refused
@@ -44,6 +45,7 @@ class UserEntry(Struct, forbid_unknown_fields=True):
     consumer_groups: list[str] = field(default_factory=list)
     admin: bool = False
     replication: bool = False
+    monitor: bool = False
 
 
 class CredentialsFile(Struct, forbid_unknown_fields=True):
@@ -83,7 +85,7 @@ def principal_from(entry: UserEntry) -> Principal:
             if not pattern:
                 raise ValueError(f"{name}[{i}] is empty")
     perms = Permissions(tuple(rules), tuple(entry.producer_groups), tuple(entry.consumer_groups),
-                        entry.admin, entry.replication)
+                        entry.admin, entry.replication, entry.monitor)
     return Principal(entry.access_key, secret, perms, parse_expiry(entry.expires), entry.disabled)
 
 
