@@ -35,7 +35,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 from txbroker.client.admin import AdminClient
 
@@ -138,8 +137,8 @@ def ensure_input(path: Path, n: int) -> None:
 
 
 def pending_of(admin: AdminClient, group: str, prefix: str) -> list[str]:
-    doc = admin.get(f"/api/v1/transactions?group={quote(group)}&limit=100000")
-    return [t["transaction_id"] for t in doc["transactions"] if t["transaction_id"].startswith(prefix)]
+    listed = admin.transactions(group=group, limit=100000)
+    return [t.transaction_id for t in listed.transactions if t.transaction_id.startswith(prefix)]
 
 
 def settle(admin: AdminClient, group: str, job: str, discarded: list[str], timeout: float) -> dict:
@@ -152,10 +151,10 @@ def settle(admin: AdminClient, group: str, job: str, discarded: list[str], timeo
         waiting &= set(pending_of(admin, group, prefix))
         if waiting:
             time.sleep(0.2)
-    states = {t: admin.get(f"/api/v1/transactions/{quote(t)}") for t in discarded}
-    rolled_back = [t for t, s in states.items() if s.get("state") == "ROLLED_BACK"]
+    states = {t: admin.transaction(t) for t in discarded}
+    rolled_back = [t for t, s in states.items() if s.state == "ROLLED_BACK"]
     return {"discarded": discarded, "rolled_back": rolled_back, "still_pending": sorted(waiting),
-            "by": {t: s.get("by", "") for t, s in states.items()}}
+            "by": {t: s.by for t, s in states.items()}}
 
 
 def _crash(args, where: str) -> None:
@@ -263,7 +262,7 @@ def main(argv=None) -> int:
         log.info("job %s: %d events stored invisibly in %d transactions of broker job %s (%.1fs)", job,
                  summary["rows"], summary["transactions"], prepared.job_id, time.monotonic() - t0)
         if admin is not None:  # before the decision nothing of this job can have been ended yet
-            kept = set(admin.get(f"/api/v1/jobs/{quote(prepared.job_id)}")["member_ids"])
+            kept = set(admin.job(prepared.job_id).member_ids)
             stored = pending_of(admin, args.group, f"{prepared.job_id}-")
             discarded = [t for t in stored if t not in kept]
             if discarded:

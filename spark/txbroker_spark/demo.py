@@ -30,6 +30,8 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from txbroker.client.admin import AdminClient
+
 GROUP = "orders-publisher"
 TOPIC = "OrderEvents"
 
@@ -92,19 +94,10 @@ def start_local_brokers(workdir: Path) -> tuple[str, str, list[subprocess.Popen]
 def _wait_in_sync(admin_url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        slaves = _admin(admin_url, "GET", "/api/v1/broker")["replication"].get("slaves", [])
-        if any(s["in_sync"] for s in slaves):
+        if any(s.in_sync for s in AdminClient(admin_url).broker_info().replication.slaves):
             return
         time.sleep(0.1)
     raise SystemExit("the slave did not catch up with the master")
-
-
-def _admin(admin_url: str, method: str, path: str, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(admin_url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
 
 
 def _find_job(arg: str | None) -> Path:
@@ -166,7 +159,7 @@ def main(argv=None) -> int:
                  f"data in {workdir}")
         # The group's transactions must all join a job (TxProducerGroup checkMode ledger): the
         # broker answers for them from the job's decision, so nothing else has to.
-        _admin(admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction", {"require_job": True})
+        AdminClient(admin_url).put_group(GROUP, {"require_job": True})
 
         job_path = _find_job(args.job)
         summary_path = workdir / "summary.json"
@@ -213,13 +206,13 @@ def verify(brokers: str, admin_url: str, summary: dict, t_start: float) -> int:
         events = [m for m in consumer.read_all(TOPIC) if m.properties.get(P_JOB) == summary["job_id"]]
     bodies = [json.loads(m.body) for m in events]
     counts = Counter(b["order_id"] for b in bodies)
-    job = _admin(admin_url, "GET", f"/api/v1/jobs/{summary['job_id']}")
-    committed = set(job["member_ids"]) if job["state"] == "COMMITTED" else set()
+    job = AdminClient(admin_url).job(summary["job_id"])
+    committed = set(job.member_ids) if job.state == "COMMITTED" else set()
     failed_attempts = sorted({t.split("-t")[-1].split("-c")[0] for t in summary.get("discarded", [])})
     from_failed = sum(1 for m in events if m.properties.get(P_ATTEMPT) in failed_attempts)
     matching = sum(1 for b in bodies if dataset.get(b["order_id"]) == (str(b["total"]), b["status"]))
     outside = sum(1 for m in events if m.transaction_id not in committed)
-    pending = _admin(admin_url, "GET", f"/api/v1/transactions?group={GROUP}")["total"]
+    pending = AdminClient(admin_url).transactions(group=GROUP, limit=0).total
     by_job = sum(1 for b in summary.get("discarded_by", {}).values() if b == "job")
     n = len(dataset)
     rows = [
