@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: venv  ## run every test: unit, integration with real brokers, Spark local mode, fixed-seed fault schedules, then e2e on a real node
 	bash chaos/setup.sh
+	bash testbed/browser.sh             # Debian's chromium for the console's browser test
 	$(PY) -m pytest -n $(PYTEST_WORKERS) tests --ignore=tests/e2e
 	$(MAKE) test-e2e
 
