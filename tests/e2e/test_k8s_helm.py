@@ -34,10 +34,16 @@ def test_template_renders_what_the_operator_needs(testbed):
     assert kinds == [("ClusterRole", "rel-txbroker-operator"), ("ClusterRole", "rel-txbroker-operator-observer"),
                      ("ClusterRoleBinding", "rel-txbroker-operator"),
                      ("ClusterRoleBinding", "rel-txbroker-operator-observer"),
-                     ("Deployment", "rel-txbroker-operator"), ("ServiceAccount", "rel-txbroker-operator")]
+                     ("Deployment", "rel-txbroker-operator"),
+                     ("Role", "rel-txbroker-operator-leader-election"),       # its Lease, in txb-system
+                     ("RoleBinding", "rel-txbroker-operator-leader-election"),
+                     ("ServiceAccount", "rel-txbroker-operator")]
     deploy = next(d for d in docs(out) if d["kind"] == "Deployment")
     container = deploy["spec"]["template"]["spec"]["containers"][0]
     assert "--all-namespaces" in container["args"]
+    # two replicas, one acting through the Lease (leader election)
+    assert deploy["spec"]["replicas"] == 2
+    assert {"name": "TXBROKER_OPERATOR_LEASE_NAME", "value": "rel-txbroker-operator-leader"} in container["env"]
     assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == "rel-txbroker-operator"
 
 
@@ -73,7 +79,9 @@ def test_template_namespaced_rbac(testbed):
     out = testbed.helm("template", "rel", CHART, "--set", "operator.watchNamespaces={team-a,team-b}").stdout
     kinds = sorted((d["kind"], d["metadata"].get("namespace")) for d in docs(out) if "Role" in d["kind"])
     assert kinds == [("ClusterRole", None), ("ClusterRoleBinding", None),   # only list/watch CRDs, namespaces
-                     ("Role", "team-a"), ("Role", "team-b"), ("RoleBinding", "team-a"), ("RoleBinding", "team-b")]
+                     ("Role", "default"),            # the release namespace: the leader-election Lease
+                     ("Role", "team-a"), ("Role", "team-b"),
+                     ("RoleBinding", "default"), ("RoleBinding", "team-a"), ("RoleBinding", "team-b")]
     cluster_role = next(d for d in docs(out) if d["kind"] == "ClusterRole")
     assert cluster_role["rules"] == [
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
@@ -98,7 +106,7 @@ def test_rendered_manifests_pass_server_side_validation(crds, namespace):
 
 
 @pytest.mark.parametrize("setting, words", [
-    ("operator.replicas=2", "/operator/replicas"),
+    ("operator.replicas=9", "/operator/replicas"),
     ("txbroker.replicas=10", "/txbroker/replicas"),
     ("txbroker.replication=FAST", "/txbroker/replication"),
     ("operator.bogus=1", "bogus"),
