@@ -1,11 +1,45 @@
 """Prometheus metrics, one registry per broker. Children are bound once so the hot paths pay
-for an increment, not a label lookup."""
+for an increment, not a label lookup.
+
+What can be read off the broker's state (role, epoch, replication lag, consumer lag, pending half
+messages and their age, dead letters) is computed when Prometheus scrapes, by
+broker/state_metrics.py's collector, never on a hot path. The few per-group counters kept here
+(messages sent and transactions ended per producer group) cost a dict lookup per request and are
+bounded: at most MAX_GROUP_LABELS groups get a series of their own, later ones count under the
+group "_other" (see BoundedLabels)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+MAX_GROUP_LABELS = 100  # producer groups with series of their own; the rest count as OTHER
+OTHER = "_other"
+
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class BoundedLabels:
+    """Children of a metric whose first label is a group name, bound on first use; once `limit`
+    groups have one, a new group's counts go to the OTHER child (the series' number stays bounded
+    whoever connects; the dropped names are not remembered, so memory stays bounded too)."""
+
+    __slots__ = ("_metric", "_rest", "_limit", "_children", "_other")
+
+    def __init__(self, metric, rest: tuple[str, ...] = (), limit: int = MAX_GROUP_LABELS):
+        self._metric, self._rest, self._limit = metric, rest, limit
+        self._children: dict[str, object] = {}
+        self._other = None
+
+    def __call__(self, group: str):
+        child = self._children.get(group)
+        if child is None:
+            if len(self._children) < self._limit:
+                child = self._children[group] = self._metric.labels(group, *self._rest)
+            else:
+                if self._other is None:
+                    self._other = self._metric.labels(OTHER, *self._rest)
+                child = self._other
+        return child
 
 
 class BrokerMetrics:
@@ -33,6 +67,22 @@ class BrokerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self.jobs_undecided = Gauge("txbroker_jobs_undecided", "Jobs open or prepared, not yet decided", ["state"],
                                     registry=r)
+        # Per producer group (bounded: BoundedLabels): messages stored, transactions ended.
+        group_sent = Counter("txbroker_group_messages_sent", "Messages stored, by producer group and kind (at most "
+                             f"{MAX_GROUP_LABELS} groups by name, the rest as {OTHER})", ["producer_group", "kind"],
+                             registry=r)
+        self.group_sent_normal = BoundedLabels(group_sent, ("normal",))
+        self.group_sent_half = BoundedLabels(group_sent, ("half",))
+        group_tx = Counter("txbroker_group_transactions", "Transactions finished, by producer group and outcome (at "
+                           f"most {MAX_GROUP_LABELS} groups by name, the rest as {OTHER})",
+                           ["producer_group", "outcome"], registry=r)
+        self.group_tx_commit = BoundedLabels(group_tx, ("commit",))
+        self.group_tx_rollback = BoundedLabels(group_tx, ("rollback",))
+        answers = Counter("txbroker_checkback_answers", "Answers to check-backs (END_TRANSACTION marked as from a "
+                          "check), by the state answered: commit, rollback, unknown", ["answer"], registry=r)
+        self.checkback_answers = {0: answers.labels("unknown"), 1: answers.labels("commit"),
+                                  2: answers.labels("rollback")}
+        self.checkback_answer_invalid = answers.labels("invalid")
         self.checkbacks = Counter("txbroker_checkbacks_sent", "CHECK_TRANSACTION_STATE requests sent", registry=r)
         self.checkbacks_unanswerable = Counter(
             "txbroker_checkbacks_without_producer", "Checks counted with no live producer of the group", registry=r)
@@ -43,6 +93,8 @@ class BrokerMetrics:
         self._latency_children: dict[int, object] = {}
         self.requests_rejected = Counter("txbroker_requests_rejected", "Requests answered with an error code",
                                          ["code"], registry=r)
+        for code in ("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"):  # SYNC refusals: at 0 before the first,
+            self.requests_rejected.labels(code)                    # so rate() sees the first one
         self.flush_batch = Histogram("txbroker_flush_batch_records", "Records per group-commit write",
                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
         self.flush_seconds = Histogram("txbroker_flush_seconds", "Duration of one group-commit write",

@@ -21,6 +21,7 @@ from txbroker.broker.transaction.jobs import JobService
 from txbroker.broker.limits import UnackedBudget
 from txbroker.broker.listener import TlsOnlyListener, admin_tls_listener, data_tls_listener
 from txbroker.broker.metrics import BrokerMetrics
+from txbroker.broker.state_metrics import StateCollector
 from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.replication.follower import ReplicationFollower
 from txbroker.broker.replication.leader import ReplicationLeader
@@ -75,6 +76,7 @@ class Broker:
         self.leader = ReplicationLeader(self)
         self.roles = RoleChanges(self)
         self.follower: ReplicationFollower | None = None
+        self.metrics.registry.register(StateCollector(self))  # read at scrape time only
         self.handlers = processors.handlers(self)
         self.connections: set[BrokerConnection] = set()
         self.ready = False

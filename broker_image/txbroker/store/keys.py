@@ -29,6 +29,11 @@ def queue_prefix(topic: str, queue_id: int) -> bytes:
     return topic.encode() + b"\x00" + _QUEUE.pack(queue_id)
 
 
+def queue_id_of(packed: bytes) -> int:
+    """The queue id at the end of a queue prefix (queue_prefix's last two bytes)."""
+    return _QUEUE.unpack(packed)[0]
+
+
 def cq_key(prefix: bytes, offset: int) -> bytes:
     return prefix + _U64.pack(offset)
 

@@ -573,6 +573,19 @@ class StateMachine:
             del self._offsets_unpublished[k]
         return self._stored_offset(k)
 
+    def consumer_offsets(self):
+        """(group, topic, queue id, offset) of every committed consumer offset, as published (what
+        committed_offset answers): the metrics' consumer lag, read when Prometheus scrapes."""
+        out = []
+        for k, v in self.db.offsets.items():
+            group, _, rest = k.partition(b"\x00")
+            shadow = self._offsets_unpublished.get(k)
+            offset = shadow[0] if shadow is not None and shadow[1] > self.durable_lsn else keys.lsn_from_key(v)
+            if offset is None:
+                continue
+            out.append((group.decode(), rest[:-3].decode(), keys.queue_id_of(rest[-2:]), offset))
+        return out
+
     def _stored_offset(self, k: bytes) -> int | None:
         v = self.db.offsets.get(k)
         return keys.lsn_from_key(v) if v is not None else None

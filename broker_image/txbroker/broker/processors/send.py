@@ -15,6 +15,7 @@ class SendProcessor:
         self._state = broker.state
         self._role = broker.role
         self._sent = broker.metrics.sent_normal
+        self._group_sent = broker.metrics.group_sent_normal
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
@@ -31,4 +32,5 @@ class SendProcessor:
         self._topics.validate_for_send(msgs)
         lsn, offsets, durable = self._state.append_messages(now_ms(), msgs)
         self._sent.inc(len(msgs))
+        self._group_sent(req.producer_group).inc(len(msgs))
         return ok(SendResponse(keys.msg_ids(lsn, len(msgs)), [m.queue_id for m in msgs], offsets), durable)

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
+MARKS = 3600  # log-end marks kept for the replication lag in seconds (one per heartbeat)
 SILENT_HEARTBEATS = 5  # a link silent this many heartbeat intervals is dead (no FIN comes from a paused peer)
 
 
@@ -60,11 +61,15 @@ class ReplicationLeader:
         self._waits: list[list] = []  # retried requests waiting for a record: [future, LSN, deadline]
         self._timer: asyncio.TimerHandle | None = None
         self.active = False
+        # (monotonic time, log end) once a heartbeat interval while leading, the last hour's worth at
+        # 1 s: how long ago a slave's first missing record was written (lag_seconds), for metrics.
+        self._marks: collections.deque[tuple[float, int]] = collections.deque(maxlen=MARKS)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def attach(self) -> None:
         self.active = True
+        self._marks.clear()
         self._state.replication_hold = self.hold
         self._heartbeats = asyncio.ensure_future(self._beat())
         if self.sync:
@@ -280,6 +285,7 @@ class ReplicationLeader:
         while True:
             await asyncio.sleep(self.heartbeat)
             now = time.monotonic()
+            self._marks.append((now, self._state.next_lsn - 1))
             for feed in list(self.feeds.values()):
                 if now - feed.heard > silent:
                     log.warning("slave %s silent for %.1fs (paused or cut off?): dropping its link", feed.name,
@@ -290,6 +296,15 @@ class ReplicationLeader:
                     feed.conn.send_oneway(RequestCode.REPLICATION_PUSH,
                                           ReplicaRecords(feed.next_lsn, [], self._state.epoch))
                     feed.sent = now
+
+    def lag_seconds(self, acked_lsn: int, now: float | None = None) -> float:
+        """How long ago the first record a slave has not acknowledged was written, at least: 0 when
+        it holds everything or that record is younger than the last mark (a heartbeat interval)."""
+        now = time.monotonic() if now is None else now
+        for t, end in self._marks:
+            if end > acked_lsn:
+                return max(0.0, now - t)
+        return 0.0
 
     def status(self) -> list[SlaveLink]:
         end = self._state.next_lsn - 1

@@ -66,6 +66,7 @@ class TransactionService:
         self._topics.validate_for_send(req.messages)
         lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages, req.job_id))
         self._metrics.sent_half.inc(len(req.messages))
+        self._metrics.group_sent_half(req.producer_group).inc(len(req.messages))
         return ok(SendResponse(
             msg_ids=keys.msg_ids(lsn, len(req.messages)),
             queue_ids=[m.queue_id for m in req.messages],
@@ -105,6 +106,8 @@ class TransactionService:
 
     def end(self, req: EndTransactionRequest, by: str = "producer") -> Reply:
         """Commit or roll back (or, for UNKNOWN, leave as is). `by` is producer, check or admin."""
+        if by == "check":  # a check-back's answer (producer connection or webhook), counted by what it said
+            self._metrics.checkback_answers.get(req.state, self._metrics.checkback_answer_invalid).inc()
         self._role.require_master()
         try:
             wanted = TransactionState(req.state)
@@ -154,8 +157,10 @@ class TransactionService:
             lambda offsets: EndRecord(txid, half_lsn, wanted, now, offsets, by))
         if wanted == TransactionState.COMMIT:
             self._metrics.tx_commit.inc()
+            self._metrics.group_tx_commit(p.producer_group).inc()
         else:
             self._metrics.tx_rollback.inc()
+            self._metrics.group_tx_rollback(p.producer_group).inc()
         return offsets, durable
 
     def _end_finished(self, req: EndTransactionRequest, wanted: TransactionState) -> Reply:
