@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from . import constants as c
-from . import health, kube, producer_groups
+from . import health, kube, metrics, producer_groups
 from .reconcile import sync
 
 
@@ -29,6 +29,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.WARNING     # Kopf's own Events: warnings and errors only
     settings.watching.server_timeout = 300
     kube.rest()    # fail fast on missing credentials
+    if not getattr(memo, "metrics_port", None):   # once per process (Kopf may restart its handlers)
+        memo.metrics_port = metrics.serve()
     memo.health = asyncio.get_running_loop().create_task(health.run(), name="periodic-pass")
 
 

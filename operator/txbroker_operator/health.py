@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 
-from . import producer_groups, reconcile
+from . import metrics, producer_groups, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def _broker_pass(namespace: str, name: str) -> None:
     body = kube.get_txbroker(namespace, name)
     if body is None:
         seen_brokers.discard((namespace, name))
+        metrics.forget(namespace, name)
         return
     reconcile.sync(body, log)
 
@@ -53,9 +54,13 @@ async def run() -> None:
     log.info("periodic pass every %.1fs", INTERVAL_S)
     while True:
         await asyncio.sleep(INTERVAL_S)
+        failed = False
         for fn, keys in ((_broker_pass, seen_brokers), (_group_pass, seen_groups)):
             for namespace, name in sorted(keys):
                 try:
                     await asyncio.to_thread(fn, namespace, name)
                 except Exception:   # one broken resource must not stop the others' passes
+                    failed = True
                     log.exception("periodic pass of %s/%s failed; retrying in %.1fs", namespace, name, INTERVAL_S)
+        if not failed:
+            metrics.round_done()

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import kopf
 
-from . import brokers, drift, events, failover, kube, manifests, observe, producer_groups, security, status
+from . import brokers, drift, events, failover, kube, manifests, metrics, observe, producer_groups, security, status
 from . import constants as c
 from .failover import Blocked, Promote
 from .observe import Member
@@ -52,7 +52,13 @@ def sync(body: Mapping[str, Any], logger: Logger) -> dict:
         fresh = kube.get_txbroker(ns, name)
         if fresh is None or fresh["metadata"].get("deletionTimestamp"):
             return {}
-        return Pass(fresh, logger).run()
+        t0, ok = time.monotonic(), False
+        try:
+            result = Pass(fresh, logger).run()
+            ok = True
+            return result
+        finally:
+            metrics.passed(ns, name, time.monotonic() - t0, ok)
 
 
 def _parse_time(text: str) -> float:
@@ -143,6 +149,7 @@ class Pass:
             return
         kube.merge_patch(kind, self.ns, name, patch)
         if drift_event:   # someone edited what the operator owns: say what was put back
+            metrics.drift_repaired(kind)
             events.post(self.body, events.NORMAL, "Repaired",
                         f"{kind} {name} differed from what {self.name} needs ({drift.what(patch)}); put back")
         else:
@@ -169,6 +176,7 @@ class Pass:
         why = failover.master_down_reason(self.members, self.master)
         if not why:
             self.status.pop("masterUnavailableSince", None)
+            metrics.master_state(self.ns, self.name, None)
             if current.refused:   # it answers: alive, but the operator's credentials or TLS are wrong
                 events.post_once(self.body, events.WARNING, "AdminRefused", current.refused)
             if current.incompatible:  # it answers: alive, in a form this operator cannot read
@@ -176,6 +184,7 @@ class Pass:
             return
         others = [m for m in self.members.values() if m.name != self.master]
         if not others:
+            metrics.master_state(self.ns, self.name, self.looked_at)
             return   # nothing to fail over to: the master's pod is (re)created as master
         last_seen = next((b for b in self.status.get("brokers") or [] if b.get("name") == self.master), {})
         if "offset" not in last_seen:
@@ -189,6 +198,8 @@ class Pass:
             self.log.warning("master %s is not serving (%s)", self.master, why)
         down_for = time.time() - _parse_time(self.status["masterUnavailableSince"])
         decision = failover.decide_failover(self.spec, self.status, self.members, self.master, down_for)
+        since = _parse_time(self.status["masterUnavailableSince"])
+        metrics.master_state(self.ns, self.name, since, decision.reason if isinstance(decision, Blocked) else "")
         if isinstance(decision, Promote):
             self.promote(decision)
         elif isinstance(decision, Blocked):
@@ -198,6 +209,7 @@ class Pass:
         """Record the decision; converge_roles() carries it out in this pass (and the next pass
         finishes what a crash of the operator interrupts)."""
         old = self.master
+        since = self.status.get("masterUnavailableSince")
         self.master, self.epoch = p.successor, p.epoch
         self.status.update(master=p.successor, epoch=p.epoch)
         self.status.pop("masterUnavailableSince", None)
@@ -208,6 +220,8 @@ class Pass:
                          lastFailover=self.status.get("lastFailover"))
         events.post(self.body, events.WARNING if p.reason == "FailedOver" else events.NORMAL, p.reason, p.message)
         self.converge_roles()
+        metrics.failed_over(self.ns, self.name, p.reason, _parse_time(since) if since else None)
+        metrics.master_state(self.ns, self.name, None)
 
     # -- 4. pods and roles -----------------------------------------------------------------------
 
