@@ -380,9 +380,13 @@ class Console:
         if not self.events.available:
             body = flash("note", f"Operator events: {self.events.why}.")
         else:
-            evs = await asyncio.to_thread(self.events.recent)
-            body = table(["Time", "Type", "Reason", "Object", "Message"],
-                         [[e.time, e.type, e.reason, e.object, e.message] for e in evs], "events")
+            try:
+                evs = await asyncio.to_thread(self.events.recent)
+            except OSError as e:
+                return self._page(request, "Operator events", flash("err", f"the Kubernetes API: {e}"), status=502)
+            body = join([tag("p", f"Events the operator posted in namespace {self.events.namespace}, newest first."),
+                         table(["Time", "Type", "Reason", "Object", "Message", "Count"],
+                               [[e.time, e.type, e.reason, e.object, e.message, e.count] for e in evs], "events")])
         return self._page(request, "Operator events", body, active="/events")
 
 
