@@ -274,6 +274,7 @@ class Elector:
                 return
             self.leader = False
         log.critical("leader election: %s lost the Lease: %s; stopping", self.identity, why)
+        _set_gauge(0)
         self.lost.set()
         self.on_lost()
 
@@ -311,6 +312,7 @@ class Elector:
         except Exception as e:   # noqa: BLE001 - it will expire instead
             log.warning("leader election: releasing the Lease failed (it expires instead): %s", e)
             return False
+        _set_gauge(0)
         log.warning("leader election: %s released the Lease", self.identity)
         return True
 
@@ -404,18 +406,21 @@ def _post_elected(elector: Elector, settings: Settings) -> None:
         log.error("could not post LeaderElected: %s", e)
 
 
+_leader_gauge = None
+
+
 def _set_gauge(value: int) -> None:
-    """txbroker_operator_leader when the operator exports metrics (metrics.py); else nothing."""
+    """txbroker_operator_leader (1 while this process leads), in prometheus_client's default registry:
+    exported wherever the operator serves its metrics (metrics.py serves that registry)."""
+    global _leader_gauge
     try:
-        from . import metrics   # type: ignore[attr-defined]
-    except ImportError:
-        return
-    setter = getattr(metrics, "set_leader", None)
-    if callable(setter):
-        try:
-            setter(value)
-        except Exception as e:   # noqa: BLE001
-            log.error("could not set the leader gauge: %s", e)
+        if _leader_gauge is None:
+            from prometheus_client import Gauge
+            _leader_gauge = Gauge("txbroker_operator_leader",
+                                  "1 while this operator process holds the leader-election Lease, else 0")
+        _leader_gauge.set(value)
+    except Exception as e:   # noqa: BLE001 - a metric is worth less than leading
+        log.error("could not set the leader gauge: %s", e)
 
 
 def lead(settings: Settings, args: list[str]) -> Elector:

@@ -286,3 +286,14 @@ def test_the_standby_answers_its_liveness_probe_while_the_election_runs():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_leader_gauge_follows_leadership():
+    from prometheus_client import REGISTRY
+    leases, clock = FakeLeases(), Clock()
+    a = elector(leases, clock, "a")
+    assert a.try_acquire_or_renew()
+    le._set_gauge(1)                 # lead() sets it once the Lease is held
+    assert REGISTRY.get_sample_value("txbroker_operator_leader") == 1
+    assert a.release()
+    assert REGISTRY.get_sample_value("txbroker_operator_leader") == 0
