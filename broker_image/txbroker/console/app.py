@@ -110,7 +110,7 @@ class Console:
         try:
             return await handler(request)
         except AdminError as e:
-            status = e.status if e.status in (401, 403, 404, 409) else 502
+            status = e.status if 400 <= e.status < 500 else 502
             return self._page(request, "The broker refused", flash("err", str(e)), status=status)
         except (ClientError, ValueError) as e:
             return self._page(request, "Error", flash("err", str(e)), status=502)
