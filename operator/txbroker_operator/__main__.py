@@ -10,7 +10,7 @@ import sys
 
 from kopf.cli import main
 
-from . import leadership
+from . import leadership, metrics
 
 
 def run() -> None:
@@ -23,8 +23,14 @@ def run() -> None:
         root = logging.getLogger()
         root.addHandler(handler)
         root.setLevel(logging.INFO)
+        try:   # a standby serves its metrics too (txbroker_operator_leader 0); Kopf's startup finds them served
+            metrics.serve()
+        except OSError as e:
+            logging.getLogger(__name__).error("metrics endpoint: %s", e)
         leadership.lead(election, args)
         root.removeHandler(handler)
+    else:
+        leadership.set_leader_gauge(1)     # standalone: this process acts
     sys.argv = ["kopf", "run", "--standalone", "-m", "txbroker_operator.handlers", *args]
     main()
 

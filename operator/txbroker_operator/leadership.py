@@ -274,7 +274,7 @@ class Elector:
                 return
             self.leader = False
         log.critical("leader election: %s lost the Lease: %s; stopping", self.identity, why)
-        _set_gauge(0)
+        set_leader_gauge(0)
         self.lost.set()
         self.on_lost()
 
@@ -312,7 +312,7 @@ class Elector:
         except Exception as e:   # noqa: BLE001 - it will expire instead
             log.warning("leader election: releasing the Lease failed (it expires instead): %s", e)
             return False
-        _set_gauge(0)
+        set_leader_gauge(0)
         log.warning("leader election: %s released the Lease", self.identity)
         return True
 
@@ -406,19 +406,11 @@ def _post_elected(elector: Elector, settings: Settings) -> None:
         log.error("could not post LeaderElected: %s", e)
 
 
-_leader_gauge = None
-
-
-def _set_gauge(value: int) -> None:
-    """txbroker_operator_leader (1 while this process leads), in prometheus_client's default registry:
-    exported wherever the operator serves its metrics (metrics.py serves that registry)."""
-    global _leader_gauge
+def set_leader_gauge(value: int) -> None:
+    """txbroker_operator_leader (metrics.py): 1 while this process acts."""
     try:
-        if _leader_gauge is None:
-            from prometheus_client import Gauge
-            _leader_gauge = Gauge("txbroker_operator_leader",
-                                  "1 while this operator process holds the leader-election Lease, else 0")
-        _leader_gauge.set(value)
+        from . import metrics
+        metrics.leader.set(value)
     except Exception as e:   # noqa: BLE001 - a metric is worth less than leading
         log.error("could not set the leader gauge: %s", e)
 
@@ -432,7 +424,7 @@ def lead(settings: Settings, args: list[str]) -> Elector:
     log.warning("leader election: %s waits for Lease %s/%s (lease %gs, renew deadline %gs, retry %gs)",
                 settings.identity, settings.namespace, settings.name, settings.timing.lease_duration,
                 settings.timing.renew_deadline, settings.timing.retry_period)
-    _set_gauge(0)
+    set_leader_gauge(0)
     server = None
     addr = liveness_address(args)
     if addr is not None:
@@ -448,6 +440,6 @@ def lead(settings: Settings, args: list[str]) -> Elector:
         server.server_close()
     elector.keep()
     atexit.register(elector.release)
-    _set_gauge(1)
+    set_leader_gauge(1)
     _post_elected(elector, settings)
     return elector

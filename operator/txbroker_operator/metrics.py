@@ -1,6 +1,11 @@
 """The operator's own Prometheus metrics, served on their own port (TXBROKER_OPERATOR_METRICS_PORT,
 default 8081; 0 turns the endpoint off) from the startup handler (handlers.py), whichever way
-the operator was started. Kopf's liveness endpoint is left alone.
+the operator was started; with leader election, from the start of the process (__main__), so a
+standby replica serves them too (txbroker_operator_leader 0). Kopf's liveness endpoint is left alone.
+
+    txbroker_operator_leader                                         1 while this process acts (holds
+                                                                     the leader-election Lease, or runs
+                                                                     without election), 0 on standby
 
     txbroker_operator_reconciles_total{namespace,txbroker,result}   passes over a TxBroker: ok, error
     txbroker_operator_reconcile_duration_seconds{namespace,txbroker} how long one pass took
@@ -55,6 +60,9 @@ drift_repairs = Counter("txbroker_operator_drift_repairs", "Edits of objects the
 last_success = Gauge("txbroker_operator_last_successful_pass_timestamp_seconds",
                      "Unix time a pass last completed without error")
 
+leader = Gauge("txbroker_operator_leader", "1 while this operator process acts (holds the leader-election Lease, "
+               "or runs without leader election), 0 while it stands by")
+
 _children: set[tuple[object, tuple[str, ...]]] = set()  # (metric, labels) bound per TxBroker, for forget
 
 
@@ -68,9 +76,15 @@ def serve(registry: CollectorRegistry = REGISTRY) -> int | None:
     port = int(os.environ.get(PORT_ENV, str(DEFAULT_PORT)))
     if port == 0:
         return None
+    if port in _serving:    # started before Kopf (leader election): the startup handler's call finds it
+        return port
     start_http_server(port, registry=registry)
+    _serving.add(port)
     log.info("metrics on :%d/metrics", port)
     return port
+
+
+_serving: set[int] = set()
 
 
 def passed(namespace: str, name: str, seconds: float, ok: bool) -> None:

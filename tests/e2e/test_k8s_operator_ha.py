@@ -18,6 +18,7 @@ import re
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 from support.waiting import wait_until
@@ -88,6 +89,14 @@ def parse_time(ts: str) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
+def leader_gauge(tb, pod: str) -> float:
+    """txbroker_operator_leader as the pod's metrics endpoint (8081) says it: a standby serves it too."""
+    ip = tb.get("pod", pod, OPERATOR_NAMESPACE)["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{ip}:8081/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("txbroker_operator_leader "))
+
+
 def reporter(event: dict) -> str:
     return event.get("reportingInstance") or (event.get("source") or {}).get("host", "")
 
@@ -103,6 +112,8 @@ def test_standby_operator_finishes_a_failover_its_killed_leader_started(operator
     leader = pod_of(leader_id)
     (standby,) = set(pods) - {leader}
     duration = lease["spec"]["leaseDurationSeconds"]
+    wait_until(lambda: (leader_gauge(tb, leader), leader_gauge(tb, standby)) == (1, 0), 60,
+               "txbroker_operator_leader 1 on the leader, 0 on the standby")
     watch = LeaseWatch(tb, lease_name)
     try:
         tb.apply(txbroker("ha", replicas=2, replication="SYNC", flush="SYNC", failover={"gracePeriodSeconds": 5}),
@@ -164,6 +175,8 @@ def test_standby_operator_finishes_a_failover_its_killed_leader_started(operator
         acquired = ACQUIRED.findall(operator.log.read_text())
         assert sorted(acquired) == sorted([leader_id, new_holder]), acquired
         wait_until(lambda: "standby" in tb.pod_log(leader, OPERATOR_NAMESPACE), 60, "the restarted operator standing by")
+        wait_until(lambda: (leader_gauge(tb, standby), leader_gauge(tb, leader)) == (1, 0), 60,
+                   "txbroker_operator_leader following the Lease")
 
         handover = watch.first_seen(new_holder) - killed_at
         print(f"\noperator handover (SIGKILL of the active operator, lease {duration}s, renew deadline 10s, "

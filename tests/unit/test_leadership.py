@@ -293,7 +293,25 @@ def test_the_leader_gauge_follows_leadership():
     leases, clock = FakeLeases(), Clock()
     a = elector(leases, clock, "a")
     assert a.try_acquire_or_renew()
-    le._set_gauge(1)                 # lead() sets it once the Lease is held
+    le.set_leader_gauge(1)           # lead() sets it once the Lease is held
     assert REGISTRY.get_sample_value("txbroker_operator_leader") == 1
     assert a.release()
     assert REGISTRY.get_sample_value("txbroker_operator_leader") == 0
+
+
+def test_metrics_served_before_kopf_are_not_served_twice(monkeypatch):
+    """__main__ serves the metrics before the election (a standby shows txbroker_operator_leader 0);
+    the Kopf startup handler's serve() then finds them served instead of failing to bind."""
+    import socket
+    import urllib.request
+    from prometheus_client import CollectorRegistry
+    from txbroker_operator import metrics
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(metrics.PORT_ENV, str(port))
+    registry = CollectorRegistry()
+    assert metrics.serve(registry) == port
+    assert metrics.serve(registry) == port         # the startup handler's call: no second bind
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert r.status == 200
