@@ -7,14 +7,10 @@ import json
 
 from txbroker.cli.security_opts import add_arguments, client_options
 from txbroker.client.consumer import AsyncPullConsumer
+from txbroker.client.dead_letters import resend_message
 from txbroker.client.producer import AsyncProducer
-from txbroker.protocol.bodies import Message, MessageExt
-from txbroker.protocol.names import (
-    PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_RESENT_FROM_DLQ,
-    PROPERTY_RETRY_TOPIC, dlq_topic,
-)
-
-_RETRY_PROPS = (PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_DELAY)
+from txbroker.protocol.bodies import MessageExt
+from txbroker.protocol.names import dlq_topic
 
 
 def register(sub, default_broker: str) -> None:
@@ -85,17 +81,10 @@ def list_dlq(args) -> int:
 def resend_dlq(args) -> int:
     async def go():
         async with AsyncPullConsumer(args.broker, **client_options(args)) as c:
-            m = await c.view(args.msg_id)
-        if m.topic != dlq_topic(args.group):
-            raise ValueError(f"message {args.msg_id} is in {m.topic}, not in {dlq_topic(args.group)}")
-        topic = m.properties.get(PROPERTY_RETRY_TOPIC)
-        if not topic:
-            raise ValueError(f"message {args.msg_id} does not say its original topic ({PROPERTY_RETRY_TOPIC})")
-        props = {k: v for k, v in m.properties.items() if k not in _RETRY_PROPS}
-        props[PROPERTY_RESENT_FROM_DLQ] = args.msg_id
+            resend = resend_message(await c.view(args.msg_id), args.group)
         async with AsyncProducer("txbroker-dlq", args.broker, **client_options(args)) as p:
-            r = await p.send(Message(topic, m.body, m.tags, m.keys, props))
-        return topic, r
+            r = await p.send(resend)
+        return resend.topic, r
 
     topic, r = asyncio.run(go())
     print(f"re-sent {args.msg_id} to {topic} as {r.msg_id} (queue {r.queue_ids[0]}, offset {r.queue_offsets[0]})")

@@ -12,16 +12,13 @@ from dataclasses import dataclass, field
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.client.consumer import AsyncPullConsumer
 from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.dead_letters import resend_message
 from txbroker.client.producer import AsyncProducer
 from txbroker.protocol import admin as answers
-from txbroker.protocol.bodies import Message, MessageExt
-from txbroker.protocol.names import (
-    DLQ_PREFIX, GROUP_TOPIC_PREFIXES, PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME,
-    PROPERTY_RESENT_FROM_DLQ, PROPERTY_RETRY_TOPIC, RETRY_PREFIX, SYSTEM_TOPICS, dlq_topic,
-)
+from txbroker.protocol.bodies import MessageExt
+from txbroker.protocol.names import DLQ_PREFIX, GROUP_TOPIC_PREFIXES, RETRY_PREFIX, SYSTEM_TOPICS, dlq_topic
 
 RESEND_PRODUCER_GROUP = "txbroker-console"
-_RETRY_PROPS = (PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RECONSUME_TIME, PROPERTY_DELAY)
 
 
 class NoMaster(ClientError):
@@ -143,17 +140,12 @@ class Cluster:
 
     async def resend(self, credentials, group: str, msg_id: str) -> tuple[str, str]:
         """Re-send a dead letter to its original topic (as `txbroker dlq resend`): (topic, new id)."""
-        m = await self.dead_letter(credentials, group, msg_id)
-        topic = m.properties.get(PROPERTY_RETRY_TOPIC)
-        if not topic:
-            raise ValueError(f"message {msg_id} does not say its original topic ({PROPERTY_RETRY_TOPIC})")
-        props = {k: v for k, v in m.properties.items() if k not in _RETRY_PROPS}
-        props[PROPERTY_RESENT_FROM_DLQ] = msg_id
+        resend = resend_message(await self.dead_letter(credentials, group, msg_id), group)
         master = await self.master(credentials)
         async with AsyncProducer(RESEND_PRODUCER_GROUP, await self.data_address(master, credentials),
                                  credentials=credentials, tls=self.tls) as p:
-            r = await p.send(Message(topic, m.body, m.tags, m.keys, props))
-        return topic, r.msg_id
+            r = await p.send(resend)
+        return resend.topic, r.msg_id
 
     # ---- consumer groups --------------------------------------------------------------------------
 
