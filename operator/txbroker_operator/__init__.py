@@ -8,6 +8,8 @@ Modules, one job each:
 - ``status``     pure function: observed pods -> TxBroker status
 - ``reconcile``  one level-triggered pass: make the cluster match a TxBroker, then report status
 - ``handlers``   the Kopf registrations (TxBroker create/update/resume, pod events) and settings
+- ``leadership`` leader election through a Lease: only the leader runs Kopf; a standby waits
+- ``metrics``    the operator's own Prometheus metrics (passes, failovers, blocked failovers, leader)
 
 Run it with ``kopf run --standalone --all-namespaces -m txbroker_operator.handlers`` (or
 ``python -m txbroker_operator``).
