@@ -57,6 +57,10 @@ blocked_now = Gauge("txbroker_operator_failover_blocked", "1 while a lost master
 unavailable = Gauge("txbroker_operator_master_unavailable", "1 while the TxBroker's master is not serving", _KEY)
 drift_repairs = Counter("txbroker_operator_drift_repairs", "Edits of objects the operator owns, put back, by kind",
                         ["kind"])
+# From the TxBroker's status, so whichever operator process leads next exports the same time: the
+# failover alert rests on it, not on a counter a newly elected leader creates already at 1.
+last_failover_at = Gauge("txbroker_operator_last_failover_timestamp_seconds",
+                         "Unix time of the TxBroker's last failover (status.lastFailover)", _KEY)
 last_success = Gauge("txbroker_operator_last_successful_pass_timestamp_seconds",
                      "Unix time a pass last completed without error")
 
@@ -111,6 +115,10 @@ def failed_over(namespace: str, name: str, reason: str, unavailable_since: float
     _child(failovers, namespace, name, reason).inc()
     if unavailable_since is not None:
         _child(failover_seconds, namespace, name).observe(max(0.0, time.time() - unavailable_since))
+
+
+def last_failover(namespace: str, name: str, at: float) -> None:
+    _child(last_failover_at, namespace, name).set(at)
 
 
 def drift_repaired(kind: str) -> None:

@@ -56,6 +56,9 @@ def sync(body: Mapping[str, Any], logger: Logger) -> dict:
         try:
             result = Pass(fresh, logger).run()
             ok = True
+            last = (result or {}).get("lastFailover") or (fresh.get("status") or {}).get("lastFailover")
+            if last and last.get("time"):
+                metrics.last_failover(ns, name, _parse_time(last["time"]))
             return result
         finally:
             metrics.passed(ns, name, time.monotonic() - t0, ok)

@@ -36,7 +36,7 @@ import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from txbroker.protocol.names import DLQ_PREFIX
+from txbroker.protocol.names import DLQ_PREFIX, RETRY_PREFIX
 from txbroker.store.records import PARKED
 
 MAX_QUEUE_SERIES = 1000
@@ -204,9 +204,12 @@ class StateCollector:
             dlq = dlq[:MAX_GROUPS]
         for topic, queues in dlq:
             dead.add_metric([topic[len(DLQ_PREFIX):]], sum(state.readable_end(topic, q) for q in range(queues)))
-        # 0 for the groups without dead letters yet, so that increase() sees the first one
+        # 0 for the groups without dead letters yet, so that increase() sees the first one: those with
+        # committed offsets, and those retrying (a dead letter comes only after retries)
         with_dlq = {t[len(DLQ_PREFIX):] for t, _n in dlq}
-        for group in kept:
-            if group not in with_dlq and not group.startswith(("%RETRY%", "%DLQ%")):
-                dead.add_metric([group], 0)
+        retrying = [t[len(RETRY_PREFIX):] for t in list(state.topics) if t.startswith(RETRY_PREFIX)]
+        zero = [g for g in dict.fromkeys([*kept, *retrying])
+                if g not in with_dlq and not g.startswith((RETRY_PREFIX, DLQ_PREFIX))]
+        for group in zero[:max(0, MAX_GROUPS - len(dlq))]:
+            dead.add_metric([group], 0)
         yield dead
