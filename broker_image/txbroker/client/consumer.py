@@ -67,10 +67,11 @@ class AsyncPullConsumer:
         return await self.client.request(RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageRequest(msg_id), MessageExt)
 
     async def read_all(self, topic: str, max_messages: int = 1024) -> list[MessageExt]:
-        """Every committed message of a topic, queue by queue (for checks and small topics)."""
+        """Every committed message of a topic still stored, queue by queue (for checks and small
+        topics): each queue from its first stored message (retention may have deleted older ones)."""
         out: list[MessageExt] = []
         for q in range(await self.queue_count(topic)):
-            offset = 0
+            offset = await self.search_offset(topic, q, 0)
             while True:
                 r = await self.pull(topic, q, offset, max_messages)
                 out.extend(r.messages)
