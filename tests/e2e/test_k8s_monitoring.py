@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.prometheus import Prometheus
 from support.waiting import wait_until
 from operator_env import OPERATOR_NAMESPACE, start_operator, txbroker, wait_broker
 
@@ -70,24 +71,6 @@ def scrape_configs(kubeconfig: Path, namespace: str, release: str) -> list[dict]
              *common,
          ]},
     ]
-
-
-class Prometheus:
-    def __init__(self, url: str):
-        self.url = url
-
-    def api(self, path: str, **params) -> dict:
-        q = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{q}", timeout=10) as r:
-            doc = json.load(r)
-        assert doc["status"] == "success", doc
-        return doc["data"]
-
-    def alerts(self, name: str) -> list[dict]:
-        return [a for a in self.api("alerts")["alerts"] if a["labels"]["alertname"] == name]
-
-    def value(self, query: str) -> list[dict]:
-        return self.api("query", query=query)["result"]
 
 
 @pytest.fixture

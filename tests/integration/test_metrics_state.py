@@ -13,9 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support.waiting import wait_until
 from txbroker.broker.metrics import OTHER, BoundedLabels
-from txbroker.client import (
-    LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener, TransactionProducer,
-)
+from support.listeners import CommitOnCheck, NeverDecides
+from txbroker.client import Message, Producer, PullConsumer, TransactionProducer
 from txbroker.client.admin import AdminClient
 from txbroker.client.connection import BrokerClient
 from txbroker.protocol.bodies import SendBackRequest
@@ -33,24 +32,6 @@ def scrape(b) -> dict[tuple[str, frozenset], float]:
 
 def value(samples, name: str, **labels) -> float | None:
     return samples.get((name, frozenset(labels.items())))
-
-
-class CommitOnCheck(TransactionListener):
-    """Leaves the local transaction UNKNOWN, answers COMMIT when checked back."""
-
-    def execute_local_transaction(self, msg, arg):
-        return S.UNKNOWN
-
-    def check_local_transaction(self, msg):
-        return S.COMMIT
-
-
-class NeverDecides(TransactionListener):
-    def execute_local_transaction(self, msg, arg):
-        return S.UNKNOWN
-
-    def check_local_transaction(self, msg):
-        return S.UNKNOWN
 
 
 def dead_letter(b, group: str, msg_id: str, topic: str) -> None:

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from support.prometheus import Prometheus
 from support.waiting import wait_until
 from tests.conftest import REPO, free_port
-from txbroker.client import (
-    JobCoordinator, LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener,
-    TransactionProducer,
-)
+from support.listeners import CommitOnCheck, NeverDecides
+from txbroker.client import JobCoordinator, Message, Producer, PullConsumer, TransactionProducer
 from txbroker.client.admin import AdminClient
 from txbroker.client.connection import BrokerClient
 from txbroker.protocol.bodies import SendBackRequest
@@ -76,17 +75,7 @@ def substitute(expr: str) -> str:
     return expr
 
 
-class Prometheus:
-    def __init__(self, url: str):
-        self.url = url
-
-    def api(self, path: str, **params) -> dict:
-        q = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{q}", timeout=10) as r:
-            doc = json.load(r)
-        assert doc["status"] == "success", doc
-        return doc["data"]
-
+class LocalPrometheus(Prometheus):
     def names(self) -> set[str]:
         return set(self.api("label/__name__/values"))
 
@@ -115,22 +104,6 @@ def dead_letter(b, group: str, msg_id: str, topic: str) -> None:
             await c.close()
 
     asyncio.run(go())
-
-
-class CommitOnCheck(TransactionListener):
-    def execute_local_transaction(self, msg, arg):
-        return S.UNKNOWN
-
-    def check_local_transaction(self, msg):
-        return S.COMMIT
-
-
-class NeverDecides(TransactionListener):
-    def execute_local_transaction(self, msg, arg):
-        return S.UNKNOWN
-
-    def check_local_transaction(self, msg):
-        return S.UNKNOWN
 
 
 @pytest.fixture
@@ -196,7 +169,7 @@ def test_dashboards_and_rules_against_prometheus(broker_factory, operator_metric
                             stdout=log, stderr=subprocess.STDOUT)
     log.close()
     try:
-        prom = Prometheus(f"http://127.0.0.1:{port}")
+        prom = LocalPrometheus(f"http://127.0.0.1:{port}")
 
         def ready():
             assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
