@@ -5,7 +5,6 @@ broker/state_metrics.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import urllib.request
 
@@ -13,12 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support.waiting import wait_until
 from txbroker.broker.metrics import OTHER, BoundedLabels
+from support.dead_letters import dead_letter
 from support.listeners import CommitOnCheck, NeverDecides
 from txbroker.client import Message, Producer, PullConsumer, TransactionProducer
 from txbroker.client.admin import AdminClient
-from txbroker.client.connection import BrokerClient
-from txbroker.protocol.bodies import SendBackRequest
-from txbroker.protocol.codes import RequestCode
 
 FAST_CHECKS = ("--check-interval-ms", "300", "--transaction-timeout-ms", "200")
 
@@ -32,17 +29,6 @@ def scrape(b) -> dict[tuple[str, frozenset], float]:
 
 def value(samples, name: str, **labels) -> float | None:
     return samples.get((name, frozenset(labels.items())))
-
-
-def dead_letter(b, group: str, msg_id: str, topic: str) -> None:
-    async def go():
-        c = BrokerClient(b.address)
-        try:
-            await c.request(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackRequest(group, msg_id, topic, 1, 1))
-        finally:
-            await c.close()
-
-    asyncio.run(go())
 
 
 def test_role_epoch_and_replication_lag(broker_factory):

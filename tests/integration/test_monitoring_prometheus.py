@@ -6,7 +6,6 @@ and returns data; and the alert rules (alerts.yaml) load and evaluate without er
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
@@ -21,12 +20,10 @@ import yaml
 from support.prometheus import Prometheus
 from support.waiting import wait_until
 from tests.conftest import REPO, free_port
+from support.dead_letters import dead_letter
 from support.listeners import CommitOnCheck, NeverDecides
 from txbroker.client import JobCoordinator, Message, Producer, PullConsumer, TransactionProducer
 from txbroker.client.admin import AdminClient
-from txbroker.client.connection import BrokerClient
-from txbroker.protocol.bodies import SendBackRequest
-from txbroker.protocol.codes import RequestCode
 
 FILES = REPO / "helm" / "txbroker" / "files"
 DASHBOARDS = sorted((FILES / "dashboards").glob("*.json"))
@@ -92,18 +89,6 @@ def selectors(node) -> set[str]:
         for v in node:
             out |= selectors(v)
     return out
-
-
-def dead_letter(b, group: str, msg_id: str, topic: str) -> None:
-    """The group's send-back of a message past its retries: a dead letter."""
-    async def go():
-        c = BrokerClient(b.address)
-        try:
-            await c.request(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackRequest(group, msg_id, topic, 1, 1))
-        finally:
-            await c.close()
-
-    asyncio.run(go())
 
 
 @pytest.fixture
