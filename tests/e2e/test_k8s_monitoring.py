@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.prometheus import Prometheus
+from support.prometheus import Prometheus, built
 from support.waiting import wait_until
 from operator_env import OPERATOR_NAMESPACE, start_operator, txbroker, wait_broker
 
@@ -33,14 +33,6 @@ FAILOVER_WINDOW_S = 90
 @pytest.fixture(scope="module")
 def operator(crds, worker_id):
     yield from start_operator(crds, f"txbroker-mon-{worker_id}")
-
-
-def prometheus_bin() -> Path:
-    d = subprocess.run(["bash", str(ROOT / "testbed" / "prometheus.sh"), "bin"], capture_output=True, text=True,
-                       check=True).stdout.strip()
-    p = Path(d) / "prometheus"
-    assert p.exists(), f"{p} is missing: run `bash testbed/prometheus.sh build` (make test does)"
-    return p
 
 
 def scrape_configs(kubeconfig: Path, namespace: str, release: str) -> list[dict]:
@@ -88,7 +80,7 @@ def prometheus(operator, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(prometheus_bin()), f"--config.file={tmp_path / 'prometheus.yml'}",
+        proc = subprocess.Popen([str(built("prometheus")), f"--config.file={tmp_path / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=log, stderr=subprocess.STDOUT)
     try:

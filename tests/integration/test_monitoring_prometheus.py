@@ -12,12 +12,11 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
 
-from support.prometheus import Prometheus
+from support.prometheus import Prometheus, built
 from support.waiting import wait_until
 from tests.conftest import REPO, free_port
 from support.dead_letters import dead_letter
@@ -44,15 +43,6 @@ metrics.drift_repaired("Service")
 metrics.serve()
 sys.stdin.read()
 """
-
-
-def prometheus_bin() -> Path:
-    d = subprocess.run(["bash", str(REPO / "testbed" / "prometheus.sh"), "bin"], capture_output=True, text=True,
-                       check=True).stdout.strip()
-    p = Path(d) / "prometheus"
-    if not p.exists():
-        pytest.fail(f"{p} is missing: run `bash testbed/prometheus.sh build` (make test does)", pytrace=False)
-    return p
 
 
 def dashboard_queries() -> list[tuple[str, str, str]]:
@@ -149,7 +139,7 @@ def test_dashboards_and_rules_against_prometheus(broker_factory, operator_metric
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([str(prometheus_bin()), f"--config.file={tmp_path / 'prometheus.yml'}",
+    proc = subprocess.Popen([str(built("prometheus")), f"--config.file={tmp_path / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=log, stderr=subprocess.STDOUT)
     log.close()

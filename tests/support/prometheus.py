@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.parse
 import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def built(name: str) -> Path:
+    """`prometheus` or `promtool` as testbed/prometheus.sh builds them (make test does, when missing)."""
+    bin_dir = subprocess.run(["bash", str(REPO / "testbed" / "prometheus.sh"), "bin"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    path = Path(bin_dir) / name
+    assert path.exists(), f"{path} is missing: run `bash testbed/prometheus.sh build` (make test does)"
+    return path
 
 
 class Prometheus:

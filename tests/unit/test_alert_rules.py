@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
-import pytest
 import yaml
 
+from support.prometheus import built
 from tests.conftest import REPO
 
 FILES = REPO / "helm" / "txbroker" / "files"
@@ -21,12 +20,7 @@ RUNBOOK = REPO / "docs" / "runbook.md"
 
 
 def promtool() -> str:
-    bin_dir = subprocess.run(["bash", str(REPO / "testbed" / "prometheus.sh"), "bin"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-    tool = Path(bin_dir) / "promtool"
-    if not tool.exists():
-        pytest.fail(f"{tool} is missing: run `bash testbed/prometheus.sh build` (make test does)", pytrace=False)
-    return str(tool)
+    return str(built("promtool"))
 
 
 def alerts() -> list[dict]:
