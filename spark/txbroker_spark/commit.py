@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from txbroker.client import DecisionNotReplicated
+
 from txbroker_spark.jobs import COMMITTED, JobAborted, Jobs
 from txbroker_spark.logs import log
 from txbroker_spark.options import WriteOptions
@@ -46,6 +48,8 @@ def decide_commit(o: WriteOptions, jobs: Jobs, job: str, what: str, kept: Kept, 
     except JobAborted as e:
         raise RuntimeError(f"txbroker: {what}: the broker refused the commit ({e}); nothing of it was "
                            "published") from None
+    except DecisionNotReplicated as e:  # neither refused nor promised: say so, never "nothing published"
+        raise RuntimeError(f"txbroker: {what}: the outcome of job {job} is unknown: {e}") from None
     o.faults.at_decision("after-decision", batch_id, detail)
     info = jobs.wait_resolved(job, o.request_timeout)
     log.info("%s: committed %d rows in %d transactions (job %s; decision and visibility %.3fs)", what, kept.rows,

@@ -10,7 +10,9 @@ import pytest
 from conftest import metric, run_cli
 from support.waiting import wait_until
 from support import txload
-from txbroker.client import AsyncJobCoordinator, BrokerError, JobCoordinator, Message
+from txbroker.client import (
+    AsyncJobCoordinator, BrokerError, DecisionNotReplicated, JobCoordinator, Message, RequestTimeout,
+)
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.protocol.codes import ResponseCode
 
@@ -321,3 +323,62 @@ def test_an_operators_decision_with_a_malformed_member_list_is_refused(broker):
     assert admin.get(f"/api/v1/jobs/{job.job_id}")["state"] == "OPEN"  # nothing changed
     assert admin.post(f"/api/v1/jobs/{job.job_id}/commit", {"members": [t]})["state"] == "COMMITTED"
     wait_until(lambda: bodies(broker.address) == {"kept by the operator": 1}, what="the kept member visible")
+
+
+SYNC_FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "300",
+              "--replication-heartbeat-ms", "100")
+
+
+def _master_and_paused_slave(broker_factory):
+    m = broker_factory(*SYNC_FLAGS, "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *SYNC_FLAGS, name="s")
+    wait_until(lambda: any(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]),
+               what="the slave in sync")
+    return m, s
+
+
+def test_a_decision_the_slave_lacks_yet_is_answered_once_it_has_it_not_refused(broker_factory):
+    """The fault harness (seed 7, CI): a COMMIT the master stored while cut off from its slave was
+    answered FLUSH_SLAVE_TIMEOUT, which the coordinator raised as a BrokerError, a refusal; the
+    decision then reached the slave and its member became visible. Such an answer is not a refusal:
+    the coordinator asks again until the slaves hold the decision, and answers it then."""
+    m, s = _master_and_paused_slave(broker_factory)
+
+    async def main():
+        async with AsyncJobCoordinator(GROUP, m.address, request_timeout=20) as c:
+            job = await c.open(timeout=60)
+            kept = await c.send(job.job_id, Message("Orders", b"kept"))
+            await c.send(job.job_id, Message("Orders", b"dropped"))
+            s.proc.send_signal(signal.SIGSTOP)
+            try:
+                decision = asyncio.ensure_future(c.commit(job.job_id, [kept]))
+                await asyncio.to_thread(
+                    wait_until, lambda: metric(m, "txbroker_requests_rejected_total", code="FLUSH_SLAVE_TIMEOUT") >= 1,
+                    what="the master to answer a write FLUSH_SLAVE_TIMEOUT")
+                assert not decision.done(), decision
+            finally:
+                s.proc.send_signal(signal.SIGCONT)
+            return await decision
+
+    decided = asyncio.run(main())
+    assert decided.state == "COMMITTED"
+    wait_until(lambda: bodies(m.address) == {"kept": 1}, what="the kept member visible")
+
+
+def test_a_decision_the_slave_never_got_in_time_is_unknown_not_refused(broker_factory):
+    m, s = _master_and_paused_slave(broker_factory)
+    with JobCoordinator(GROUP, m.address, request_timeout=2) as c:
+        job = c.open(timeout=60)
+        kept = c.send(job.job_id, Message("Orders", b"kept"))
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(DecisionNotReplicated) as raised:
+                c.commit(job.job_id, [kept])
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        assert isinstance(raised.value, RequestTimeout) and not isinstance(raised.value, BrokerError)
+        assert job.job_id in str(raised.value) and "stored on the master" in str(raised.value), raised.value
+        # what it may have done, it did: the slave got the decision once it ran again
+        wait_until(lambda: c.describe(job.job_id).resolved, what="the decision replicated and its members ended")
+        assert c.commit(job.job_id, [kept]).already
+    assert bodies(m.address) == {"kept": 1}

@@ -9,7 +9,8 @@ background event loop. Each takes `credentials=` and `tls=` for brokers that req
 
 from txbroker.client.consumer import AsyncPullConsumer, PullConsumer, PullResult
 from txbroker.client.errors import (
-    AuthenticationError, BrokerError, BrokerUnavailable, ClientError, RequestTimeout, TlsHandshakeError, TlsRequired,
+    AuthenticationError, BrokerError, BrokerUnavailable, ClientError, DecisionNotReplicated, RequestTimeout,
+    TlsHandshakeError, TlsRequired,
 )
 from txbroker.client.job import AsyncJobCoordinator, JobCoordinator, JobInfo
 from txbroker.client.producer import AsyncProducer, Producer, SendResult, hash_selector
@@ -28,7 +29,7 @@ __all__ = [
     "AuthenticationError", "Credentials", "TlsConfig", "TlsHandshakeError", "TlsRequired",
     "AsyncProducer", "AsyncPullConsumer", "AsyncPushConsumer", "ConsumeContext", "ConsumeFrom",
     "ConsumeOrderlyStatus", "ConsumeStatus", "MessageModel", "PushConsumer", "hash_selector", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
-    "ClientError", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",
+    "ClientError", "DecisionNotReplicated", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",
     "RequestTimeout", "SendResult", "TransactionListener", "TransactionProducer", "TransactionSendResult",
     "Prepared", "TransactionSession",
 ]

@@ -35,6 +35,13 @@ class RequestTimeout(ClientError):
     """The broker did not answer in time; the request may or may not have taken effect."""
 
 
+class DecisionNotReplicated(RequestTimeout):
+    """A job decision the master stored but its slaves did not acknowledge within the request timeout
+    (SYNC replication): not refused, not promised. It takes effect once the slaves have it, and is
+    gone if a failover takes the master's unreplicated writes away; describing the job, or repeating
+    the same decision, tells which."""
+
+
 class AuthenticationError(BrokerError):
     """The broker refused the credentials (none given, unknown access key or wrong secret, expired,
     revoked), or would not prove it knows them. Not retried: the same credentials fail again."""

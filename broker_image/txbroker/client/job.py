@@ -11,20 +11,30 @@ and decide it with one request; the broker ends every member itself (broker/tran
 
 Every call is safe to repeat (ids make them idempotent), so each is retried on the master across
 reconnects and failovers until the request timeout. A refused decision (the job was already decided
-the other way, or aborted at its deadline) raises BrokerError naming the decision.
+the other way, or aborted at its deadline) raises BrokerError naming the decision. A decision the
+master stored but its slaves do not hold yet is asked again until they do; past the request
+timeout it raises DecisionNotReplicated (its outcome unknown), never a BrokerError.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient
+from txbroker.client.errors import BrokerError, DecisionNotReplicated
 from txbroker.client.producer import as_list
 from txbroker.client.transaction_session import TransactionSession
 from txbroker.protocol.bodies import DecideJobRequest, JobInfo, OpenJobRequest, PrepareJobRequest, QueryJobRequest
-from txbroker.protocol.codes import RequestCode, TransactionState
+from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
 
 __all__ = ["AsyncJobCoordinator", "JobCoordinator", "JobInfo"]
+
+# SYNC replication's answers to a write the master stored and its slaves do not hold yet: not a
+# refusal. A repeated decision is answered when they have it (or decides afresh on a master that
+# never had it), so the coordinator asks again instead of reporting the first answer.
+NOT_REPLICATED = (ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE)
 
 
 class AsyncJobCoordinator:
@@ -46,22 +56,41 @@ class AsyncJobCoordinator:
 
     async def prepare(self, job_id: str, members: list[str]) -> JobInfo:
         """Fix the member list (no new members); `commit(job_id)` then keeps exactly these."""
-        return await self._call(RequestCode.PREPARE_JOB, PrepareJobRequest(self.group, job_id, list(members)))
+        return await self._decide(RequestCode.PREPARE_JOB, PrepareJobRequest(self.group, job_id, list(members)))
 
     async def commit(self, job_id: str, members: list[str] | None = None) -> JobInfo:
         """COMMIT keeping exactly `members` (None: the prepared list); every other member rolls back."""
-        return await self._call(RequestCode.DECIDE_JOB, DecideJobRequest(
+        return await self._decide(RequestCode.DECIDE_JOB, DecideJobRequest(
             self.group, job_id, int(TransactionState.COMMIT), None if members is None else list(members)))
 
     async def abort(self, job_id: str) -> JobInfo:
-        return await self._call(RequestCode.DECIDE_JOB, DecideJobRequest(self.group, job_id,
-                                                                         int(TransactionState.ROLLBACK)))
+        return await self._decide(RequestCode.DECIDE_JOB, DecideJobRequest(self.group, job_id,
+                                                                           int(TransactionState.ROLLBACK)))
 
     async def describe(self, job_id: str = "", name: str = "") -> JobInfo:
         return await self._call(RequestCode.QUERY_JOB, QueryJobRequest(self.group, job_id, name))
 
-    async def _call(self, code: RequestCode, body) -> JobInfo:
-        return await self.client.request(code, body, JobInfo, retry=True)
+    async def _call(self, code: RequestCode, body, timeout: float | None = None) -> JobInfo:
+        return await self.client.request(code, body, JobInfo, retry=True, timeout=timeout)
+
+    async def _decide(self, code: RequestCode, body) -> JobInfo:
+        """A decision (or prepare), asked again while the master answers it stored but unreplicated."""
+        deadline = time.monotonic() + self.client.request_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await self._call(code, body, max(deadline - time.monotonic(), 0.01))
+            except BrokerError as e:
+                if e.code not in NOT_REPLICATED:
+                    raise
+                if time.monotonic() + delay >= deadline:
+                    raise DecisionNotReplicated(
+                        f"{RequestCode(code).name} of job {body.job_id}: stored on the master, not acknowledged by "
+                        f"its slaves within {self.client.request_timeout:g}s ({e.remark}); it takes effect once "
+                        "they have it and is lost if a failover takes it away: describe the job to learn which"
+                    ) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     async def close(self) -> None:
         await self.client.close()

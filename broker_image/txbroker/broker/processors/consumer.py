@@ -72,12 +72,14 @@ class QueryOffsetsProcessor:
         count = self._b.topics.require(req.topic)
         state = self._b.state
         committed = {}
+        wait = 0  # an offset a restart left unconfirmed is answered once a slave holds it
         for q in range(count):
-            off = state.committed_offset(req.consumer_group, req.topic, q)
+            off, lsn = state.offset_for_reader(req.consumer_group, req.topic, q)
             if off is not None:
                 committed[q] = off
+            wait = max(wait, lsn)
         maxima = {q: state.visible_end.get(keys.queue_prefix(req.topic, q), 0) for q in range(count)}
-        return ok(QueryOffsetsResponse(committed, maxima))
+        return ok(QueryOffsetsResponse(committed, maxima), state.published_future(wait) if wait else None)
 
 
 class SendBackProcessor:
