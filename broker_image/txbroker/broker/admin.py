@@ -22,6 +22,7 @@ from aiohttp import web
 
 from txbroker import __version__
 from txbroker.broker.auth.handshake import AuthFailure
+from txbroker.broker.drain import drain_status
 from txbroker.protocol import admin as answers
 from txbroker.protocol.admin import SettingsError
 from txbroker.broker.replies import Reply, RequestError
@@ -107,6 +108,8 @@ class AdminApp:
         r.add_get("/api/v1/messages/{msg_id}", self.get_message)
         r.add_get("/api/v1/connections", self.list_connections)
         r.add_get("/api/v1/whoami", self.whoami)
+        r.add_get("/api/v1/cluster", self.cluster_info)
+        r.add_get("/api/v1/drain", self.drain)
 
     @web.middleware
     async def _guard(self, request, handler):
@@ -193,6 +196,14 @@ class AdminApp:
 
     async def broker_info(self, request):
         return _answer(self.info())
+
+    async def cluster_info(self, request):
+        c = self.b.cluster
+        return _answer(answers.ClusterInfo(c.group, c.route.as_dict() if c.route is not None else None, c.draining))
+
+    async def drain(self, request):
+        self.b.role.require_master()  # a slave's offsets lag its master's
+        return _answer(drain_status(self.b))
 
     async def whoami(self, request):
         p = request.get("principal")

@@ -27,6 +27,8 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     admin_listen: str = "127.0.0.1:10912"
     role: Literal["master", "slave"] = "master"
     master: str = ""  # the master's data-plane address, for a slave
+    group: str = ""  # the broker group this broker belongs to (protocol/cluster.py); "" outside any cluster
+    cluster_file: str = ""  # the cluster route, watched for changes
     flush_disk_type: Literal["SYNC", "ASYNC"] = "ASYNC"
     # SYNC: a write is answered once `sync_replicas` slaves have it (RocketMQ's SYNC_MASTER);
     # ASYNC: once the master has it (ASYNC_MASTER).
@@ -99,6 +101,7 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"replication_heartbeat_ms must be at least 10, got {self.replication_heartbeat_ms}")
         if self.replication_timeout_ms < 10:
             raise ConfigError(f"replication_timeout_ms must be at least 10, got {self.replication_timeout_ms}")
+        self._validate_cluster()
         self._validate_security()
         try:
             parse_delay_levels(self.message_delay_level)
@@ -110,6 +113,23 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(str(e)) from None
         return self
 
+
+    def _validate_cluster(self) -> None:
+        from txbroker.protocol.cluster import RouteError, check_group_name, load_route_file
+
+        if bool(self.group) != bool(self.cluster_file):
+            raise ConfigError("group and cluster_file go together: a broker of a cluster names its group "
+                              "(--group) and the route that lists it (--cluster-file)")
+        if not self.group:
+            return
+        try:
+            check_group_name(self.group, "group")
+            route = load_route_file(self.cluster_file)
+        except RouteError as e:
+            raise ConfigError(str(e)) from None
+        if route.group(self.group) is None:
+            raise ConfigError(f"group {self.group!r} is not in cluster file {self.cluster_file} "
+                              f"(it lists {', '.join(route.names)})")
 
     def _validate_security(self) -> None:
         if not 1 <= self.max_connections <= 1_000_000:

@@ -44,6 +44,7 @@ class RoleChanges:
         self._b.leader.attach()
         self._b.check_service.start()
         self._b.jobs.start()
+        self._b.participants.start()
         self._b.schedule.start()
         pending, parked = self._b.transactions.counts()
         log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
@@ -58,6 +59,7 @@ class RoleChanges:
         self._step_down(f"demoted: the master is {master} at epoch {epoch}")
         await self._b.check_service.stop()
         await self._b.jobs.stop()
+        await self._b.participants.stop()
         await self._b.schedule.stop()
         self._b.role.master_address = master
         self._b.role.fenced_by = 0
@@ -108,6 +110,7 @@ class RoleChanges:
         self._b.role.fenced_by = epoch
         asyncio.ensure_future(self._b.check_service.stop())
         asyncio.ensure_future(self._b.jobs.stop())
+        asyncio.ensure_future(self._b.participants.stop())
         asyncio.ensure_future(self._b.schedule.stop())
 
     def _step_down(self, reason: str) -> None:

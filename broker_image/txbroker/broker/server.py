@@ -12,6 +12,8 @@ from txbroker.broker import processors
 from txbroker.broker.admin import AdminApp
 from txbroker.broker.auth import AuthService
 from txbroker.broker.transaction.check_service import CheckService
+from txbroker.broker.cluster import ClusterMembership
+from txbroker.broker.transaction.participants import Participants
 from txbroker.broker.config import BrokerConfig, parse_address, parse_delay_levels
 from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.consumers import ConsumerRegistry
@@ -52,8 +54,9 @@ class Broker:
         self.replication_credentials = ((config.replication_access_key, config.replication_secret())
                                         if config.replication_access_key else None)
         self.unacked = UnackedBudget(config.max_unacked_bytes, self.metrics.unacked_bytes)
-        self._watcher = FileWatcher(([config.auth_file] if config.auth_file else []) + self.tls.files,
-                                    self.reload_security, config.auth_reload_interval_ms / 1000)
+        self.cluster = ClusterMembership(config.group, config.cluster_file, self.replication_credentials)
+        self._watcher = FileWatcher(([config.auth_file] if config.auth_file else []) + self.tls.files
+                                    + self.cluster.files, self._files_changed, config.auth_reload_interval_ms / 1000)
         self.state = StateMachine(config.data_dir, config.flush_disk_type == "SYNC", self._fatal,
                                   self.metrics.observe_flush)
         self.reader = MessageReader(self.state)
@@ -69,7 +72,9 @@ class Broker:
         self.retention = RetentionService(self)
         self._housekeeping: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics, self.settings,
-                                               config.reject_transaction_message)
+                                               config.reject_transaction_message, self.cluster)
+        self.participants = Participants(self.state, self.transactions, self.cluster, self.settings, self.role)
+        self.transactions.participant_end = self.participants.end
         self.jobs = JobService(self.state, self.transactions, self.role, self.metrics)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
@@ -110,6 +115,7 @@ class Broker:
             self.leader.attach()
             self.check_service.start()
             self.jobs.start()
+            self.participants.start()
             self.schedule.start()
         elif self.config.master:
             self.follower = ReplicationFollower(self, self.config.master)
@@ -154,6 +160,10 @@ class Broker:
 
     # ---- security: reloads ---------------------------------------------------------------------
 
+    def _files_changed(self) -> None:
+        self.reload_security()
+        self.cluster.reload()
+
     def reload_security(self) -> None:
         """Re-read the credentials and TLS files (on change, and on SIGHUP). A broken file is
         reported and the previous state kept."""
@@ -196,6 +206,8 @@ class Broker:
         await self._watcher.stop()
         await self.check_service.stop()
         await self.jobs.stop()
+        await self.participants.stop()
+        await self.cluster.close()
         await self.schedule.stop()
         await self.retention.stop()
         if self.leader.active:

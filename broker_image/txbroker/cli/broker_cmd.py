@@ -23,6 +23,12 @@ def register(sub) -> None:
     p.add_argument("--role", choices=["master", "slave"], help="master (default) or slave")
     p.add_argument("--master", help="the master's data-plane address, for a slave")
     p.add_argument("--broker-name", help="name shown in logs, metrics and answers")
+    clu = p.add_argument_group("broker groups (one cluster of several masters; see docs/broker-groups.md)")
+    clu.add_argument("--group", help="the broker group (a master and its slaves) this broker belongs to, as the "
+                                     "cluster file names it")
+    clu.add_argument("--cluster-file",
+                     help="the cluster route (YAML: cluster, version, groups with name, addresses, state); "
+                          "served to clients that bootstrap here, reloaded when the file changes")
     p.add_argument("--flush-disk-type", choices=["SYNC", "ASYNC", "SYNC_FLUSH", "ASYNC_FLUSH"],
                    help="SYNC: acknowledge after fsync (group commit); ASYNC (default): after the write")
     p.add_argument("--replication-mode", choices=["SYNC", "ASYNC"],
@@ -79,7 +85,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     overrides = {
         "data_dir": args.data_dir, "listen": args.listen, "admin_listen": args.admin_listen, "role": args.role,
-        "master": args.master, "broker_name": args.broker_name, "flush_disk_type": args.flush_disk_type,
+        "master": args.master, "broker_name": args.broker_name, "group": args.group, "cluster_file": args.cluster_file, "flush_disk_type": args.flush_disk_type,
         "max_message_size": args.max_message_size, "reject_transaction_message": args.reject_transaction_message,
         "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
         "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,

@@ -23,6 +23,10 @@ from txbroker.client.transaction_session import (
     LocalTransactionState, Prepared, TransactionSendResult, TransactionSession,
 )
 from txbroker.protocol.bodies import Message, MessageExt
+from txbroker.client.cluster import (  # noqa: E402 - built on the single-group clients above
+    AsyncClusterProducer, AsyncClusterPushConsumer, AsyncClusterTransactionProducer, ClusterProducer,
+    ClusterPushConsumer, ClusterTransactionProducer,
+)
 
 __all__ = [
     "AsyncJobCoordinator", "JobCoordinator", "JobInfo",
@@ -32,4 +36,6 @@ __all__ = [
     "ClientError", "DecisionNotReplicated", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",
     "RequestTimeout", "SendResult", "TransactionListener", "TransactionProducer", "TransactionSendResult",
     "Prepared", "TransactionSession",
+    "AsyncClusterProducer", "AsyncClusterPushConsumer", "AsyncClusterTransactionProducer", "ClusterProducer",
+    "ClusterPushConsumer", "ClusterTransactionProducer",
 ]

@@ -22,6 +22,7 @@ class SendResult:
     msg_ids: list[str]
     queue_ids: list[int] = field(default_factory=list)
     queue_offsets: list[int] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)  # each message's broker group (a cluster's producers)
 
     @property
     def msg_id(self) -> str:
@@ -51,6 +52,19 @@ def as_list(msg_or_msgs) -> list[Message]:
     return msgs
 
 
+async def topic_queue_count(client: BrokerClient, topic: str) -> int:
+    """How many queues `topic` has on the client's broker, creating it (as a send would) if missing."""
+    try:
+        r: RouteResponse = await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic), RouteResponse)
+        return r.queue_count
+    except BrokerError as e:
+        if e.code != ResponseCode.TOPIC_NOT_EXIST:
+            raise
+    await client.request(RequestCode.UPDATE_AND_CREATE_TOPIC, CreateTopicRequest(topic))
+    r = await client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic), RouteResponse)
+    return r.queue_count
+
+
 class AsyncProducer:
     """Sends messages; a list sent at once is stored as one batch."""
 
@@ -65,16 +79,6 @@ class AsyncProducer:
                                    credentials=credentials, tls=tls)
         self._queue_counts: dict[str, int] = {}
 
-    async def _queue_count(self, topic: str) -> int:
-        try:
-            r: RouteResponse = await self.client.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteRequest(topic), RouteResponse)
-            return r.queue_count
-        except BrokerError as e:
-            if e.code != ResponseCode.TOPIC_NOT_EXIST:
-                raise
-        await self.client.request(RequestCode.UPDATE_AND_CREATE_TOPIC, CreateTopicRequest(topic))
-        return await self._queue_count(topic)
-
     async def start(self) -> "AsyncProducer":
         await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id),
                                   HeartbeatResponse, retry=True)
@@ -88,7 +92,7 @@ class AsyncProducer:
             for m in msgs:
                 count = self._queue_counts.get(m.topic)
                 if count is None:
-                    count = self._queue_counts[m.topic] = await self._queue_count(m.topic)
+                    count = self._queue_counts[m.topic] = await topic_queue_count(self.client, m.topic)
                 m.queue_id = selector(count, m, arg)
         r: SendResponse = await self.client.request(RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs),
                                                     SendResponse, retry=self.retry_sends)

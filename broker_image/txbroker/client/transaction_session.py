@@ -126,13 +126,15 @@ class TransactionSession:
         self.client = client
         self.group = group
 
-    async def prepare(self, msgs: list[Message], transaction_id: str | None = None, job_id: str = "") -> Prepared:
-        """Store the messages as one half message (joining job `job_id` if given). Safe to retry: the
+    async def prepare(self, msgs: list[Message], transaction_id: str | None = None, job_id: str = "",
+                      home: str = "") -> Prepared:
+        """Store the messages as one half message (joining job `job_id` if given; a participant of the
+        transaction of the same id that broker group `home` decides, if given). Safe to retry: the
         id makes it idempotent (a repeat answers `duplicate`). Every refusal raises BrokerError.
         The messages get the transaction id (a listener sees it on them)."""
         txid = transaction_id or uuid.uuid4().hex
         r: SendResponse = await self.client.request(
-            RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs, txid, job_id), SendResponse, retry=True)
+            RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs, txid, job_id, home), SendResponse, retry=True)
         for m in msgs:
             m.transaction_id = txid
         return Prepared(r.transaction_id or txid, r.commit_log_offset, r.msg_ids, r.duplicate, r)

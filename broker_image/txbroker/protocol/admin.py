@@ -305,3 +305,23 @@ def encode(answer: Any) -> bytes:
 
 
 _encoder = msgspec.json.Encoder()
+
+
+class ClusterInfo(Struct):
+    """GET /api/v1/cluster: this broker's group and the cluster route it serves (protocol/cluster.py)."""
+
+    group: str  # "" outside any cluster of broker groups
+    route: dict | None = None  # cluster, version, groups (name, addresses, state)
+    draining: bool = False
+
+
+class DrainStatus(Struct):
+    """GET /api/v1/drain: what this group still holds for someone (its master's view, as published).
+    A group may go once `drained`: nothing undelivered and no transaction pending or parked."""
+
+    group: str
+    draining: bool
+    undelivered: int  # messages some consumer group (or nobody yet) has not consumed; delayed ones waiting
+    topics: dict[str, int]  # the undelivered per topic (retry and dead-letter topics included)
+    pending_transactions: int  # pending or parked (a participant waits on its home)
+    drained: bool

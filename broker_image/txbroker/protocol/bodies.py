@@ -54,6 +54,9 @@ class SendRequest(Struct, array_like=True, omit_defaults=True):
     messages: list[Message]
     transaction_id: str = ""
     job_id: str = ""  # a half message that joins this coordinated transaction (OPEN_JOB)
+    # a participant of a transaction that spans broker groups: the group whose half message of the
+    # same transaction id decides it (protocol/cluster.py); this broker resolves it from there
+    home: str = ""
 
 
 class SendResponse(Struct, array_like=True, omit_defaults=True):
@@ -203,6 +206,17 @@ class PullResponse(Struct, array_like=True, omit_defaults=True):
 
 class NotifyConsumersChanged(Struct, array_like=True):
     consumer_group: str
+
+
+class TransactionStatesRequest(Struct, array_like=True):
+    """QUERY_TRANSACTION_STATES: how these transactions stand on this broker, as published."""
+
+    producer_group: str
+    transaction_ids: list[str]
+
+
+class TransactionStatesResponse(Struct, array_like=True):
+    states: list[str]  # per id: PREPARED, PARKED, COMMITTED, ROLLED_BACK, or UNKNOWN (no such transaction)
 
 
 class RouteRequest(Struct, array_like=True):

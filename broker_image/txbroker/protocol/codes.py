@@ -26,6 +26,7 @@ class RequestCode(IntEnum):
     LOCK_BATCH_MQ = 41
     UNLOCK_BATCH_MQ = 42
     GET_ROUTEINFO_BY_TOPIC = 105
+    GET_BROKER_CLUSTER_INFO = 106  # the cluster route: its broker groups (protocol/cluster.py)
     # Replication between brokers (RocketMQ runs its HA service on a port of its own; ours shares
     # the data plane's framing and port).
     REPLICATION_SUBSCRIBE = 900  # slave -> master: send me records from LSN n
@@ -40,6 +41,9 @@ class RequestCode(IntEnum):
     PREPARE_JOB = 921
     DECIDE_JOB = 922
     QUERY_JOB = 923
+    # Broker groups (protocol/cluster.py): a participant of a transaction that spans groups asks the
+    # group that decides it (its home) how it ended.
+    QUERY_TRANSACTION_STATES = 930
 
 
 class ResponseCode(IntEnum):

@@ -1,6 +1,6 @@
 """Log records: the unit of durability and, later, of replication.
 
-On-disk format, version 3 (STORE_FORMAT_VERSION, kept under meta key b"format"):
+On-disk format, version 4 (STORE_FORMAT_VERSION, kept under meta key b"format"):
 
   column family  key                                  value
   log            u64 BE log sequence number (LSN)     msgpack record, tagged (see below)
@@ -41,8 +41,8 @@ from msgspec import Struct, field
 
 from txbroker.protocol.bodies import JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, Message  # noqa: F401 - re-exported
 
-STORE_FORMAT_VERSION = 3
-READABLE_FORMATS = frozenset({1, 2, 3})
+STORE_FORMAT_VERSION = 4  # 4: half messages may name a home group
+READABLE_FORMATS = frozenset({1, 2, 3, 4})
 
 
 class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
@@ -53,6 +53,7 @@ class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
     born_ms: int
     messages: list[Message]
     job_id: str = ""  # a member of this coordinated transaction: its decision ends this one
+    home: str = ""  # a participant: the broker group whose half message of this id decides it
 
 
 class NormalRecord(Struct, tag="N", array_like=True, omit_defaults=True):
@@ -184,6 +185,7 @@ class PendingTx(Struct, array_like=True, omit_defaults=True):
     state: str = PREPARED
     keyed: list[tuple[int, str]] = field(default_factory=list)  # (message index, keys) to index at commit
     job_id: str = ""  # member of a coordinated transaction: never checked back, ended by its decision
+    home: str = ""  # participant: never checked back, ended as its home group's transaction ended
 
 
 class FinishedTx(Struct, array_like=True, omit_defaults=True):

@@ -474,7 +474,7 @@ class StateMachine:
             transaction_id=r.transaction_id, producer_group=r.producer_group, half_lsn=lsn,
             born_ms=r.born_ms, destinations=[(m.topic, m.queue_id) for m in r.messages],
             immunity_ms=int(float(immunity) * 1000) if immunity else 0,
-            keyed=[(i, m.keys) for i, m in enumerate(r.messages) if m.keys], job_id=r.job_id,
+            keyed=[(i, m.keys) for i, m in enumerate(r.messages) if m.keys], job_id=r.job_id, home=r.home,
         )
         if r.job_id:
             self.job_members.setdefault(r.job_id, set()).add(r.transaction_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from txbroker.protocol.codes import RequestCode
 
-from . import auth, client, consumer, end_transaction, job, message, pull, replication, send, topic
+from . import auth, client, cluster, consumer, end_transaction, job, message, pull, replication, send, topic
 
 
 def handlers(broker) -> dict[int, object]:
@@ -37,4 +37,6 @@ def handlers(broker) -> dict[int, object]:
         RequestCode.PREPARE_JOB: job.JobProcessor(broker, "prepare"),
         RequestCode.DECIDE_JOB: job.JobProcessor(broker, "decide"),
         RequestCode.QUERY_JOB: job.JobProcessor(broker, "query"),
+        RequestCode.GET_BROKER_CLUSTER_INFO: cluster.ClusterRouteProcessor(broker),
+        RequestCode.QUERY_TRANSACTION_STATES: cluster.TransactionStatesProcessor(broker),
     }

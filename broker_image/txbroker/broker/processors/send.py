@@ -14,6 +14,7 @@ class SendProcessor:
         self._topics = broker.topics
         self._state = broker.state
         self._role = broker.role
+        self._cluster = broker.cluster
         self._sent = broker.metrics.sent_normal
         self._group_sent = broker.metrics.group_sent_normal
 
@@ -21,6 +22,8 @@ class SendProcessor:
         req = self._decode(body)
         access = conn.access
         access.require_publish(req.messages)
+        if self._cluster.draining:  # a draining group takes no new messages
+            self._cluster.refuse_draining()
         if req.transaction_id:
             access.require_producer_group(req.producer_group)
             return self._tx.prepare(req)

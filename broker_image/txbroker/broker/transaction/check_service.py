@@ -10,7 +10,8 @@ group is asked, round robin, with a one-way frame that is never awaited, so a sl
 hold the scan. A check counts even when no producer is connected: that is what guarantees every
 transaction is eventually decided or parked (invariant I4). A group with a webhook URL is asked
 over HTTP instead (webhook_check.py). Members of a coordinated transaction are never checked back:
-their job's decision (or its deadline) ends them (jobs.py).
+their job's decision (or its deadline) ends them (jobs.py); nor are the participants of a transaction
+that spans broker groups: they end as their home group's transaction ended (participants.py).
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ class CheckService:
         to_park: list = []
         ahead = self._stamped_ahead
         for p in self._state.pending_transactions():
-            if p.state != PREPARED or p.job_id:  # a job's member: its job decides it (broker/transaction/jobs.py)
-                continue
+            if p.state != PREPARED or p.job_id or p.home:
+                continue  # a job's member, its job decides it (jobs.py); a participant, its home (participants.py)
             s = settings_for(p.producer_group)
             born, last = p.born_ms, p.last_check_ms
             if born > now or last > now:

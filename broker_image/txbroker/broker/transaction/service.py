@@ -34,8 +34,11 @@ def now_ms() -> int:
 
 class TransactionService:
     def __init__(self, state: StateMachine, topics: TopicRegistry, role: RoleState, metrics: BrokerMetrics,
-                 settings: SettingsBook, reject_transaction_message: bool = False):
+                 settings: SettingsBook, reject_transaction_message: bool = False, cluster=None):
         self._state = state
+        self._cluster = cluster  # broker/cluster.py: where a participant's home group is
+        # a participant's END, asked of its home group (participants.py sets it): a coroutine
+        self.participant_end = None
         self._settings = settings  # a group may require its transactions to join a job
         self._topics = topics
         self._role = role
@@ -56,7 +59,14 @@ class TransactionService:
         existing = self._state.pending_transaction(txid) or self._state.finished(txid)
         if existing is not None:  # a retried half send: answer what was stored, store nothing
             return self._duplicate_prepare(req, existing)
-        if req.job_id:
+        if req.home:
+            if req.job_id:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: a participant of a transaction "
+                                   f"decided by group {req.home[:64]} cannot also join job {req.job_id[:128]}")
+            if self._cluster is None:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "this broker belongs to no cluster of broker groups")
+            self._cluster.check_home(req.home)
+        elif req.job_id:
             self._check_job_open(req)
         elif self._settings.for_group(req.producer_group).require_job:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
@@ -64,7 +74,8 @@ class TransactionService:
                                "coordinated transaction (require_job; TxProducerGroup checkMode ledger): open a job "
                                "and send with its id")
         self._topics.validate_for_send(req.messages)
-        lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages, req.job_id))
+        lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages, req.job_id,
+                                                     req.home))
         self._metrics.sent_half.inc(len(req.messages))
         self._metrics.group_sent_half(req.producer_group).inc(len(req.messages))
         return ok(SendResponse(
@@ -96,6 +107,10 @@ class TransactionService:
             return error(ResponseCode.ILLEGAL_OPERATION,
                          f"transaction {req.transaction_id} was sent as a member of job {existing.job_id or '(none)'!r}, "
                          f"not {req.job_id or '(none)'!r}")
+        if isinstance(existing, PendingTx) and existing.home != req.home:
+            return error(ResponseCode.ILLEGAL_OPERATION,
+                         f"transaction {req.transaction_id} was sent here with home group {existing.home or '(none)'!r}, "
+                         f"not {req.home or '(none)'!r}")
         lsn = existing.half_lsn
         n = len(existing.destinations) if isinstance(existing, PendingTx) else existing.message_count
         # Acknowledged only as the first send would have been: once the half message is published.
@@ -125,6 +140,8 @@ class TransactionService:
                          f"transaction {txid} is stored at offset {p.half_lsn}, not {req.commit_log_offset}")
         if wanted == TransactionState.UNKNOWN:
             return ok(EndTransactionResponse(TransactionState.UNKNOWN))
+        if p.home and by != "admin":  # ended only as its home group ended it
+            return self.participant_end(p, wanted)
         if p.job_id:
             refusal = self._member_end_refusal(p, wanted)
             if refusal is not None:

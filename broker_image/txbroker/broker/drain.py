@@ -1,0 +1,38 @@
+"""What a broker group still holds for someone: the count that decides whether it may be removed
+from a cluster (scale-down). Undelivered is, per queue, the messages past the lowest offset any
+consumer group committed on the topic (all of them when no group consumes it: nobody has them
+yet), delayed messages not yet due, retries and dead letters (someone may still want those); plus
+every pending or parked transaction, since either may still become messages."""
+
+from __future__ import annotations
+
+from txbroker.broker.schedule_service import SCHEDULE_GROUP
+from txbroker.protocol.admin import DrainStatus
+from txbroker.protocol.names import HALF_TOPIC, OP_HALF_TOPIC, SCHEDULE_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC
+
+NOT_MESSAGES = frozenset({HALF_TOPIC, OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})  # parked: counted as transactions
+
+
+def drain_status(broker) -> DrainStatus:
+    state = broker.state
+    lowest: dict[tuple[str, int], int] = {}
+    for group, topic, queue, offset in state.consumer_offsets():
+        if (topic == SCHEDULE_TOPIC) != (group == SCHEDULE_GROUP):
+            continue
+        key = (topic, queue)
+        lowest[key] = min(offset, lowest.get(key, offset))
+    topics: dict[str, int] = {}
+    for topic, count in state.topics.items():
+        if topic in NOT_MESSAGES:
+            continue
+        n = 0
+        for q in range(count):
+            end = state.readable_end(topic, q)
+            start = max(state.queue_start(topic, q), lowest.get((topic, q), 0))
+            n += max(end - start, 0)
+        if n:
+            topics[topic] = n
+    undelivered = sum(topics.values())
+    pending = state.pending_count
+    return DrainStatus(broker.cluster.group, broker.cluster.draining, undelivered, topics, pending,
+                       undelivered == 0 and pending == 0)

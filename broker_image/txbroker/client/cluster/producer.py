@@ -1,0 +1,103 @@
+"""Plain producers of a cluster of broker groups: one AsyncProducer per group, messages placed by
+placement.py."""
+
+from __future__ import annotations
+
+from txbroker.client import background
+from txbroker.client.cluster.members import PerGroup
+from txbroker.client.cluster.placement import Placement
+from txbroker.client.cluster.route import RouteBook
+from txbroker.client.errors import BrokerError
+from txbroker.client.producer import AsyncProducer, SendResult, as_list, topic_queue_count
+from txbroker.protocol.codes import ResponseCode
+
+
+class AsyncClusterProducer:
+    """Sends to the groups of the cluster that `bootstrap` (any broker of it) belongs to."""
+
+    def __init__(self, group: str, bootstrap, *, request_timeout: float = 10.0, route_refresh: float = 10.0,
+                 credentials=None, tls=None):
+        self.group = group
+        self._kwargs = dict(request_timeout=request_timeout, credentials=credentials, tls=tls)
+        self.routes = RouteBook(bootstrap, refresh=route_refresh, **self._kwargs)
+        self.placement = Placement()
+        self.groups: PerGroup[AsyncProducer] = PerGroup(self._make, lambda p: p.close())
+        self.routes.on_change(self._follow)
+
+    async def _make(self, g) -> AsyncProducer:
+        return await AsyncProducer(self.group, g.addresses, **self._kwargs).start()
+
+    async def _follow(self, route) -> None:
+        await self.groups.follow(route)
+        self.placement.forget()
+
+    async def start(self) -> "AsyncClusterProducer":
+        await self.routes.start()
+        return self
+
+    async def _count(self, group: str, topic: str) -> int:
+        return await topic_queue_count(self.groups.members[group].client, topic)
+
+    async def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
+        """As AsyncProducer.send; `selector(queue_count, message, arg)` chooses among the topic's queues
+        on every active group. Messages that land on several groups are sent to each (not atomically:
+        use a transaction for that); the result lists each message's group in `groups`."""
+        msgs = as_list(msg_or_msgs)
+        try:
+            return await self._send(msgs, selector, arg)
+        except BrokerError as e:  # a group drained since the route was read: nothing stored, send again
+            if e.code != ResponseCode.SERVICE_NOT_AVAILABLE or not await self.routes.update():
+                raise
+            return await self._send(msgs, selector, arg)
+
+    async def _send(self, msgs, selector, arg) -> SendResult:
+        parts = await self.placement.place(msgs, self.groups.active, self._count, selector, arg)
+        out = SendResult([])
+        for group, part in parts.items():
+            r = await self.groups.members[group].send(part)
+            out.msg_ids += r.msg_ids
+            out.queue_ids += r.queue_ids
+            out.queue_offsets += r.queue_offsets
+            out.groups += [group] * len(part)
+        return out
+
+    async def close(self) -> None:
+        await self.groups.close()
+        await self.routes.close()
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class ClusterProducer:
+    """Blocking form of AsyncClusterProducer."""
+
+    def __init__(self, group: str, bootstrap, **kwargs):
+        self._async = AsyncClusterProducer(group, bootstrap, **kwargs)
+
+    @property
+    def route(self):
+        return self._async.routes.route
+
+    def start(self) -> "ClusterProducer":
+        background.run(self._async.start())
+        return self
+
+    def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
+        return background.run(self._async.send(msg_or_msgs, selector, arg))
+
+    def refresh_route(self) -> bool:
+        """Read the route now (it is read every `route_refresh` seconds anyway); True if it changed."""
+        return background.run(self._async.routes.update())
+
+    def shutdown(self) -> None:
+        background.run(self._async.close())
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.shutdown()

@@ -1,0 +1,209 @@
+"""Transactional producers of a cluster of broker groups.
+
+One AsyncTransactionProducer per group registers the producer group there and answers that group's
+check-backs with the one listener. A transaction whose messages land on one group (every send
+without a selector, see placement.py) is that group's ordinary transaction. One whose messages land
+on several spans them, under one transaction id:
+
+  1. the half message on the first group (the home) is stored, as for any transaction;
+  2. then one half message on each other group, naming the home (participants); if one cannot be
+     stored, the home's is rolled back and the local transaction never runs;
+  3. the local transaction runs once;
+  4. its decision goes to the home (END_TRANSACTION): that is the commit point. UNKNOWN sends
+     nothing, and the home checks back this producer group as for any transaction;
+  5. then to each participant, which ends only as its home says (broker/transaction/participants.py).
+     A participant the decision does not reach asks the home itself, so a producer that dies after
+     step 4 leaves nothing torn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+from txbroker.client import background
+from txbroker.client.cluster.members import PerGroup
+from txbroker.client.cluster.placement import Placement
+from txbroker.client.cluster.route import RouteBook
+from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.log_limit import RepeatedWarnings
+from txbroker.client.producer import as_list, topic_queue_count
+from txbroker.client.transaction import AsyncTransactionProducer, TransactionListener
+from txbroker.client.transaction_session import (
+    LocalTransactionState, Prepared, TransactionSendResult, local_decision, local_decision_async,
+)
+from txbroker.protocol.bodies import Message
+
+log = logging.getLogger(__name__)
+_warnings = RepeatedWarnings(log)
+_EXECUTE = "execute_local_transaction"
+
+
+@dataclass
+class Spanning:
+    """A transaction's half messages on several groups, stored; the local transaction not yet run."""
+
+    home: str
+    home_half: Prepared
+    participants: dict[str, Prepared]
+
+
+class AsyncClusterTransactionProducer:
+    def __init__(self, group: str, bootstrap, listener: TransactionListener, *, request_timeout: float = 10.0,
+                 route_refresh: float = 10.0, check_workers: int = 4, credentials=None, tls=None):
+        if not group:
+            raise ValueError("a transactional producer needs a producer group")
+        self.group = group
+        self.listener = listener
+        self._kwargs = dict(request_timeout=request_timeout, check_workers=check_workers, credentials=credentials,
+                            tls=tls)
+        self.routes = RouteBook(bootstrap, refresh=route_refresh, request_timeout=request_timeout,
+                                credentials=credentials, tls=tls)
+        self.placement = Placement()
+        self.groups: PerGroup[AsyncTransactionProducer] = PerGroup(self._make, lambda p: p.close())
+        self.routes.on_change(self._follow)
+
+    async def _make(self, g) -> AsyncTransactionProducer:
+        return await AsyncTransactionProducer(self.group, g.addresses, _Shared(self), **self._kwargs).start()
+
+    async def _follow(self, route) -> None:
+        await self.groups.follow(route)
+        self.placement.forget()
+
+    async def start(self) -> "AsyncClusterTransactionProducer":
+        await self.routes.start()
+        return self
+
+    async def _count(self, group: str, topic: str) -> int:
+        return await topic_queue_count(self.groups.members[group].client, topic)
+
+    # ---- the phases, shared by the asyncio and the blocking forms -----------------------------------
+
+    async def place(self, msgs: list[Message], selector, arg) -> dict[str, list[Message]]:
+        return await self.placement.place(msgs, self.groups.active, self._count, selector, arg)
+
+    async def begin(self, parts: dict[str, list[Message]], txid: str) -> Spanning | TransactionSendResult:
+        """Steps 1-2. A TransactionSendResult: not stored (rolled back); run no local transaction."""
+        (home, home_msgs), *others = parts.items()
+        home_session = self.groups.members[home].session
+        begun = await home_session.begin(home_msgs, txid)
+        if isinstance(begun, TransactionSendResult):
+            return begun
+        stored: dict[str, Prepared] = {}
+        try:
+            for group, msgs in others:
+                stored[group] = await self.groups.members[group].session.prepare(msgs, txid, home=home)
+        except ClientError as e:
+            _warnings.warning("participant not stored", "transaction %s: its half message on group %s was not "
+                              "stored (%s): rolling back, the local transaction does not run", txid, group, e)
+            result = TransactionSendResult(e.code_name if isinstance(e, BrokerError) else "UNKNOWN_ERROR", txid, [],
+                                           LocalTransactionState.ROLLBACK)
+            try:
+                await home_session.end(begun, LocalTransactionState.ROLLBACK)
+            except ClientError as end_error:  # check-back asks the listener, whose transaction never ran
+                result.end_error = str(end_error)
+            await self._tell(stored, LocalTransactionState.ROLLBACK)
+            return result
+        return Spanning(home, begun, stored)
+
+    async def finish(self, begun: Spanning, state: LocalTransactionState) -> TransactionSendResult:
+        """Steps 4-5."""
+        result = await self.groups.members[begun.home].session.finish(begun.home_half, state)
+        for p in begun.participants.values():
+            result.msg_ids += p.msg_ids
+        if state is not LocalTransactionState.UNKNOWN and not result.end_error:
+            await self._tell(begun.participants, state)
+        return result
+
+    async def _tell(self, participants: dict[str, Prepared], state: LocalTransactionState) -> None:
+        """The home's decision to the participants: a shortcut; each asks the home itself anyway."""
+        async def one(group, prepared):
+            try:
+                await self.groups.members[group].session.end(prepared, state)
+            except ClientError as e:
+                _warnings.warning("participant not told", "transaction %s: group %s not told %s (%s); it asks its "
+                                  "home group itself", prepared.transaction_id, group, state.name, e)
+
+        await asyncio.gather(*(one(g, p) for g, p in participants.items()))
+
+    async def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
+                                          selector=None) -> TransactionSendResult:
+        """As AsyncTransactionProducer's; with `selector`, messages may land on several groups."""
+        msgs = as_list(msg_or_msgs)
+        txid = transaction_id or uuid.uuid4().hex
+        parts = await self.place(msgs, selector, arg)
+        if len(parts) == 1:
+            (group, part), = parts.items()
+            return await self.groups.members[group].send_message_in_transaction(part, arg, txid)
+        begun = await self.begin(parts, txid)
+        if isinstance(begun, TransactionSendResult):
+            return begun
+        state = await local_decision_async(_EXECUTE, txid, self.listener.execute_local_transaction, msg_or_msgs, arg)
+        return await self.finish(begun, state)
+
+    async def close(self) -> None:
+        await self.groups.close()
+        await self.routes.close()
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class _Shared(TransactionListener):
+    """Each group's producer answers check-backs with the cluster producer's listener, as it is now."""
+
+    def __init__(self, owner: AsyncClusterTransactionProducer):
+        self._owner = owner
+
+    def execute_local_transaction(self, msg, arg):
+        return self._owner.listener.execute_local_transaction(msg, arg)
+
+    def check_local_transaction(self, msg):
+        return self._owner.listener.check_local_transaction(msg)
+
+
+class ClusterTransactionProducer:
+    """Blocking form of AsyncClusterTransactionProducer: the local transaction runs in the caller's thread."""
+
+    def __init__(self, group: str, bootstrap, listener: TransactionListener, **kwargs):
+        self._async = AsyncClusterTransactionProducer(group, bootstrap, listener, **kwargs)
+
+    @property
+    def route(self):
+        return self._async.routes.route
+
+    def start(self) -> "ClusterTransactionProducer":
+        background.run(self._async.start())
+        return self
+
+    def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
+                                    selector=None) -> TransactionSendResult:
+        a = self._async
+        msgs = as_list(msg_or_msgs)
+        txid = transaction_id or uuid.uuid4().hex
+        parts = background.run(a.place(msgs, selector, arg))
+        begun = background.run(a.begin(parts, txid))
+        if isinstance(begun, TransactionSendResult):
+            return begun
+        state = local_decision(_EXECUTE, txid, a.listener.execute_local_transaction, msg_or_msgs, arg)
+        return background.run(a.finish(begun, state))
+
+    def refresh_route(self) -> bool:
+        return background.run(self._async.routes.update())
+
+    def shutdown(self) -> None:
+        background.run(self._async.close())
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+
+__all__ = ["AsyncClusterTransactionProducer", "ClusterTransactionProducer"]

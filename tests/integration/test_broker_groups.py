@@ -1,0 +1,252 @@
+"""Broker groups (issue 18) on real brokers: two groups of a SYNC master and its slave, one cluster
+file. Clients bootstrap from any broker; transactions that span the groups are all or nothing,
+whichever master is killed and wherever; a draining group takes no new messages and says what it
+still holds."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections import Counter
+
+import pytest
+
+from support.groups import start_cluster
+from support.waiting import wait_until
+from support import txload
+from txbroker.client import (
+    AsyncClusterTransactionProducer, BrokerError, ClusterProducer, ClusterPushConsumer, ClusterTransactionProducer,
+    ConsumeStatus, LocalTransactionState as S, Message, Producer, TransactionListener, hash_selector,
+)
+from txbroker.client.admin import AdminClient
+from txbroker.client.transaction_session import TransactionSession
+from txbroker.client.connection import BrokerClient
+
+GROUP = "groups-pg"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = start_cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def both_ends(msg, count, arg):
+    return 0
+
+
+def spread(n, m, arg):
+    """Message body 'a...' to the first queue of the first group, anything else to the last queue of the last."""
+    return 0 if m.body.startswith(b"a") else n - 1
+
+
+class Decide(TransactionListener):
+    def __init__(self, state=S.COMMIT, check=S.COMMIT):
+        self.state, self.check = state, check
+        self.checked = []
+
+    def execute_local_transaction(self, msg, arg):
+        return self.state
+
+    def check_local_transaction(self, msg):
+        self.checked.append(msg.transaction_id)
+        return self.check
+
+
+def visible(c, topic="Orders") -> Counter:
+    seen = Counter()
+    for g in c.groups:
+        seen += txload.visible(g.master.address, topic)
+    return seen
+
+
+def test_clients_bootstrap_from_any_broker_and_use_every_group(cluster):
+    got: Counter = Counter()
+    lock = threading.Lock()
+
+    class Take:
+        def consume_message(self, msgs, ctx):
+            with lock:
+                got.update(m.body.decode() for m in msgs)
+            return ConsumeStatus.CONSUME_SUCCESS
+
+    with ClusterProducer("plain-pg", cluster.bootstrap) as p:
+        assert [g.name for g in p.route.groups] == ["g0", "g1"]
+        assert p.route.group("g0").addresses == cluster.group("g0").addresses
+        groups = Counter()
+        for i in range(40):
+            r = p.send(Message("Orders", f"k{i}".encode(), keys=f"customer-{i}"), hash_selector)
+            groups.update(r.groups)
+        assert set(groups) == {"g0", "g1"}, groups
+        unkeyed = Counter(p.send(Message("Orders", f"u{i}".encode())).groups[0] for i in range(4))
+        assert unkeyed == {"g0": 2, "g1": 2}  # a send without a selector goes whole to the next group in turn
+    with ClusterPushConsumer("groups-cg", cluster.bootstrap, "Orders", Take(), rebalance_interval=1.0,
+                             offset_commit_interval=0.2) as c:
+        wait_until(lambda: sum(got.values()) >= 44, what="every message consumed")
+        assert {g for g, _t, _q in c.assigned} == {"g0", "g1"}
+    assert set(got) == {f"k{i}" for i in range(40)} | {f"u{i}" for i in range(4)} and set(got.values()) == {1}
+    for g in cluster.groups:  # each group keeps the offsets of its own queues
+        admin = AdminClient(g.master.admin_url)
+        committed = sum(o for (_t, _q), o in _offsets(g.master.address).items())
+        assert committed == sum(q.max_offset for q in admin.topic("Orders").queues)
+
+
+def _offsets(address):
+    from txbroker.client import PullConsumer
+
+    with PullConsumer(address) as c:
+        committed, _ends = c.committed_offsets("groups-cg", "Orders")
+    return {("Orders", q): o for q, o in committed.items()}
+
+
+def test_a_transaction_spanning_groups_commits_everywhere_or_nowhere(cluster):
+    listener = Decide()
+    with ClusterTransactionProducer(GROUP, cluster.bootstrap, listener) as p:
+        r = p.send_message_in_transaction([Message("Orders", b"a-commit"), Message("Orders", b"b-commit")],
+                                          selector=spread)
+        assert (r.send_status, r.local_state, r.end_error) == ("SEND_OK", S.COMMIT, "")
+        listener.state = S.ROLLBACK
+        p.send_message_in_transaction([Message("Orders", b"a-rollback"), Message("Orders", b"b-rollback")],
+                                      selector=spread)
+        listener.state, listener.check = S.UNKNOWN, S.COMMIT  # the home checks back; the participant follows it
+        unknown = p.send_message_in_transaction([Message("Orders", b"a-unknown"), Message("Orders", b"b-unknown")],
+                                                selector=spread)
+        assert unknown.local_state is S.UNKNOWN
+        wait_until(lambda: visible(cluster) == {"a-commit": 1, "b-commit": 1, "a-unknown": 1, "b-unknown": 1},
+                   what="the committed and checked-back transactions visible on both groups, the rolled back nowhere")
+        assert listener.checked == [unknown.transaction_id]  # the home asked, once; the participant never did
+    assert txload.visible(cluster.group("g0").master.address) == {"a-commit": 1, "a-unknown": 1}
+    g1 = AdminClient(cluster.group("g1").master.admin_url)
+    assert g1.transaction(unknown.transaction_id).by == "home"
+
+
+def test_killing_the_home_master_between_the_halves_and_the_decision_loses_nothing(cluster):
+    home, other = cluster.group("g0"), cluster.group("g1")
+
+    async def main():
+        async with AsyncClusterTransactionProducer(GROUP, cluster.bootstrap, Decide()) as p:
+            parts = await p.place([Message("Orders", b"a-1"), Message("Orders", b"b-1")], spread, None)
+            begun = await p.begin(parts, "span-1")
+            assert begun.home == "g0" and set(begun.participants) == {"g1"}
+            home.master.kill(signal.SIGKILL)
+            cluster.promote(home, 1, epoch=2)
+            await asyncio.to_thread(cluster.rejoin, home, 0)
+            return await p.finish(begun, S.COMMIT)  # the home's END follows its new master
+
+    r = asyncio.run(main())
+    assert r.end_error == "", r
+    wait_until(lambda: visible(cluster) == {"a-1": 1, "b-1": 1}, what="both halves visible")
+    assert txload.visible(other.master.address) == {"b-1": 1}
+
+
+def test_killing_a_participants_master_between_the_decision_and_visibility_loses_nothing(cluster):
+    other = cluster.group("g1")
+
+    async def main():
+        async with AsyncClusterTransactionProducer(GROUP, cluster.bootstrap, Decide()) as p:
+            parts = await p.place([Message("Orders", b"a-2"), Message("Orders", b"b-2")], spread, None)
+            begun = await p.begin(parts, "span-2")
+            # the decision reaches the home only: the participant's master dies before it hears of it
+            await p.groups.members["g0"].session.finish(begun.home_half, S.COMMIT)
+            other.master.kill(signal.SIGKILL)
+
+    asyncio.run(main())
+    cluster.promote(other, 1, epoch=2)
+    cluster.rejoin(other, 0)
+    wait_until(lambda: visible(cluster) == {"a-2": 1, "b-2": 1},
+               what="the participant's new master to ask the home and commit its half")
+    assert AdminClient(other.master.admin_url).transaction("span-2").by == "home"
+
+
+def test_a_participant_never_takes_a_producers_word_against_its_home(cluster):
+    async def main():
+        async with AsyncClusterTransactionProducer(GROUP, cluster.bootstrap, Decide()) as p:
+            begun = await p.begin(await p.place([Message("Orders", b"a-3"), Message("Orders", b"b-3")], spread, None),
+                                  "span-3")
+            session = p.groups.members["g1"].session
+            with pytest.raises(BrokerError) as undecided:  # the home has not decided: nothing to follow
+                await session.end("span-3", S.COMMIT)
+            assert "decided by group g0" in str(undecided.value) and "PREPARED" in str(undecided.value)
+            await p.groups.members["g0"].session.finish(begun.home_half, S.ROLLBACK)
+            with pytest.raises(BrokerError) as against:
+                await session.end("span-3", S.COMMIT)
+            assert against.value.code_name == "TRANSACTION_SHOULD_ROLLBACK" and "home group g0" in str(against.value)
+
+    asyncio.run(main())
+    wait_until(lambda: txload.settled(cluster.group("g1").master.admin_url), what="the participant rolled back")
+    assert visible(cluster) == {}
+
+
+def test_bad_input_names_what_is_wrong(cluster, tmp_path):
+    from txbroker.protocol.bodies import SendRequest, SendResponse
+    from txbroker.protocol.codes import RequestCode
+
+    async def send(address, home):
+        client = BrokerClient([address])
+        try:
+            return await client.request(RequestCode.SEND_MESSAGE, SendRequest(
+                GROUP, [Message("Orders", b"x")], "bad-home", "", home), SendResponse)
+        finally:
+            await client.close()
+
+    g1 = cluster.group("g1").master
+    for home, words in (("g7", "unknown home group 'g7'"), ("g1", "this broker's own group")):
+        with pytest.raises(BrokerError) as e:
+            asyncio.run(send(g1.address, home))
+        assert e.value.code_name == "MESSAGE_ILLEGAL" and words in str(e.value), e.value
+    # a route older than the one in force is refused, and the one in force kept
+    cluster.publish()
+    version = cluster.version
+    cluster.version -= 1
+    cluster.write()
+    wait_until(lambda: f"older than version {version} in force" in g1.log(), what="the stale route refused")
+    assert AdminClient(g1.admin_url).get("/api/v1/cluster")["route"]["version"] == version
+    with ClusterProducer("plain-pg", cluster.bootstrap) as p:
+        with pytest.raises(ValueError, match="chose queue 99"):
+            p.send(Message("Orders", b"x"), lambda n, m, a: 99)
+
+
+def test_a_broker_refuses_to_start_on_a_cluster_file_it_cannot_use(tmp_path):
+    from conftest import run_cli
+
+    bad = tmp_path / "bad.yaml"
+    cases = {
+        "cluster: c\nversion: 1\ngroups: []\n": "at least one group",
+        "cluster: c\nversion: 1\ngroups:\n- {name: g0, addresses: ['nohost']}\n": "'nohost' is not host:port",
+        "cluster: c\nversion: 1\ngroups:\n- {name: G_0, addresses: ['h:1']}\n": "'G_0' is not allowed",
+        "cluster: c\nversion: 1\ngroups:\n- {name: g1, addresses: ['h:1']}\n": "group 'g0' is not in cluster file",
+        "cluster: c\nversion: 1\ngroups:\n- {name: g0, addresses: ['h:1'], state: gone}\n": "'gone': one of active",
+    }
+    for text, words in cases.items():
+        bad.write_text(text)
+        r = run_cli("broker", "--data-dir", str(tmp_path / "d"), "--group", "g0", "--cluster-file", str(bad),
+                    check=False)
+        assert r.returncode == 2 and words in r.stderr, (text, r.stderr)
+
+
+def test_a_draining_group_takes_no_new_messages_and_says_what_it_still_holds(cluster):
+    g1 = cluster.group("g1")
+    with ClusterProducer("plain-pg", cluster.bootstrap) as p:
+        for i in range(6):
+            p.send(Message("Orders", f"m{i}".encode()))
+        held = AdminClient(g1.master.admin_url).get("/api/v1/drain")
+        assert (held["undelivered"], held["topics"], held["drained"]) == (3, {"Orders": 3}, False), held
+        cluster.publish(g1="draining")
+        with Producer("plain-pg", g1.master.address) as direct:
+            with pytest.raises(BrokerError) as refused:
+                direct.send(Message("Orders", b"late"))
+        assert refused.value.code_name == "SERVICE_NOT_AVAILABLE" and "g1 is draining" in str(refused.value)
+        assert {p.send(Message("Orders", f"n{i}".encode())).groups[0] for i in range(4)} == {"g0"}
+    got = Counter()
+
+    class Take:
+        def consume_message(self, msgs, ctx):
+            got.update(m.body.decode() for m in msgs)
+            return ConsumeStatus.CONSUME_SUCCESS
+
+    with ClusterPushConsumer("groups-cg", cluster.bootstrap, "Orders", Take(), offset_commit_interval=0.2):
+        wait_until(lambda: AdminClient(g1.master.admin_url).get("/api/v1/drain")["drained"],
+                   what="the draining group emptied by the consumer group")
+    assert sum(got.values()) == 10
