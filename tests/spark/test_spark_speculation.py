@@ -103,9 +103,10 @@ def test_speculative_duplicate_never_publishes_twice(tx_env, standalone, tmp_pat
     assert_published_once(events, range(ROWS))
     assert {m.transaction_id for m in events} == set(job["member_ids"])
     # The slow original sent its half messages too; the decision does not name them, so the broker
-    # rolled them back when it recorded it: the speculative copy won.
-    losers = json.loads(marker.read_text())["txids"]
-    assert len(losers) == ROWS // PARTITIONS // 10 and not set(losers) & set(job["member_ids"]), losers
+    # rolled them back when it recorded it: the speculative copy won. (On a loaded machine the copy
+    # can win before the original even sent: Spark kills it then, and it announced nothing; CI saw it.)
+    losers = json.loads(marker.read_text())["txids"] if marker.exists() else []
+    assert len(losers) in (0, ROWS // PARTITIONS // 10) and not set(losers) & set(job["member_ids"]), losers
     tx_env.wait_settled()
     assert {(tx_env.transaction(t)["state"], tx_env.transaction(t)["by"]) for t in losers} == {("ROLLED_BACK", "job")}
 
