@@ -114,12 +114,39 @@ class Access:
             if e.status != 404:
                 raise
 
+    def cluster(self, ip: str) -> "ClusterAnswer":
+        """GET /api/v1/cluster: the broker's group and the route it runs."""
+        return self._call(ip, "GET", "/api/v1/cluster", answer=ClusterAnswer)
+
+    def drain(self, ip: str) -> "DrainAnswer":
+        """GET /api/v1/drain (a group's master): what it still holds for consumers and producers."""
+        return self._call(ip, "GET", "/api/v1/drain", answer=DrainAnswer)
+
     def transaction_count(self, ip: str, group: str, state: str) -> int:
         return self._call(ip, "GET", "/api/v1/transactions", query={"group": group, "state": state, "limit": "0"},
                           answer=answers.TransactionList).total
 
 
 PLAIN = Access()
+
+
+# The broker-group answers of the admin API (issue 18), decoded here until protocol/admin.py types
+# them; unknown fields are ignored, a missing or mistyped one is Incompatible.
+class RouteVersion(msgspec.Struct):
+    version: int
+
+
+class ClusterAnswer(msgspec.Struct):
+    group: str = ""
+    route: RouteVersion | None = None     # None: a broker outside any cluster of groups
+
+
+class DrainAnswer(msgspec.Struct):
+    undelivered: int
+    drained: bool
+    group: str = ""
+    topics: dict[str, int] = msgspec.field(default_factory=dict)
+    pending_transactions: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any, Mapping
 
@@ -43,14 +44,30 @@ def post(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         log.error("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)
 
 
-_last_posted: dict[tuple[str, str], str] = {}
+_last_posted: dict[tuple[str, str, str], str] = {}
 
 
-def post_once(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    """Post unless this object's last event of this reason said the same (the periodic pass would
-    otherwise repeat a standing problem every few seconds)."""
-    key = (obj["metadata"].get("uid", ""), reason)
+def post_once(obj: Mapping[str, Any], type_: str, reason: str, message: str, subject: str = "") -> None:
+    """Post unless this object's last event of this reason (about this `subject`: a broker group,
+    say) said the same (the periodic pass would otherwise repeat a standing problem every few seconds)."""
+    key = (obj["metadata"].get("uid", ""), reason, subject)
     if _last_posted.get(key) == message:
         return
     _last_posted[key] = message
+    post(obj, type_, reason, message)
+
+
+_last_at: dict[tuple[str, str, str], float] = {}
+
+
+def post_every(obj: Mapping[str, Any], type_: str, reason: str, message: str, subject: str = "",
+               interval: float = 300.0) -> None:
+    """Post at most once per `interval` seconds for this object, reason and `subject`: a standing
+    problem whose message changes every pass (a count going down) is said again now and then, not
+    every few seconds. A new subject (another cause) is said at once."""
+    key = (obj["metadata"].get("uid", ""), reason, subject)
+    at = time.monotonic()
+    if key in _last_at and at - _last_at[key] < interval:
+        return
+    _last_at[key] = at
     post(obj, type_, reason, message)

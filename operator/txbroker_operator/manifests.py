@@ -12,8 +12,20 @@ from typing import Any, Mapping
 from . import constants as c
 
 
-def pod_name(broker: str, index: int) -> str:
-    return f"{broker}-{index}"
+def group_name(group: int) -> str:
+    """A broker group's name, as pods, Services, the route and the brokers (`--group`) say it."""
+    return f"g{group}"
+
+
+def group_index(name: str) -> int:
+    """The index in a group_name(); -1 for a name no operator gives."""
+    return int(name[1:]) if len(name) > 1 and name[0] == "g" and name[1:].isdigit() else -1
+
+
+def pod_name(broker: str, index: int, group: int = 0) -> str:
+    """Group g0 keeps the names of a TxBroker without groups (`<name>-<i>`), so scaling out never
+    renames a running broker; group g<k> (k >= 1) is `<name>-g<k>-<i>`."""
+    return f"{broker}-{index}" if group == 0 else f"{broker}-g{group}-{index}"
 
 
 def pod_index(pod: str) -> int:
@@ -22,10 +34,18 @@ def pod_index(pod: str) -> int:
 
 
 def headless_service_name(broker: str) -> str:
+    """Every broker pod's DNS subdomain, whatever its group: <pod>.<name>.<namespace>.svc, so one
+    certificate (*.<name>.<namespace>.svc) serves every group."""
     return broker
 
 
+def group_service_name(broker: str, group: int) -> str:
+    """A group's own headless Service (groups 1 and up; g0's brokers are `<name>`'s first)."""
+    return f"{broker}-g{group}"
+
+
 def master_service_name(broker: str) -> str:
+    """The bootstrap Service: every group's master (one group: the master, as before groups)."""
     return f"{broker}-master"
 
 
@@ -33,20 +53,33 @@ def config_map_name(broker: str) -> str:
     return f"{broker}-config"
 
 
+def route_config_map_name(broker: str) -> str:
+    return f"{broker}-route"
+
+
 def service_account_name(broker: str) -> str:
     return f"{broker}-broker"
 
 
-def pvc_name(broker: str, index: int) -> str:
-    return f"data-{pod_name(broker, index)}"
+def pvc_name(broker: str, index: int, group: int = 0) -> str:
+    return f"data-{pod_name(broker, index, group)}"
 
 
 def selector_labels(broker: str) -> dict[str, str]:
     return {c.LABEL_NAME: "txbroker", c.LABEL_INSTANCE: broker, c.LABEL_BROKER: broker}
 
 
+def group_selector_labels(broker: str, group: int) -> dict[str, str]:
+    return {**selector_labels(broker), c.LABEL_GROUP: group_name(group)}
+
+
 def common_labels(broker: str) -> dict[str, str]:
     return {**selector_labels(broker), c.LABEL_MANAGED_BY: c.MANAGED_BY}
+
+
+def pod_address(broker: str, namespace: str, pod: str) -> str:
+    """A broker's stable client address (the headless Service's DNS), as the route lists it."""
+    return f"{pod}.{headless_service_name(broker)}.{namespace}.svc:{c.CLIENT_PORT}"
 
 
 def broker_address(host: str) -> str:
@@ -80,11 +113,17 @@ def config_map(name: str, namespace: str, spec: Mapping[str, Any]) -> dict:
             "data": {c.CONFIG_FILE: broker_toml(spec)}}
 
 
+# Raised when what the operator builds changes in a way running pods must follow: pods built before
+# broker groups have no route mounted, and are replaced once (a rolling update) to get it.
+POD_LAYOUT = 2
+
+
 def pod_spec_hash(spec: Mapping[str, Any]) -> str:
     """What a running pod cannot pick up without a restart. Transaction defaults are left out: they
-    are applied live."""
-    relevant = {k: spec.get(k) for k in ("image", "imagePullPolicy", "replication", "flush", "retention", "resources",
-                                         "podTemplate", "storage", "authSecretRef", "tls")}
+    are applied live; so are spec.groups and replicas (the route file is reloaded by the brokers)."""
+    relevant: dict[str, Any] = {k: spec.get(k) for k in ("image", "imagePullPolicy", "replication", "flush", "retention",
+                                                         "resources", "podTemplate", "storage", "authSecretRef", "tls")}
+    relevant["layout"] = POD_LAYOUT
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -92,10 +131,14 @@ AUTH_DIR = f"{c.CONFIG_DIR}/auth"
 TLS_DIR = f"{c.CONFIG_DIR}/tls"
 
 
-def broker_args(spec: Mapping[str, Any] | None = None, name: str = "", namespace: str = "") -> list[str]:
+def broker_args(spec: Mapping[str, Any] | None = None, name: str = "", namespace: str = "",
+                group: int = 0) -> list[str]:
     """`txbroker broker` flags. Role and master come from the pod's own label and annotation (see
-    constants.ANNOTATION_MASTER); everything else from the ConfigMap's broker.toml, and the
-    credentials and certificates from the mounted Secrets (security.py lists their keys)."""
+    constants.ANNOTATION_MASTER); the group from the pod and the cluster route from the mounted
+    `<name>-route` ConfigMap (the broker reloads it when it changes, so a scale-out or a draining
+    group reaches running brokers without a restart); everything else from the ConfigMap's
+    broker.toml, and the credentials and certificates from the mounted Secrets (security.py lists
+    their keys)."""
     spec = spec or {}
     args = ["broker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}",
             "--data-dir", c.DATA_DIR,
@@ -103,7 +146,9 @@ def broker_args(spec: Mapping[str, Any] | None = None, name: str = "", namespace
             "--admin-listen", f"$(POD_IP):{c.ADMIN_PORT}",
             "--broker-name", "$(POD_NAME)",
             "--role", "$(TXBROKER_ROLE)",
-            "--master", "$(TXBROKER_MASTER)"]
+            "--master", "$(TXBROKER_MASTER)",
+            "--group", group_name(group),
+            "--cluster-file", f"{c.ROUTE_DIR}/{c.ROUTE_FILE}"]
     if spec.get("authSecretRef"):
         args += ["--auth-file", f"{AUTH_DIR}/credentials.toml",
                  "--replication-access-key", "$(TXBROKER_REPLICATION_ACCESS_KEY)",
@@ -122,11 +167,12 @@ def _field_env(name: str, path: str) -> dict:
 
 
 def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, role: str,
-               master_address: str = "") -> dict:
-    """Pod `<name>-<index>` in `role`; a slave replicates from `master_address`."""
+               master_address: str = "", group: int = 0) -> dict:
+    """Pod `index` of broker group `group` (pod_name()) in `role`; a slave replicates from
+    `master_address`, a broker of its own group."""
     tmpl = spec.get("podTemplate") or {}
-    labels = {**(tmpl.get("labels") or {}), **common_labels(name),
-              c.LABEL_COMPONENT: "broker", c.LABEL_ROLE: role, c.LABEL_INDEX: str(index)}
+    labels = {**(tmpl.get("labels") or {}), **common_labels(name), c.LABEL_COMPONENT: "broker",
+              c.LABEL_ROLE: role, c.LABEL_INDEX: str(index), c.LABEL_GROUP: group_name(group)}
     annotations = {**(tmpl.get("annotations") or {}),
                    c.ANNOTATION_MASTER: "" if role == c.ROLE_MASTER else master_address,
                    c.ANNOTATION_POD_SPEC: pod_spec_hash(spec)}
@@ -142,7 +188,7 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         "image": spec["image"],
         "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
         "command": ["txbroker"],
-        "args": broker_args(spec, name, namespace),
+        "args": broker_args(spec, name, namespace, group),
         "env": env,
         "ports": [{"name": "client", "containerPort": c.CLIENT_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": c.ADMIN_PORT, "protocol": "TCP"}],
@@ -152,7 +198,8 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
                           "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 2,
                           "failureThreshold": 6},
         "volumeMounts": [{"name": "data", "mountPath": c.DATA_DIR},
-                         {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True}],
+                         {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True},
+                         {"name": "route", "mountPath": c.ROUTE_DIR, "readOnly": True}],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
@@ -173,11 +220,11 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         for probe in ("readinessProbe", "livenessProbe"):   # probes do not verify certificates
             container[probe]["httpGet"]["scheme"] = "HTTPS"
     if spec.get("storage"):
-        data_volume = {"name": "data", "persistentVolumeClaim": {"claimName": pvc_name(name, index)}}
+        data_volume = {"name": "data", "persistentVolumeClaim": {"claimName": pvc_name(name, index, group)}}
     else:
         data_volume = {"name": "data", "emptyDir": {}}
     pod_spec: dict[str, Any] = {
-        "hostname": pod_name(name, index),
+        "hostname": pod_name(name, index, group),
         "subdomain": headless_service_name(name),
         "serviceAccountName": service_account_name(name),
         "automountServiceAccountToken": False,   # brokers never call the Kubernetes API
@@ -186,24 +233,25 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,   # the image's user
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [data_volume, {"name": "config", "configMap": {"name": config_map_name(name)}}, *volumes],
+        "volumes": [data_volume, {"name": "config", "configMap": {"name": config_map_name(name)}},
+                    {"name": "route", "configMap": {"name": route_config_map_name(name)}}, *volumes],
     }
     for key in ("nodeSelector", "tolerations", "affinity"):
         if tmpl.get(key):
             pod_spec[key] = tmpl[key]
-    meta = {"name": pod_name(name, index), "namespace": namespace, "labels": labels, "annotations": annotations}
+    meta = {"name": pod_name(name, index, group), "namespace": namespace, "labels": labels, "annotations": annotations}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
-def data_pvc(name: str, namespace: str, spec: Mapping[str, Any], index: int) -> dict:
+def data_pvc(name: str, namespace: str, spec: Mapping[str, Any], index: int, group: int = 0) -> dict:
     storage = spec["storage"]
     pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
                                 "resources": {"requests": {"storage": storage["size"]}}}
     if storage.get("storageClassName"):
         pvc_spec["storageClassName"] = storage["storageClassName"]
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": pvc_name(name, index), "namespace": namespace,
-                         "labels": {**common_labels(name), c.LABEL_INDEX: str(index)}},
+            "metadata": {"name": pvc_name(name, index, group), "namespace": namespace,
+                         "labels": {**common_labels(name), c.LABEL_INDEX: str(index), c.LABEL_GROUP: group_name(group)}},
             "spec": pvc_spec}
 
 
@@ -221,13 +269,32 @@ def headless_service(name: str, namespace: str) -> dict:
                      "selector": selector_labels(name), "ports": _ports()}}
 
 
+def group_service(name: str, namespace: str, group: int) -> dict:
+    """A group's brokers under one name (<name>-g<k>.<namespace>.svc); their pods' own DNS names
+    stay under the shared headless Service."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": group_service_name(name, group), "namespace": namespace,
+                         "labels": {**common_labels(name), c.LABEL_GROUP: group_name(group)}},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": group_selector_labels(name, group), "ports": _ports()}}
+
+
 def master_service(name: str, namespace: str) -> dict:
-    """Follows whichever pod carries the master role label (failover relabels pods)."""
+    """Follows whichever pods carry the master role label (failover relabels pods): the master of
+    every group, so it is the one bootstrap address of a TxBroker of many groups (clients fetch the
+    route from whichever master answers)."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": master_service_name(name), "namespace": namespace,
                          "labels": common_labels(name)},
             "spec": {"selector": {**selector_labels(name), c.LABEL_ROLE: c.ROLE_MASTER},
                      "ports": _ports()}}
+
+
+def route_config_map(name: str, namespace: str, document: str) -> dict:
+    """The cluster route (route.py renders `document`), mounted into every broker pod."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": route_config_map_name(name), "namespace": namespace, "labels": common_labels(name)},
+            "data": {c.ROUTE_FILE: document}}
 
 
 def service_account(name: str, namespace: str) -> dict:

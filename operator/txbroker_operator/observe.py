@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import brokers
+from . import brokers, manifests
 from . import constants as c
 from .brokers import BrokerInfo
 
@@ -37,6 +37,12 @@ class Member:
     @property
     def deleting(self) -> bool:
         return bool(self.pod["metadata"].get("deletionTimestamp"))
+
+    @property
+    def group(self) -> int:
+        """Its broker group's index (pods made before broker groups carry no label: g0's)."""
+        label = self.pod["metadata"].get("labels", {}).get(c.LABEL_GROUP)
+        return 0 if label is None else manifests.group_index(label)
 
     @property
     def label_role(self) -> str:

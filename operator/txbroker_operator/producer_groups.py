@@ -1,4 +1,5 @@
-"""TxProducerGroup: apply a group's check-back settings to its TxBroker's master, live.
+"""TxProducerGroup: apply a group's check-back settings to its TxBroker's masters (one per broker
+group), live.
 
 The settings are log records on the brokers: the master writes them and its slaves replicate them,
 so a promoted slave already runs them and a broker restart keeps them. Level-based like the
@@ -57,6 +58,16 @@ def applied_generation(applied: list[dict]) -> int | None:
     return min(gens) if gens else None
 
 
+def group_masters(txb_status: Mapping[str, Any]) -> dict[int, str]:
+    """Broker group index -> the pod its TxBroker's status names master (g0's is also the top-level
+    master). Settings go to every group's master; each group's slaves replicate them from it."""
+    out = {manifests.group_index(b.get("name", "")): b["master"] for b in txb_status.get("groups") or []
+           if b.get("master") and b.get("state") != "removing"}
+    if txb_status.get("master"):
+        out[0] = txb_status["master"]
+    return out
+
+
 def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, generation = meta["namespace"], int(meta.get("generation") or 1)
@@ -81,16 +92,16 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
         return {}   # the TxBroker's pass reports it
     pods = kube.list_pods(ns, manifests.selector_labels(broker_name))
     members = observe.observe(pods, access, ask_brokers=False)
-    master_name = (txb.get("status") or {}).get("master") or ""
+    masters = group_masters(txb.get("status") or {})
     applied, missing = [], []
-    for m in sorted(members.values(), key=lambda m: m.index):
+    for m in sorted(members.values(), key=lambda m: (m.group, m.index)):
         if m.deleting or not m.ip:
             continue
         try:
             current = access.groups(m.ip).get(group)
             if not runs_settings(current, want, generation):
-                if m.name != master_name:  # a slave gets them from its master's log
-                    missing.append(f"{m.name} (replicating)" if master_name else m.name)
+                if m.name not in masters.values():  # a slave gets them from its master's log
+                    missing.append(f"{m.name} (replicating)" if masters.get(m.group) else m.name)
                     continue
                 access.put_group(m.ip, group, want, generation)
                 logger.info("group %s: generation %d applied through master %s", group, generation, m.name)
@@ -108,11 +119,11 @@ def sync_group(body: Mapping[str, Any], logger: Logger) -> dict:
 
     new: dict[str, Any] = {"observedGeneration": generation, "applied": applied,
                            "appliedGeneration": applied_generation(applied)}
-    master = members.get(master_name)
-    if master is not None and master.ip:
-        try:
-            new["pending"] = access.transaction_count(master.ip, group, "pending")
-            new["parked"] = access.transaction_count(master.ip, group, "parked")
+    heads = [members[n] for n in masters.values() if n in members and members[n].ip]
+    if heads:
+        try:   # every broker group's master holds its own transactions: the group's count is their sum
+            new["pending"] = sum(access.transaction_count(h.ip, group, "pending") for h in heads)
+            new["parked"] = sum(access.transaction_count(h.ip, group, "parked") for h in heads)
         except (brokers.Unreachable, brokers.BrokerError):
             pass
     all_applied = not missing and bool(applied) and all(a["generation"] == generation for a in applied)

@@ -2,22 +2,29 @@
 
 Called from Kopf's TxBroker handlers, on every event of one of its pods, and by the periodic health
 pass (health.py). Passes for one TxBroker never overlap (a lock per TxBroker), and each starts from a
-fresh read of the resource, so a pass always sees the master and epoch the previous one recorded.
+fresh read of the resource, so a pass always sees the masters and epochs the previous one recorded.
 
-A pass:
-1. creates what is missing (ServiceAccount, Services, ConfigMap, PodDisruptionBudget, PVCs, pods) and
+A TxBroker has spec.groups broker groups (scaling.py), each a master and its slaves with its own
+epochs; the steps marked (per group) run for each group on its own pods (broker_group.py), so one
+group's failover or rolling update never touches another. A pass:
+1. creates what is missing (ServiceAccount, Services, ConfigMap, PodDisruptionBudget, PVCs) and
    puts back what drifted from what it builds (drift.py); a lone broker has no PodDisruptionBudget;
-2. looks at every pod and asks its broker for role, epoch and log offset (observe.py);
-3. fails over when the master has been lost past the grace period (failover.py): the decision is
-   written to status first, then carried out, so a crash of the operator mid-way is finished by the
-   next pass;
-4. converges roles: the master's pod is labelled master (the `<name>-master` Service follows the
-   label) and its broker is master at the status epoch; every other broker is a slave of it; a
-   returning old master is demoted (fenced) here;
-5. applies live settings (transaction defaults) to brokers that do not have them yet;
-6. takes at most one disruptive step: remove a surplus pod, or replace one pod built from an older
-   spec (slaves first; the master only after a switchover);
-7. writes status.
+2. looks at every pod and asks its broker for role, epoch and log offset (observe.py), and sees which
+   groups are in play: active, draining (past spec.groups) or being removed;
+3. writes the cluster route (`<name>-route`, route.py) when the groups or their brokers changed, at
+   a higher version;
+4. (per group) fails over when the group's master has been lost past the grace period (failover.py):
+   the decision is written to status first, then carried out, so a crash of the operator mid-way is
+   finished by the next pass;
+5. (per group) creates missing pods and converges roles: the master's pod is labelled master (the
+   `<name>-master` Service follows the label) and its broker is master at the group's epoch; every
+   other broker of the group is a slave of it; a returning old master is demoted (fenced) here;
+6. applies live settings (transaction defaults) to brokers that do not have them yet;
+7. (per group) takes at most one disruptive step: remove a surplus pod, or replace one pod built
+   from an older spec (slaves first; the master only after a switchover);
+8. scales down: a draining group is removed once its master says it is drained (or when forced),
+   else the condition ScaleDownBlocked says why;
+9. writes status.
 """
 
 from __future__ import annotations
@@ -26,15 +33,14 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from typing import Any, Mapping
 
 import kopf
 
-from . import brokers, drift, events, failover, kube, manifests, metrics, observe, producer_groups, security, status
-from . import constants as c
-from .failover import Blocked, Promote
+from . import brokers, drift, events, kube, manifests, metrics, observe, producer_groups, route, scaling, security, status
+from .broker_group import GroupPass, load_view
 from .observe import Member
+from .scaling import ACTIVE, DRAINING, REMOVING
 
 Logger = logging.Logger | logging.LoggerAdapter
 
@@ -58,14 +64,10 @@ def sync(body: Mapping[str, Any], logger: Logger) -> dict:
             ok = True
             last = (result or {}).get("lastFailover") or (fresh.get("status") or {}).get("lastFailover")
             if last and last.get("time"):
-                metrics.last_failover(ns, name, _parse_time(last["time"]))
+                metrics.last_failover(ns, name, status.parse_time(last["time"]))
             return result
         finally:
             metrics.passed(ns, name, time.monotonic() - t0, ok)
-
-
-def _parse_time(text: str) -> float:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 class Pass:
@@ -75,14 +77,24 @@ class Pass:
         self.meta, self.spec = body["metadata"], body.get("spec") or {}
         self.name, self.ns = self.meta["name"], self.meta["namespace"]
         self.replicas = int(self.spec.get("replicas", 1))
+        self.wanted = scaling.wanted_groups(self.spec)
         self.status: dict[str, Any] = dict(body.get("status") or {})
-        self.master = failover.master_of(self.status, self.name)
-        self.previous_master = self.master   # before any promotion this pass decides
-        self.epoch = int(self.status.get("epoch") or 1)
+        self.route_version = int(self.status.get("routeVersion") or 0)
+        self.groups: dict[int, GroupPass] = {}
         self.members: dict[str, Member] = {}
         self.looked_at = time.time()  # when the last look that asked the brokers began
         self.access = brokers.PLAIN
         self.secret_problem = ""
+        self.blocked: list[tuple[str, str, str]] = []   # (group, reason, message) of scale-downs waiting
+
+    @property
+    def multi(self) -> bool:
+        """More than one broker group in play (Events and logs then name the group)."""
+        return len(self.groups) > 1
+
+    def serving(self) -> list[GroupPass]:
+        """The groups whose brokers are kept running: active and draining ones."""
+        return [g for _, g in sorted(self.groups.items()) if g.state != REMOVING]
 
     # -- the pass --------------------------------------------------------------------------------
 
@@ -95,16 +107,27 @@ class Pass:
             # it creates and reports, and changes no broker's role until the Secret is fixed.
             self.secret_problem = str(e)
             events.post_once(self.body, events.WARNING, "SecretInvalid", self.secret_problem)
-            self.create_missing_pods()
+            self.look(ask_brokers=False)
+            self.plan_groups()
+            self.ensure_route()
+            for g in self.serving():
+                g.create_missing_pods()
             self.look(ask_brokers=False)
             return self.write_status()
         self.look()
-        self.handle_lost_master()
-        self.create_missing_pods()
-        self.converge_roles()
+        self.plan_groups()
+        self.ensure_group_children()
+        self.ensure_route()
+        for g in self.serving():
+            g.handle_lost_master()
+            g.create_missing_pods()
+            g.converge_roles()
+        self.report_master_state()
         self.apply_live_settings()
         producer_groups.remove_orphans(self.ns, self.name, self.members, self.access, self.log)
-        self.one_disruptive_step()
+        for g in self.serving():
+            g.one_disruptive_step()
+        self.scale_down()
         self.look(ask_brokers=False)
         return self.write_status()
 
@@ -119,6 +142,11 @@ class Pass:
                 if n in old and old[n].pod["metadata"].get("uid") == m.pod["metadata"].get("uid"):
                     m.info, m.refused, m.incompatible = old[n].info, old[n].refused, old[n].incompatible
 
+    def plan_groups(self) -> None:
+        blocks = {b.get("name"): b for b in self.status.get("groups") or []}
+        states = scaling.plan(self.wanted, blocks, {m.group for m in self.members.values()})
+        self.groups = {i: GroupPass(self, i, state, load_view(self.status, i)) for i, state in states.items()}
+
     # -- 1. children -----------------------------------------------------------------------------
 
     def ensure_children(self) -> None:
@@ -126,16 +154,22 @@ class Pass:
                     manifests.master_service(self.name, self.ns)):
             self.ensure_owned(obj)
         self.ensure_owned(manifests.config_map(self.name, self.ns, self.spec), drift_event=False)  # follows the spec
-        if self.replicas > 1:
+        if self.replicas > 1 or self.wanted > 1:
             self.ensure_owned(manifests.pod_disruption_budget(self.name, self.ns))
         else:   # a lone broker: a budget of one unavailable would not protect anything
             self.delete_owned("PodDisruptionBudget", self.name, f"replicas is {self.replicas}")
         self.ensure_network_policy()
-        if self.spec.get("storage"):   # not owned: like a StatefulSet's, claims outlive the broker
-            for i in range(self.replicas):
-                pvc = manifests.data_pvc(self.name, self.ns, self.spec, i)
-                if kube.create_if_absent(pvc):
-                    self.log.info("created PersistentVolumeClaim %s", pvc["metadata"]["name"])
+
+    def ensure_group_children(self) -> None:
+        """Per group kept running: its Service (groups 1 and up) and, with spec.storage, its claims."""
+        for g in self.serving():
+            if g.index > 0:
+                self.ensure_owned(manifests.group_service(self.name, self.ns, g.index))
+            if self.spec.get("storage"):   # not owned: like a StatefulSet's, claims outlive the broker
+                for i in range(self.replicas):
+                    pvc = manifests.data_pvc(self.name, self.ns, self.spec, i, g.index)
+                    if kube.create_if_absent(pvc):
+                        self.log.info("created PersistentVolumeClaim %s", pvc["metadata"]["name"])
 
     def ensure_owned(self, obj: dict, drift_event: bool = True) -> None:
         """Create `obj` owned by the TxBroker, or put back what drifted from it (drift.py says what
@@ -172,147 +206,38 @@ class Pass:
         else:
             self.delete_owned("NetworkPolicy", self.name, "spec.networkPolicy.enabled is false")
 
-    # -- 3. failover -----------------------------------------------------------------------------
+    # -- 3. the route ----------------------------------------------------------------------------
 
-    def handle_lost_master(self) -> None:
-        current = self.members.get(self.master)
-        why = failover.master_down_reason(self.members, self.master)
-        if not why:
-            self.status.pop("masterUnavailableSince", None)
-            metrics.master_state(self.ns, self.name, None)
-            if current.refused:   # it answers: alive, but the operator's credentials or TLS are wrong
-                events.post_once(self.body, events.WARNING, "AdminRefused", current.refused)
-            if current.incompatible:  # it answers: alive, in a form this operator cannot read
-                events.post_once(self.body, events.WARNING, "AdminIncompatible", current.incompatible)
-            return
-        others = [m for m in self.members.values() if m.name != self.master]
-        if not others:
-            metrics.master_state(self.ns, self.name, self.looked_at)
-            return   # nothing to fail over to: the master's pod is (re)created as master
-        last_seen = next((b for b in self.status.get("brokers") or [] if b.get("name") == self.master), {})
-        if "offset" not in last_seen:
-            return   # a new TxBroker whose master is still starting
-        if not self.status.get("masterUnavailableSince"):
-            if why == failover.NOT_READY and not last_seen.get("ready"):
-                return   # it answers as master and has not been Ready yet: starting, not lost
-            # since the look began: a master that did not answer then has not served since
-            self.status["masterUnavailableSince"] = status.now(self.looked_at)
-            self.save_status(masterUnavailableSince=self.status["masterUnavailableSince"])
-            self.log.warning("master %s is not serving (%s)", self.master, why)
-        down_for = time.time() - _parse_time(self.status["masterUnavailableSince"])
-        decision = failover.decide_failover(self.spec, self.status, self.members, self.master, down_for)
-        since = _parse_time(self.status["masterUnavailableSince"])
-        metrics.master_state(self.ns, self.name, since, decision.reason if isinstance(decision, Blocked) else "")
-        if isinstance(decision, Promote):
-            self.promote(decision)
-        elif isinstance(decision, Blocked):
-            events.post_once(self.body, events.WARNING, decision.reason, decision.message)
+    def ensure_route(self) -> None:
+        """The route ConfigMap lists every group kept running (a group being removed until its pods
+        are gone, as draining), at a version raised on every change. Written before any pod of a
+        new group is created, so its brokers start with a route that names their group."""
+        listed = [route.group_route(self.name, self.ns, g.index, self.replicas,
+                                    route.ACTIVE if g.state == ACTIVE else route.DRAINING)
+                  for _, g in sorted(self.groups.items()) if g.state != REMOVING or g.members]
+        want = route.body(self.name, listed)
+        current = route.current(kube.get("ConfigMap", self.ns, manifests.route_config_map_name(self.name)))
+        version = route.next_version(current, self.route_version, want)
+        self.ensure_owned(manifests.route_config_map(self.name, self.ns, route.document(self.name, version, listed)),
+                          drift_event=False)
+        if version != self.route_version:
+            self.log.info("cluster route version %d: %s", version,
+                          ", ".join(f"{g['name']} ({g['state']})" for g in want["groups"]))
+            self.route_version = version
+            self.save_status(routeVersion=version)
+        for g in self.groups.values():
+            if g.state == DRAINING and not g.view.get("drainRouteVersion"):
+                g.view["drainRouteVersion"] = version   # the first route that drains it
 
-    def promote(self, p: Promote) -> None:
-        """Record the decision; converge_roles() carries it out in this pass (and the next pass
-        finishes what a crash of the operator interrupts)."""
-        old = self.master
-        since = self.status.get("masterUnavailableSince")
-        self.master, self.epoch = p.successor, p.epoch
-        self.status.update(master=p.successor, epoch=p.epoch)
-        self.status.pop("masterUnavailableSince", None)
-        if p.reason == "FailedOver":
-            self.status["lastFailover"] = {"time": status.now(), "from": old, "to": p.successor,
-                                           "epoch": p.epoch, "message": p.message}
-        self.save_status(master=p.successor, epoch=p.epoch, masterUnavailableSince=None,
-                         lastFailover=self.status.get("lastFailover"))
-        events.post(self.body, events.WARNING if p.reason == "FailedOver" else events.NORMAL, p.reason, p.message)
-        self.converge_roles()
-        metrics.failed_over(self.ns, self.name, p.reason, _parse_time(since) if since else None)
-        metrics.master_state(self.ns, self.name, None)
+    # -- 4/5. failover and roles: broker_group.py ------------------------------------------------
 
-    # -- 4. pods and roles -----------------------------------------------------------------------
+    def report_master_state(self) -> None:
+        """The operator's master gauges are per TxBroker: unavailable while any group's master is."""
+        downs = [g.unavailable_since for g in self.serving() if g.unavailable_since is not None]
+        reasons = [g.blocked_reason for g in self.serving() if g.blocked_reason]
+        metrics.master_state(self.ns, self.name, min(downs) if downs else None, reasons[0] if reasons else "")
 
-    def create_missing_pods(self) -> None:
-        master = self.members.get(self.master)
-        for i in range(self.replicas):
-            pod_name = manifests.pod_name(self.name, i)
-            if pod_name in self.members:
-                continue
-            if pod_name == self.master:
-                if any(n != pod_name for n in self.members):
-                    continue   # the master's pod is gone: failover first, then it returns as a slave
-                pod = manifests.broker_pod(self.name, self.ns, self.spec, i, c.ROLE_MASTER)
-            elif master is not None and master.address:
-                pod = manifests.broker_pod(self.name, self.ns, self.spec, i, c.ROLE_SLAVE, master.address)
-            else:
-                continue   # slaves start once the master has an address to replicate from
-            kopf.adopt(pod, owner=self.body)
-            if kube.create_if_absent(pod):
-                self.log.info("created pod %s (%s)", pod_name, pod["metadata"]["labels"][c.LABEL_ROLE])
-
-    def converge_roles(self) -> None:
-        """Labels and annotations follow status.master; then the brokers' roles do."""
-        head = self.members.get(self.master)
-        # the master label is taken away before it is given: never two pods behind <name>-master
-        for m in sorted(self.members.values(), key=lambda m: m.name == self.master):
-            if m.deleting:
-                continue
-            role = failover.role_for(m.name, self.master)
-            address = "" if role == c.ROLE_MASTER else (head.address if head and head.address
-                                                        else m.master_annotation)
-            if m.label_role != role or m.master_annotation != address:
-                kube.merge_patch("Pod", self.ns, m.name, {"metadata": {
-                    "labels": {c.LABEL_ROLE: role}, "annotations": {c.ANNOTATION_MASTER: address}}})
-                self.log.info("pod %s labelled %s%s", m.name, role, f" of {address}" if address else "")
-        try:
-            if head is not None and head.info is not None and not head.info.is_master and not head.deleting:
-                head = self.take_over(head)
-            if head is not None and head.alive_master and head.address:
-                for m in self.members.values():
-                    if m is not head and m.info is not None and not m.deleting and \
-                            (m.info.is_master or m.info.master != head.address):
-                        if m.info.is_master:
-                            events.post(self.body, events.WARNING, "Fenced",
-                                        f"{m.name} acted as master at epoch {m.info.epoch}; demoted to a "
-                                        f"slave of {head.name} (epoch {head.info.epoch})")
-                        self.access.demote(m.ip, head.address, max(self.epoch, head.info.epoch))
-                        m.info = self.access.try_info(m.ip)
-                        self.log.info("broker %s now follows %s", m.name, head.address)
-        except (brokers.Unreachable, brokers.BrokerError) as e:
-            self.log.warning("could not set broker roles (the next pass retries): %s", e)
-
-    def take_over(self, head: Member) -> Member:
-        """Make `head` master. Every other broker that answers is turned into its follower first
-        (the old master fenced, the slaves no longer following it), so nothing is acknowledged after
-        this point that the new master lacks; then, since every acknowledged write is on the most
-        caught-up slave, that one is promoted if `head` is behind it."""
-        deposed = {self.previous_master}
-        for m in failover.fence_before_promotion(self.members, head.name):
-            if m.alive_master:
-                deposed.add(m.name)
-            self.access.demote(m.ip, head.address, self.epoch)
-            self.log.info("%s follows %s (epoch %d) before %s is promoted", m.name, head.name, self.epoch,
-                          head.name)
-        for m in self.members.values():
-            if not m.deleting:
-                m.info = self.access.try_info(m.ip)
-        # a deposed master's extra records were never acknowledged (SYNC) or are knowingly lost (ASYNC)
-        slaves = [m for m in self.members.values() if m.info is not None and not m.deleting
-                  and (m is head or m.name not in deposed)]
-        best = max(slaves, key=lambda m: (m.info.log_end_offset, m is head, -m.index))
-        if best is not head:
-            self.log.warning("%s is ahead of %s (offset %d > %d): promoting it instead", best.name, head.name,
-                             best.info.log_end_offset, head.info.log_end_offset)
-            self.master = best.name
-            self.status["master"] = best.name
-            self.save_status(master=best.name)
-            head = best
-        epoch = self.epoch
-        if head.info.epoch >= epoch:   # it has seen our epoch already (e.g. fenced): take a fresh one
-            epoch = observe.highest_epoch(self.members, self.status) + 1
-            self.epoch = self.status["epoch"] = epoch
-            self.save_status(epoch=epoch)
-        head.info = self.access.promote(head.ip, epoch)
-        self.log.info("broker %s promoted to master at epoch %d", head.name, epoch)
-        return head
-
-    # -- 5. live settings ------------------------------------------------------------------------
+    # -- 6. live settings ------------------------------------------------------------------------
 
     def apply_live_settings(self) -> None:
         want = manifests.transaction_settings(self.spec)
@@ -326,59 +251,101 @@ class Pass:
             except (brokers.Unreachable, brokers.BrokerError) as e:
                 self.log.warning("could not apply transaction defaults to %s: %s", m.name, e)
 
-    # -- 6. one disruptive step ------------------------------------------------------------------
+    # -- 8. scaling down -------------------------------------------------------------------------
 
-    def one_disruptive_step(self) -> None:
-        members = [m for m in self.members.values()]
-        if any(m.deleting for m in members):
-            return
-        master = self.members.get(self.master)
-        if master is None or not master.alive_master:
-            return
-        surplus = sorted((m for m in members if m.index >= self.replicas), key=lambda m: -m.index)
-        if surplus:
-            self.remove(surplus[0], "ScaledDown", f"replicas is {self.replicas}: removing {surplus[0].name}",
-                        keep={m.name for m in members if m.index < self.replicas})
-            return
-        if len(members) < self.replicas or not all(m.ready for m in members):
-            return
-        want = manifests.pod_spec_hash(self.spec)
-        outdated = sorted((m for m in members if m.spec_hash != want), key=lambda m: (m.name == self.master, -m.index))
-        if not outdated:
-            return
-        target = outdated[0]
-        if len(members) == 1 and not self.spec.get("storage"):
-            events.post_once(self.body, events.WARNING, "UpdateBlocked",
-                             f"{target.name} is the only broker and keeps its data in an emptyDir: replacing it "
-                             "would lose every message. Add a slave (replicas: 2) or storage, and it rolls.")
-            return
-        if self.spec.get("replication") == "SYNC":
-            others = [m for m in members if m.name not in (self.master, target.name)]
-            if not all(observe.in_sync(master, m) for m in others):
-                return   # do not take a replica away while another one is still catching up
-        done = len(members) - len(outdated)
-        self.remove(target, "RollingUpdate", f"replacing {target.name} with the new spec "
-                                             f"({done + 1} of {len(members)})",
-                    keep={m.name for m in members if m.spec_hash == want})
+    def scale_down(self) -> None:
+        force = scaling.forced(self.meta.get("annotations"))
+        for _, g in sorted(self.groups.items()):
+            if g.state == DRAINING:
+                report, why = self.ask_drain(g)
+                if report is not None:
+                    g.view.update(undelivered=report.undelivered, pendingTransactions=report.pending_transactions,
+                                  undeliveredTopics={t: n for t, n in report.topics.items() if n} or None)
+                decision = scaling.decide_removal(g.name, report, why,
+                                                  int(g.view.get("drainRouteVersion") or self.route_version), force)
+                if isinstance(decision, scaling.Wait):
+                    self.blocked.append((g.name, decision.reason, decision.message))
+                    events.post_every(self.body, events.WARNING, "ScaleDownBlocked", decision.message,
+                                      subject=f"{g.name}/{decision.reason}")
+                    continue
+                events.post(self.body, events.WARNING if decision.forced else events.NORMAL,
+                            "ForcedScaleDown" if decision.forced else "GroupDrained", decision.message)
+                g.state = REMOVING
+                self.save_group(g, {})
+            if g.state == REMOVING:
+                self.remove_group(g)
 
-    def remove(self, target: Member, reason: str, message: str, keep: set[str]) -> None:
-        if target.name == self.master and len(self.members) > 1:
-            p = failover.decide_switchover(self.members, self.status, self.master, keep,
-                                           f"{target.name} is to be replaced")
-            if p is not None:
-                self.promote(p)   # the old master's pod goes in a later pass, as a slave
-            return
-        events.post(self.body, events.NORMAL, reason, message)
-        kube.delete_pod(self.ns, target.name)
+    def ask_drain(self, g: GroupPass) -> tuple[scaling.DrainReport | None, str]:
+        """What the draining group's master holds, with the route version it runs; (None, why) when
+        it cannot be asked."""
+        head = g.members.get(g.master)
+        if head is None or not head.ip:
+            return None, f"its master {g.master} has no pod"
+        if not head.alive_master:
+            return None, f"{g.master} does not answer as master"
+        try:
+            running = self.access.cluster(head.ip)
+            drain = self.access.drain(head.ip)
+        except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
+            return None, str(e)
+        return scaling.DrainReport(undelivered=drain.undelivered, pending_transactions=drain.pending_transactions,
+                                   drained=drain.drained, route_version=running.route.version if running.route else 0,
+                                   topics=drain.topics), ""
 
-    # -- 7. status -------------------------------------------------------------------------------
+    def remove_group(self, g: GroupPass) -> None:
+        """Its pods and Service first; its claims once no pod uses them; then it is gone (the next
+        route leaves it out)."""
+        members = g.members
+        for m in members.values():
+            if not m.deleting:
+                kube.delete_pod(self.ns, m.name)
+                self.log.info("deleted pod %s (group %s removed)", m.name, g.name)
+        self.delete_owned("Service", manifests.group_service_name(self.name, g.index), f"group {g.name} removed")
+        if members:
+            return
+        claims = kube.list_objects("PersistentVolumeClaim", self.ns, manifests.group_selector_labels(self.name, g.index))
+        for pvc in claims:
+            if not pvc["metadata"].get("deletionTimestamp"):
+                kube.delete("PersistentVolumeClaim", self.ns, pvc["metadata"]["name"])
+                self.log.info("deleted PersistentVolumeClaim %s (group %s removed)", pvc["metadata"]["name"], g.name)
+        if claims:
+            return
+        del self.groups[g.index]
+        events.post(self.body, events.NORMAL, "GroupRemoved", f"group {g.name} removed: its brokers, Service and "
+                                                              "volumes are gone")
+
+    # -- 9. status -------------------------------------------------------------------------------
 
     def save_status(self, **fields: Any) -> None:
+        self.status.update(fields)
         kube.patch_txbroker_status(self.ns, self.name, fields)
 
+    def group_blocks(self) -> list[dict]:
+        """status.groups as decided so far in this pass (the list is written whole: a merge patch
+        replaces lists)."""
+        old = {b.get("name"): b for b in self.status.get("groups") or []}
+        out = []
+        for _, g in sorted(self.groups.items()):
+            block = {**(old.get(g.name) or {}), "name": g.name, "state": g.state, "master": g.master,
+                     "epoch": g.epoch, **g.extra()}
+            out.append({k: v for k, v in block.items() if v is not None})
+        return out
+
+    def save_group(self, g: GroupPass, fields: dict[str, Any]) -> None:
+        """A group's decision, written at once: its block, and for g0 the top-level fields too."""
+        blocks = self.group_blocks()
+        patch: dict[str, Any] = {"groups": blocks}
+        if g.index == 0:
+            patch.update({k: v for k, v in fields.items() if k in ("master", "epoch", "masterUnavailableSince")})
+        if fields.get("lastFailover"):
+            patch["lastFailover"] = status.latest_failover(blocks, None)
+        self.status.update(patch)
+        kube.patch_txbroker_status(self.ns, self.name, patch)
+
     def write_status(self) -> dict:
-        extra = {k: self.status.get(k) for k in ("masterUnavailableSince", "lastFailover")}
-        new = status.compute(self.body, self.members, self.master, self.epoch, extra)
+        reports = [status.GroupReport(i, g.members, g.master, g.epoch, g.state, g.extra())
+                   for i, g in sorted(self.groups.items())]
+        new = status.compute_groups(self.body, reports, {"routeVersion": self.route_version or None}, self.blocked)
         old = self.body.get("status") or {}
         changed = {k: v for k, v in new.items() if old.get(k) != v}
         if changed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -13,6 +14,11 @@ def now(at: float | None = None) -> str:
     """The time (`at`, seconds since the epoch, or now) as status and conditions write it."""
     t = datetime.now(timezone.utc) if at is None else datetime.fromtimestamp(at, timezone.utc)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    """A time as now() writes it, in seconds since the epoch."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 def condition(type_: str, ok: bool, reason: str, message: str, old: list[dict], since: str | None = None) -> dict:
@@ -73,63 +79,189 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
     return out
 
 
-def compute(body: Mapping[str, Any], members: Mapping[str, Member], master: str, epoch: int,
-            extra: Mapping[str, Any]) -> dict:
-    """Status for a TxBroker. `extra` carries what the pass decided (masterUnavailableSince,
-    lastFailover); a None there removes the field (merge patch)."""
-    spec = body.get("spec") or {}
-    old = body.get("status") or {}
-    replicas = int(spec.get("replicas", 1))
-    brokers = broker_entries(members, master, old.get("brokers") or [])
+@dataclass
+class GroupReport:
+    """One broker group as a pass leaves it. `extra` carries what the pass decided or learnt about it
+    (masterUnavailableSince, lastFailover, undelivered, drainRouteVersion, ...); None drops a field."""
+    index: int
+    members: Mapping[str, Member]
+    master: str
+    epoch: int
+    state: str = "active"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return manifests.group_name(self.index)
+
+
+@dataclass
+class _Health:
+    """A group's brokers at a glance, for its block and the TxBroker's phase and conditions."""
+    block: dict
+    brokers: list[dict]
+    phase: str
+    ready: int
+    replicas: int
+    master_ok: bool
+    outdated: list[str]
+    progressing: bool
+    progress_msg: str
+
+
+def _group_health(spec: Mapping[str, Any], old: Mapping[str, Any], g: GroupReport) -> _Health:
+    old_blocks = {b.get("name"): b for b in old.get("groups") or []}
+    before = old_blocks.get(g.name) or {}
+    had_master = old.get("master") if g.index == 0 else before.get("master")
+    replicas = 0 if g.state == "removing" else int(spec.get("replicas", 1))
+    old_entries = [b for b in old.get("brokers") or [] if b.get("group", "g0") == g.name]
+    brokers = [{**e, "group": g.name} for e in broker_entries(g.members, g.master, old_entries)]
     ready = sum(1 for b in brokers if b["ready"])
-    head = members.get(master)
+    head = g.members.get(g.master)
     master_ok = head is not None and head.alive_master and head.ready
     want_hash = manifests.pod_spec_hash(spec)
-    outdated = [m.name for m in members.values() if not m.deleting and m.spec_hash != want_hash]
-    surplus = [m.name for m in members.values() if m.index >= replicas]
-    if master_ok and ready == replicas == len(brokers) and not outdated:
+    outdated = [m.name for m in g.members.values() if not m.deleting and m.spec_hash != want_hash]
+    surplus = [m.name for m in g.members.values() if m.index >= replicas]
+    if g.state == "removing":
+        phase = "Removing"
+    elif master_ok and ready == replicas == len(brokers) and not outdated:
         phase = "Running"
     elif master_ok:
         phase = "Degraded" if ready < len(brokers) else "Updating"
-    elif brokers and old.get("master"):
+    elif brokers and had_master:
         phase = "Recovering"
     else:
         phase = "Pending"
-    old_conds = old.get("conditions") or []
-    progressing = bool(outdated or surplus or len(brokers) != replicas)
+    progressing = bool(outdated or surplus or len(brokers) != replicas or g.state != "active")
     if outdated:
         progress_msg = f"{len(outdated)} pod(s) to replace with the new spec: {', '.join(sorted(outdated))}"
     elif surplus or len(brokers) != replicas:
         progress_msg = f"{len(brokers)}/{replicas} broker pods"
     else:
         progress_msg = f"{replicas} broker pods on the current spec"
-    last = extra.get("lastFailover") or old.get("lastFailover")
+    block = {"name": g.name, "state": g.state, "phase": phase, "master": g.master, "epoch": g.epoch,
+             "replicas": replicas, "readyBrokers": ready}
+    block.update(g.extra)
+    block = {k: v for k, v in block.items() if v is not None}
+    return _Health(block, brokers, phase, ready, replicas, master_ok, outdated, progressing, progress_msg)
+
+
+_SEVERITY = ("Recovering", "Degraded", "Updating", "Removing", "Pending", "Running")
+
+
+def _phase(healths: list[_Health]) -> str:
+    """One group: its phase. Several: Pending while none has a master yet; else the worst of them,
+    a group still starting or going away counting as Updating (scaling is under way)."""
+    if len(healths) == 1:
+        return healths[0].phase
+    phases = [h.phase for h in healths]
+    if all(p == "Pending" for p in phases):
+        return "Pending"
+    worst = min(phases, key=_SEVERITY.index)
+    return "Updating" if worst in ("Pending", "Removing") else worst
+
+
+def latest_failover(blocks: list[dict], fallback: Mapping[str, Any] | None) -> dict | None:
+    """The TxBroker's lastFailover: the latest of its groups' (the failover alert reads it)."""
+    times = [b["lastFailover"] for b in blocks if (b.get("lastFailover") or {}).get("time")]
+    if not times:
+        return dict(fallback) if fallback else None
+    last = max(times, key=lambda x: x["time"])
+    return {**last, "group": next(b["name"] for b in blocks if b.get("lastFailover") is last)}
+
+
+def masters(blocks: list[dict]) -> str:
+    """`g0=orders-0,g1=orders-g1-1`: the printer column Masters."""
+    return ",".join(f"{b['name']}={b.get('master', '')}" for b in blocks if b.get("state") != "removing")
+
+
+def compute(body: Mapping[str, Any], members: Mapping[str, Member], master: str, epoch: int,
+            extra: Mapping[str, Any]) -> dict:
+    """Status for a TxBroker of one group (g0). `extra` carries what the pass decided
+    (masterUnavailableSince, lastFailover); a None there removes the field (merge patch)."""
+    return compute_groups(body, [GroupReport(0, members, master, epoch, "active", extra)], {})
+
+
+def compute_groups(body: Mapping[str, Any], groups: list[GroupReport], extra: Mapping[str, Any],
+                   blocked: list[tuple[str, str, str]] = ()) -> dict:
+    """Status for a TxBroker: one block per broker group (status.groups) and, for what read status
+    before groups, g0's master, epoch and masterUnavailableSince at the top, every broker in
+    `brokers` (each naming its group), the latest failover of any group in lastFailover. `extra`:
+    top-level fields the pass decided (routeVersion); `blocked`: (group, reason, message) of
+    scale-downs waiting for a group to drain."""
+    spec = body.get("spec") or {}
+    old = body.get("status") or {}
+    groups = sorted(groups, key=lambda g: g.index)
+    healths = [_group_health(spec, old, g) for g in groups]
+    blocks = [h.block for h in healths]
+    single = len(groups) == 1
+    head = next((g for g in groups if g.index == 0), groups[0])
+    phase = _phase(healths)
+    old_conds = old.get("conditions") or []
+    brokers = [b for h in healths for b in h.brokers]
+    members = {n: m for g in groups for n, m in g.members.items()}
+    serving = [h for h in healths if h.block["state"] != "removing"]
+    if single:
+        h = healths[0]
+        ready_msg = f"{h.ready}/{h.replicas} brokers ready; master {h.block['master']}" +             ("" if h.master_ok else " not serving")
+        progress_msg = h.progress_msg
+        degraded_msg = "" if h.master_ok and h.ready == len(h.brokers) else             f"{len(h.brokers) - h.ready} broker(s) not ready"
+    else:
+        ready_msg = "; ".join(f"{h.block['name']}: {h.ready}/{h.replicas} brokers ready, master {h.block['master']}"
+                              + ("" if h.master_ok else " not serving")
+                              + ("" if h.block["state"] == "active" else f" ({h.block['state']})") for h in serving)
+        progress_msg = "; ".join(f"{h.block['name']}: " + (h.progress_msg if h.block["state"] == "active"
+                                                           else h.block["state"])
+                                 for h in healths if h.progressing) or             f"{len(healths)} groups of {healths[0].replicas} broker pods on the current spec"
+        degraded_msg = "; ".join(f"{h.block['name']}: " + ("master not serving" if not h.master_ok else
+                                                           f"{len(h.brokers) - h.ready} broker(s) not ready")
+                                 for h in serving if not h.master_ok or h.ready < len(h.brokers))
+    any_down = any(not h.master_ok for h in serving)
+    not_ready = any(h.ready < len(h.brokers) for h in healths)
+    progressing = any(h.progressing for h in healths)
+    rolling = any(h.outdated for h in healths)
     conditions = [
         condition("Ready", phase == "Running", "AllBrokersReady" if phase == "Running" else "BrokersNotReady",
-                  f"{ready}/{replicas} brokers ready; master {master}" + ("" if master_ok else " not serving"),
-                  old_conds),
-        condition("Progressing", progressing, "RollingUpdate" if outdated else ("Scaling" if progressing else "Stable"),
+                  ready_msg, old_conds),
+        condition("Progressing", progressing, "RollingUpdate" if rolling else ("Scaling" if progressing else "Stable"),
                   progress_msg, old_conds),
-        condition("Degraded", not master_ok or ready < len(brokers),
-                  "MasterUnavailable" if not master_ok else ("BrokersNotReady" if ready < len(brokers) else "AsExpected"),
-                  "" if master_ok and ready == len(brokers) else f"{len(brokers) - ready} broker(s) not ready", old_conds),
+        condition("Degraded", any_down or not_ready,
+                  "MasterUnavailable" if any_down else ("BrokersNotReady" if not_ready else "AsExpected"),
+                  degraded_msg, old_conds),
     ]
     unreadable = sorted(m.name for m in members.values() if m.incompatible)
     conditions.append(condition(
         "BrokersCompatible", not unreadable, "IncompatibleAnswer" if unreadable else "AsExpected",
         f"the operator cannot read what {', '.join(unreadable)} answer(s) (a broker of another version?); "
         "they count as alive, and no failover is decided from them" if unreadable else "", old_conds))
+    fallback = head.extra.get("lastFailover") if single else None
+    last = latest_failover(blocks, fallback or (old.get("lastFailover") if not old.get("groups") else None))
     if last:
         # stays True after a failover; its time is the latest failover's, so a second one shows
         conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds,
                                     since=last.get("time")))
+    if blocked:
+        conditions.append(condition("ScaleDownBlocked", True, blocked[0][1], "; ".join(m for _, _, m in blocked),
+                                    old_conds))
+    elif any(h.block["state"] != "active" for h in healths) or any(x.get("type") == "ScaleDownBlocked"
+                                                                   for x in old_conds):
+        conditions.append(condition("ScaleDownBlocked", False, "NotBlocked", "", old_conds))
     new = {
         "phase": phase,
-        "master": master,
-        "epoch": epoch,
+        "master": head.master,
+        "epoch": head.epoch,
         "brokers": brokers,
         "conditions": conditions,
         "observedGeneration": (body.get("metadata") or {}).get("generation"),
+        "groups": blocks,
+        "masters": masters(blocks),
     }
+    if head.index == 0:
+        new["masterUnavailableSince"] = head.extra.get("masterUnavailableSince")
+    new["lastFailover"] = last
     new.update(extra)
+    if single and "lastFailover" not in head.extra and last is None:
+        new.pop("lastFailover")
+    if "masterUnavailableSince" not in head.extra:
+        new.pop("masterUnavailableSince", None)
     return new

@@ -98,8 +98,8 @@ def test_printer_columns_and_status_subresource(crds, namespace):
     crds.kubectl("-n", namespace, "patch", "txb", "shown", "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": {"phase": "Running", "master": "shown-0", "epoch": 2}}))
     table = crds.kubectl("-n", namespace, "get", "txb", "shown").stdout.splitlines()
-    assert table[0].split() == ["NAME", "REPLICAS", "MASTER", "EPOCH", "PHASE", "AGE"]
-    assert table[1].split()[:5] == ["shown", "3", "shown-0", "2", "Running"]
+    assert table[0].split() == ["NAME", "REPLICAS", "MASTER", "EPOCH", "PHASE", "GROUPS", "MASTERS", "AGE"]
+    assert table[1].split()[:6] == ["shown", "3", "shown-0", "2", "Running", "1"]   # groups: the default
 
     crds.apply(txpg("pg", brokerRef={"name": "shown"}, checkIntervalSeconds=5), namespace)
     crds.kubectl("-n", namespace, "patch", "txpg", "pg", "--subresource=status", "--type=merge",

@@ -44,20 +44,26 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete]
-# the broker config file: created, kept in line with the spec
+# the broker config file and the cluster route (<name>-config, <name>-route): created, kept in line
+# with the spec
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
 # the headless and <name>-master Services and the brokers' ServiceAccount: created, read and put
-# back when edited (drift repair: an edited <name>-master selector would send clients elsewhere)
+# back when edited (drift repair: an edited <name>-master selector would send clients elsewhere);
+# a broker group's own Service (<name>-gK) deleted with the group when spec.groups is lowered
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [get, create, patch]
-# one PVC per broker when spec.storage is set: create-if-absent (never changed or deleted: they
-# outlive the TxBroker)
+- apiGroups: [""]
+  resources: [services]
+  verbs: [delete]
+# one PVC per broker when spec.storage is set: create-if-absent (never changed: they outlive the
+# TxBroker); a removed broker group's claims are listed and deleted, only once the group is drained
+# (nothing undelivered) or its removal forced
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [create]
+  verbs: [create, list, delete]
 # the PodDisruptionBudget: created, put back when edited, removed when replicas drops to 1
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
