@@ -114,13 +114,21 @@ class Access:
             if e.status != 404:
                 raise
 
-    def cluster(self, ip: str) -> "ClusterAnswer":
+    def cluster(self, ip: str) -> answers.ClusterInfo:
         """GET /api/v1/cluster: the broker's group and the route it runs."""
-        return self._call(ip, "GET", "/api/v1/cluster", answer=ClusterAnswer)
+        return self._call(ip, "GET", "/api/v1/cluster", answer=answers.ClusterInfo)
 
-    def drain(self, ip: str) -> "DrainAnswer":
+    def route_version(self, ip: str) -> int:
+        """The version of the cluster route the broker runs (0: none)."""
+        route = self.cluster(ip).route or {}
+        version = route.get("version", 0)
+        if not isinstance(version, int):
+            raise Incompatible(f"broker {ip}: GET /api/v1/cluster: route version {version!r} is not an integer")
+        return version
+
+    def drain(self, ip: str) -> answers.DrainStatus:
         """GET /api/v1/drain (a group's master): what it still holds for consumers and producers."""
-        return self._call(ip, "GET", "/api/v1/drain", answer=DrainAnswer)
+        return self._call(ip, "GET", "/api/v1/drain", answer=answers.DrainStatus)
 
     def transaction_count(self, ip: str, group: str, state: str) -> int:
         return self._call(ip, "GET", "/api/v1/transactions", query={"group": group, "state": state, "limit": "0"},
@@ -128,25 +136,6 @@ class Access:
 
 
 PLAIN = Access()
-
-
-# The broker-group answers of the admin API (issue 18), decoded here until protocol/admin.py types
-# them; unknown fields are ignored, a missing or mistyped one is Incompatible.
-class RouteVersion(msgspec.Struct):
-    version: int
-
-
-class ClusterAnswer(msgspec.Struct):
-    group: str = ""
-    route: RouteVersion | None = None     # None: a broker outside any cluster of groups
-
-
-class DrainAnswer(msgspec.Struct):
-    undelivered: int
-    drained: bool
-    group: str = ""
-    topics: dict[str, int] = msgspec.field(default_factory=dict)
-    pending_transactions: int = 0
 
 
 @dataclass(frozen=True)

@@ -284,13 +284,12 @@ class Pass:
         if not head.alive_master:
             return None, f"{g.master} does not answer as master"
         try:
-            running = self.access.cluster(head.ip)
+            running = self.access.route_version(head.ip)
             drain = self.access.drain(head.ip)
         except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
             return None, str(e)
         return scaling.DrainReport(undelivered=drain.undelivered, pending_transactions=drain.pending_transactions,
-                                   drained=drain.drained, route_version=running.route.version if running.route else 0,
-                                   topics=drain.topics), ""
+                                   drained=drain.drained, route_version=running, topics=drain.topics), ""
 
     def remove_group(self, g: GroupPass) -> None:
         """Its pods and Service first; its claims once no pod uses them; then it is gone (the next

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import yaml
+from txbroker.protocol import admin as answers
 from txbroker_operator import broker_group, brokers, events, kube, reconcile
 from txbroker_operator import constants as c
 from txbroker_operator.brokers import BrokerInfo
@@ -132,15 +133,14 @@ class World:
     def groups(self, ip):
         return {}
 
-    def cluster(self, ip):
-        self._broker(ip)
-        version = self.status().get("routeVersion", 0)
-        return brokers.ClusterAnswer(group="g1", route=brokers.RouteVersion(version=version))
+    def route_version(self, ip):
+        self._broker(ip)   # the brokers have loaded the route the operator wrote
+        return self.status().get("routeVersion", 0)
 
     def drain(self, ip):
         self._broker(ip)
-        d = self.drains.get(ip, {"undelivered": 0, "pending_transactions": 0, "drained": True})
-        return brokers.DrainAnswer(**d)
+        d = {"undelivered": 0, "topics": {}, "pending_transactions": 0, "drained": True, **self.drains.get(ip, {})}
+        return answers.DrainStatus(group="g1", draining=True, **d)
 
 
 @pytest.fixture
