@@ -265,8 +265,9 @@ class Pass:
                                                   int(g.view.get("drainRouteVersion") or self.route_version), force)
                 if isinstance(decision, scaling.Wait):
                     self.blocked.append((g.name, decision.reason, decision.message))
-                    events.post_every(self.body, events.WARNING, "ScaleDownBlocked", decision.message,
-                                      subject=f"{g.name}/{decision.reason}")
+                    if decision.reason != "RouteNotLoaded":   # that one passes within a kubelet sync: no Event
+                        events.post_every(self.body, events.WARNING, "ScaleDownBlocked", decision.message,
+                                          subject=f"{g.name}/{decision.reason}")
                     continue
                 events.post(self.body, events.WARNING if decision.forced else events.NORMAL,
                             "ForcedScaleDown" if decision.forced else "GroupDrained", decision.message)

@@ -179,7 +179,8 @@ def test_two_groups_fail_over_alone_and_drain_before_removal(operator):
     undelivered = sum(per_group["g1"].values())
     assert (g1["state"], g1["undelivered"]) == ("draining", undelivered)
     assert f"{undelivered} undelivered message(s)" in condition(txb, "ScaleDownBlocked")["message"]
-    said = [e for e in events_for(tb, namespace, name) if e["reason"] == "ScaleDownBlocked"]
+    said = [e for e in events_for(tb, namespace, name) if e["reason"] == "ScaleDownBlocked"
+            and "undelivered" in e["message"]]
     assert len(said) == 1 and "txbroker.dev/force-scale-down" in said[0]["message"]   # one Event, not one per pass
     assert all(tb.get("pod", p, namespace) for p in ("duo-g1-0", "duo-g1-1"))       # nothing deleted
     assert tb.kubectl("-n", namespace, "get", "txb", name, "--no-headers").stdout.split()[5] == "1"
