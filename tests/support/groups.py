@@ -86,6 +86,34 @@ class Cluster:
         wait_until(lambda: any(x["in_sync"] for x in AdminClient(g.master.admin_url).get(
             "/api/v1/broker")["replication"]["slaves"]), what=f"{b.address} back in sync in group {g.name}")
 
+    def add_group(self, tmp_path: Path, slaves: int = 1, flags=FLAGS) -> Group:
+        """A new group (scale up): listed in a new route version, then started."""
+        name = f"g{max(int(g.name[1:]) for g in self.groups) + 1}"
+        g = Group(name, [BrokerProcess(tmp_path / f"{name}-{k}-data", tmp_path / f"{name}-{k}.log", [], None)
+                         for k in range(1 + slaves)])
+        self.groups.append(g)
+        self.publish()
+        g.master.extra_args = ["--group", name, "--cluster-file", str(self.path), "--broker-name", f"{name}-0", *flags]
+        g.master.start()
+        for k, b in enumerate(g.brokers[1:], 1):
+            b.extra_args = ["--group", name, "--cluster-file", str(self.path), "--broker-name", f"{name}-{k}",
+                            "--role", "slave", "--master", g.master.address, *flags]
+            b.start()
+        wait_until(lambda: sum(x["in_sync"] for x in AdminClient(g.master.admin_url).get(
+            "/api/v1/broker")["replication"]["slaves"]) == slaves, what=f"group {name}'s slaves in sync")
+        return g
+
+    def remove_group(self, name: str) -> None:
+        """Drop a (drained) group from the route, then stop its brokers."""
+        g = self.group(name)
+        self.groups.remove(g)
+        self.states.pop(name, None)
+        self.publish()
+        for b in g.brokers:
+            if b.proc is not None and b.proc.poll() is None:
+                b.proc.terminate()
+                b.proc.wait(20)
+
     def stop(self) -> None:
         for g in self.groups:
             for b in g.brokers:

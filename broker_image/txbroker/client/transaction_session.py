@@ -61,6 +61,7 @@ class TransactionSendResult:
     commit_log_offset: int = 0
     queue_offsets: list[int] = field(default_factory=list)  # where committed messages landed
     end_error: str = ""  # END_TRANSACTION could not be delivered: check-back will decide
+    groups: list[str] = field(default_factory=list)  # a cluster's producers: the home broker group, then the others
 
     @property
     def msg_id(self) -> str:

@@ -7,7 +7,7 @@ from txbroker.client import background
 from txbroker.client.cluster.members import PerGroup
 from txbroker.client.cluster.placement import Placement
 from txbroker.client.cluster.route import RouteBook
-from txbroker.client.errors import BrokerError
+from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.producer import AsyncProducer, SendResult, as_list, topic_queue_count
 from txbroker.protocol.codes import ResponseCode
 
@@ -54,7 +54,11 @@ class AsyncClusterProducer:
         parts = await self.placement.place(msgs, self.groups.active, self._count, selector, arg)
         out = SendResult([])
         for group, part in parts.items():
-            r = await self.groups.members[group].send(part)
+            try:
+                r = await self.groups.members[group].send(part)
+            except ClientError:
+                self.placement.avoid(group)
+                raise
             out.msg_ids += r.msg_ids
             out.queue_ids += r.queue_ids
             out.queue_offsets += r.queue_offsets

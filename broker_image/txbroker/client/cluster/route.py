@@ -51,12 +51,12 @@ class RouteBook:
         current = self.route
         if current is not None and (route.version < current.version or route == current):
             return False
+        for listener in self._listeners:  # all of them follow it before it counts as held: one that
+            await listener(route)         # fails (a new group not ready) is tried again at the next refresh
         self.route = route
         if current is not None:
             log.info("cluster route version %d: %s", route.version,
                      ", ".join(f"{g.name} ({g.state})" for g in route.groups))
-        for listener in self._listeners:
-            await listener(route)
         return True
 
     async def _run(self) -> None:

@@ -88,8 +88,13 @@ class AsyncClusterTransactionProducer:
         """Steps 1-2. A TransactionSendResult: not stored (rolled back); run no local transaction."""
         (home, home_msgs), *others = parts.items()
         home_session = self.groups.members[home].session
-        begun = await home_session.begin(home_msgs, txid)
+        try:
+            begun = await home_session.begin(home_msgs, txid)
+        except ClientError:
+            self.placement.avoid(home)
+            raise
         if isinstance(begun, TransactionSendResult):
+            begun.groups = [home]
             return begun
         stored: dict[str, Prepared] = {}
         try:
@@ -105,12 +110,14 @@ class AsyncClusterTransactionProducer:
             except ClientError as end_error:  # check-back asks the listener, whose transaction never ran
                 result.end_error = str(end_error)
             await self._tell(stored, LocalTransactionState.ROLLBACK)
+            result.groups = [home, *stored]
             return result
         return Spanning(home, begun, stored)
 
     async def finish(self, begun: Spanning, state: LocalTransactionState) -> TransactionSendResult:
         """Steps 4-5."""
         result = await self.groups.members[begun.home].session.finish(begun.home_half, state)
+        result.groups = [begun.home, *begun.participants]
         for p in begun.participants.values():
             result.msg_ids += p.msg_ids
         if state is not LocalTransactionState.UNKNOWN and not result.end_error:
@@ -134,9 +141,6 @@ class AsyncClusterTransactionProducer:
         msgs = as_list(msg_or_msgs)
         txid = transaction_id or uuid.uuid4().hex
         parts = await self.place(msgs, selector, arg)
-        if len(parts) == 1:
-            (group, part), = parts.items()
-            return await self.groups.members[group].send_message_in_transaction(part, arg, txid)
         begun = await self.begin(parts, txid)
         if isinstance(begun, TransactionSendResult):
             return begun
