@@ -338,7 +338,7 @@ class Pass:
         if g.index == 0:
             patch.update({k: v for k, v in fields.items() if k in ("master", "epoch", "masterUnavailableSince")})
         if fields.get("lastFailover"):
-            patch["lastFailover"] = status.latest_failover(blocks, None)
+            patch["lastFailover"] = status.latest_failover(blocks, self.status.get("lastFailover"))
         self.status.update(patch)
         kube.patch_txbroker_status(self.ns, self.name, patch)
 

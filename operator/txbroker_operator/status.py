@@ -161,13 +161,14 @@ def _phase(healths: list[_Health]) -> str:
     return "Updating" if worst in ("Pending", "Removing") else worst
 
 
-def latest_failover(blocks: list[dict], fallback: Mapping[str, Any] | None) -> dict | None:
-    """The TxBroker's lastFailover: the latest of its groups' (the failover alert reads it)."""
-    times = [b["lastFailover"] for b in blocks if (b.get("lastFailover") or {}).get("time")]
-    if not times:
-        return dict(fallback) if fallback else None
-    last = max(times, key=lambda x: x["time"])
-    return {**last, "group": next(b["name"] for b in blocks if b.get("lastFailover") is last)}
+def latest_failover(blocks: list[dict], previous: Mapping[str, Any] | None) -> dict | None:
+    """The TxBroker's lastFailover: the latest of its groups' (the failover alert reads it), or the
+    one it already records when that is later (a group removed since, or a status from before
+    groups, whose lastFailover was g0's)."""
+    found = [{**b["lastFailover"], "group": b["name"]} for b in blocks if (b.get("lastFailover") or {}).get("time")]
+    if previous and previous.get("time"):
+        found.append(dict(previous))
+    return max(found, key=lambda x: x["time"]) if found else None
 
 
 def masters(blocks: list[dict]) -> str:
@@ -234,8 +235,7 @@ def compute_groups(body: Mapping[str, Any], groups: list[GroupReport], extra: Ma
         "BrokersCompatible", not unreadable, "IncompatibleAnswer" if unreadable else "AsExpected",
         f"the operator cannot read what {', '.join(unreadable)} answer(s) (a broker of another version?); "
         "they count as alive, and no failover is decided from them" if unreadable else "", old_conds))
-    fallback = head.extra.get("lastFailover") if single else None
-    last = latest_failover(blocks, fallback or (old.get("lastFailover") if not old.get("groups") else None))
+    last = latest_failover(blocks, old.get("lastFailover"))
     if last:
         # stays True after a failover; its time is the latest failover's, so a second one shows
         conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds,
@@ -260,8 +260,6 @@ def compute_groups(body: Mapping[str, Any], groups: list[GroupReport], extra: Ma
         new["masterUnavailableSince"] = head.extra.get("masterUnavailableSince")
     new["lastFailover"] = last
     new.update(extra)
-    if single and "lastFailover" not in head.extra and last is None:
-        new.pop("lastFailover")
     if "masterUnavailableSince" not in head.extra:
         new.pop("masterUnavailableSince", None)
     return new

@@ -264,3 +264,17 @@ def test_the_crd_bounds_the_group_count():
     crd = yaml.safe_load((REPO / "crds" / "txbroker.yaml").read_text())
     groups = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["groups"]
     assert (groups["minimum"], groups["maximum"], groups["default"]) == (1, c.MAX_GROUPS, 1)
+
+
+def test_the_txbrokers_last_failover_outlives_the_group_that_failed_over():
+    g0, _ = two_groups()
+    g1_failover = {"time": "2026-11-26T10:00:00Z", "from": "orders-g1-0", "to": "orders-g1-1", "epoch": 2,
+                   "message": "m", "group": "g1"}
+    body = {"metadata": {"name": "orders", "generation": 3}, "spec": {**SPEC, "groups": 1},
+            "status": {"lastFailover": g1_failover, "groups": [{"name": "g0", "master": "orders-0", "epoch": 1}]}}
+    new = status.compute_groups(body, [status.GroupReport(0, g0, "orders-0", 1)], {})
+    assert new["lastFailover"] == g1_failover     # g1 is gone; the TxBroker still failed over then
+    assert next(x for x in new["conditions"] if x["type"] == "FailedOver")["lastTransitionTime"] == g1_failover["time"]
+    later = {"time": "2026-11-26T11:00:00Z", "from": "orders-0", "to": "orders-1", "epoch": 2, "message": "n"}
+    newer = status.compute_groups(body, [status.GroupReport(0, g0, "orders-1", 2, extra={"lastFailover": later})], {})
+    assert newer["lastFailover"] == {**later, "group": "g0"}
