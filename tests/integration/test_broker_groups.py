@@ -351,3 +351,53 @@ def test_scaling_one_two_one_groups_under_load_loses_nothing(tmp_path):
         assert on_g1 > 0 and all(n == 1 for b, n in got.items() if b in load.acked), "lost or doubled"
     finally:
         cluster.stop()
+
+
+def test_ordered_consumption_retries_and_dead_letters_work_on_every_group(cluster):
+    """Keys hashed over both groups' queues: each key's messages consumed in order; a message whose
+    listener fails goes back to the group that holds it, is retried there, and after its retries
+    lands in that group's dead letters."""
+    from txbroker.client import ConsumeOrderlyStatus, PullConsumer
+    from txbroker.protocol.names import dlq_topic
+
+    keys = [f"account-{i}" for i in range(8)]
+    with ClusterProducer("ordered-pg", cluster.bootstrap) as p:
+        groups_of = {}
+        for n in range(5):
+            for k in keys:
+                groups_of[k] = p.send(Message("Ledger", f"{k}:{n}".encode(), keys=k), hash_selector).groups[0]
+        assert set(groups_of.values()) == {"g0", "g1"}
+        doomed = p.send(Message("Payments", b"poison"), lambda n, m, a: n - 1).groups[0]  # the last group's queue
+        p.send(Message("Payments", b"fine"), lambda n, m, a: 0)
+    order: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    class InOrder:
+        def consume_message(self, msgs, ctx):
+            with lock:
+                for m in msgs:
+                    k, n = m.body.decode().split(":")
+                    order.setdefault(k, []).append(int(n))
+            return ConsumeOrderlyStatus.SUCCESS
+
+    with ClusterPushConsumer("ordered-cg", cluster.bootstrap, "Ledger", InOrder(), orderly=True,
+                             rebalance_interval=1.0):
+        wait_until(lambda: sum(len(v) for v in order.values()) >= 40, what="every ledger message consumed")
+    assert order == {k: list(range(5)) for k in keys}
+
+    tries = Counter()
+
+    class FailPoison:
+        def consume_message(self, msgs, ctx):
+            with lock:
+                tries.update(m.body.decode() for m in msgs)
+            return (ConsumeStatus.RECONSUME_LATER if any(m.body == b"poison" for m in msgs)
+                    else ConsumeStatus.CONSUME_SUCCESS)
+
+    with ClusterPushConsumer("payments-cg", cluster.bootstrap, "Payments", FailPoison(), max_reconsume_times=1,
+                             rebalance_interval=1.0):
+        dead_on = cluster.group(doomed).master.address
+        with PullConsumer(dead_on) as c:
+            wait_until(lambda: [m.body for m in c.read_all(dlq_topic("payments-cg"))] == [b"poison"], 60,
+                       what=f"the poison message in group {doomed}'s dead letters")
+    assert tries["fine"] == 1 and tries["poison"] == 2  # the first delivery and its one retry

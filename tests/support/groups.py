@@ -13,7 +13,8 @@ from support.waiting import wait_until
 from txbroker.client.admin import AdminClient
 
 FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-heartbeat-ms", "100",
-         "--replication-timeout-ms", "1000", "--check-interval-ms", "300", "--transaction-timeout-ms", "200")
+         "--replication-timeout-ms", "1000", "--check-interval-ms", "300", "--transaction-timeout-ms", "200",
+         "--message-delay-level", "200ms 200ms 200ms 1s")  # retries come back quickly
 
 
 @dataclass
