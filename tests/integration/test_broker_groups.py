@@ -17,7 +17,7 @@ from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
     AsyncClusterTransactionProducer, BrokerError, ClientError, ClusterProducer, ClusterPushConsumer, ClusterTransactionProducer,
-    ConsumeStatus, LocalTransactionState as S, Message, Producer, TransactionListener, hash_selector,
+    ConsumeStatus, LocalTransactionState as S, Message, Producer, TransactionListener, hash_selector, key_selector,
 )
 from txbroker.client.admin import AdminClient
 from txbroker.client.transaction_session import TransactionSession
@@ -117,6 +117,11 @@ def test_a_transaction_spanning_groups_commits_everywhere_or_nowhere(cluster):
         wait_until(lambda: visible(cluster) == {"a-commit": 1, "b-commit": 1, "a-unknown": 1, "b-unknown": 1},
                    what="the committed and checked-back transactions visible on both groups, the rolled back nowhere")
         assert listener.checked == [unknown.transaction_id]  # the home asked, once; the participant never did
+        listener.state = S.COMMIT  # keys hashed over both groups' queues, as README shows it
+        keyed = p.send_message_in_transaction([Message("Billing", f"bill-{i}".encode(), keys=f"customer-{i}")
+                                               for i in range(8)], "order-42", selector=key_selector)
+        assert keyed.groups == ["g0", "g1"] and keyed.end_error == "", keyed
+        wait_until(lambda: sum(visible(cluster, "Billing").values()) == 8, what="all eight visible")
     assert txload.visible(cluster.group("g0").master.address) == {"a-commit": 1, "a-unknown": 1}
     g1 = AdminClient(cluster.group("g1").master.admin_url)
     assert g1.transaction(unknown.transaction_id).by == "home"

@@ -54,7 +54,8 @@ class Broker:
         self.replication_credentials = ((config.replication_access_key, config.replication_secret())
                                         if config.replication_access_key else None)
         self.unacked = UnackedBudget(config.max_unacked_bytes, self.metrics.unacked_bytes)
-        self.cluster = ClusterMembership(config.group, config.cluster_file, self.replication_credentials)
+        self.cluster = ClusterMembership(config.group, config.cluster_file, self.replication_credentials,
+                                         self._peer_tls(config))
         self._watcher = FileWatcher(([config.auth_file] if config.auth_file else []) + self.tls.files
                                     + self.cluster.files, self._files_changed, config.auth_reload_interval_ms / 1000)
         self.state = StateMachine(config.data_dir, config.flush_disk_type == "SYNC", self._fatal,
@@ -133,6 +134,16 @@ class Broker:
         if self.auth is not None and self.tls.admin is None:
             log.warning("authentication is on but the admin API is plain HTTP: HTTP Basic credentials cross the "
                         "network in clear text; give --tls-cert/--tls-key outside a trusted network")
+
+    @staticmethod
+    def _peer_tls(config: BrokerConfig):
+        """Other groups' masters are asked as a slave asks its master: replication's TLS settings."""
+        if not config.tls_ca:
+            return None
+        from txbroker.client.security import TlsConfig
+
+        return TlsConfig(config.tls_ca, config.tls_cert or None, config.tls_key or None,
+                         config.tls_server_name or None)
 
     @property
     def data_address(self) -> str:

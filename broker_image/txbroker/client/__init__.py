@@ -13,7 +13,7 @@ from txbroker.client.errors import (
     TlsHandshakeError, TlsRequired,
 )
 from txbroker.client.job import AsyncJobCoordinator, JobCoordinator, JobInfo
-from txbroker.client.producer import AsyncProducer, Producer, SendResult, hash_selector
+from txbroker.client.producer import AsyncProducer, Producer, SendResult, hash_selector, key_selector
 from txbroker.client.push import (
     AsyncPushConsumer, ConsumeContext, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, MessageModel, PushConsumer,
 )
@@ -32,7 +32,7 @@ __all__ = [
     "AsyncJobCoordinator", "JobCoordinator", "JobInfo",
     "AuthenticationError", "Credentials", "TlsConfig", "TlsHandshakeError", "TlsRequired",
     "AsyncProducer", "AsyncPullConsumer", "AsyncPushConsumer", "ConsumeContext", "ConsumeFrom",
-    "ConsumeOrderlyStatus", "ConsumeStatus", "MessageModel", "PushConsumer", "hash_selector", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
+    "ConsumeOrderlyStatus", "ConsumeStatus", "MessageModel", "PushConsumer", "hash_selector", "key_selector", "AsyncTransactionProducer", "BrokerError", "BrokerUnavailable",
     "ClientError", "DecisionNotReplicated", "LocalTransactionState", "Message", "MessageExt", "Producer", "PullConsumer", "PullResult",
     "RequestTimeout", "SendResult", "TransactionListener", "TransactionProducer", "TransactionSendResult",
     "Prepared", "TransactionSession",

@@ -36,6 +36,12 @@ def hash_selector(queue_count: int, msg: Message, arg) -> int:
     return zlib.crc32(key.encode()) % queue_count
 
 
+def key_selector(queue_count: int, msg: Message, arg) -> int:
+    """By the message's keys alone: for transactions, whose `arg` is the local transaction's, not a
+    routing key. Messages with the same keys go to the same queue."""
+    return zlib.crc32(msg.keys.encode()) % queue_count
+
+
 def new_client_id() -> str:
     return f"{os.uname().nodename}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
