@@ -20,7 +20,6 @@ from txbroker.client import (
     ConsumeStatus, LocalTransactionState as S, Message, Producer, TransactionListener, hash_selector, key_selector,
 )
 from txbroker.client.admin import AdminClient
-from txbroker.client.transaction_session import TransactionSession
 from txbroker.client.connection import BrokerClient
 
 GROUP = "groups-pg"
@@ -31,10 +30,6 @@ def cluster(tmp_path):
     c = start_cluster(tmp_path)
     yield c
     c.stop()
-
-
-def both_ends(msg, count, arg):
-    return 0
 
 
 def spread(n, m, arg):
