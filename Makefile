@@ -26,7 +26,7 @@ test: venv  ## run every test: unit, integration with real brokers, Spark local 
 	bash chaos/setup.sh
 	bash testbed/browser.sh             # Debian's chromium for the console's browser test
 	bash testbed/prometheus.sh build   # promtool and prometheus for the monitoring tests (cached; ~5 min cold)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) tests --ignore=tests/e2e
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=25 tests --ignore=tests/e2e
 	$(MAKE) test-e2e
 
 # The real node (testbed/cluster.sh): built and started here, the tests run inside its network,
@@ -34,7 +34,7 @@ test: venv  ## run every test: unit, integration with real brokers, Spark local 
 test-e2e: venv  ## the e2e tests on a real one-node cluster: our images under containerd, the operator in a pod
 	bash testbed/prometheus.sh build
 	bash testbed/cluster.sh up
-	bash testbed/cluster.sh exec $(PY) -m pytest -n 2 -p no:cacheprovider tests/e2e; \
+	bash testbed/cluster.sh exec $(PY) -m pytest -n 2 --dist worksteal --durations=25 -p no:cacheprovider tests/e2e; \
 		rc=$$?; bash testbed/cluster.sh down; exit $$rc
 
 test-unit: venv

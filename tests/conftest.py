@@ -159,3 +159,20 @@ def metric(broker: "BrokerProcess", name: str, **labels) -> float:
     pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" ([0-9.e+-]+)$"
     m = re.search(pattern, text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest first: the tests marked slow, then the fault schedules and Spark's, then the rest.
+    Spread over workers (`-n`, work stealing), the long ones start at once instead of one of them
+    running alone at the end while the other worker idles."""
+    def weight(item) -> int:
+        path = str(item.fspath)
+        if item.get_closest_marker("slow"):
+            return 0
+        if "/tests/faults/" in path:
+            return 1
+        if "/tests/spark/" in path:
+            return 2
+        return 3
+
+    items.sort(key=weight)  # stable: the order within each weight stays as collected
