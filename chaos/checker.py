@@ -23,6 +23,7 @@ nemesis events around it.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 
 from chaos.workload import History
@@ -69,16 +70,17 @@ def check_group(h: History, orders: set[str]) -> dict[str, list[str]]:
         out["group lost"].append(f"{body}: in Orders, never consumed by the group")
     for body in sorted(set(h.consumed) - orders):
         out["group phantom"].append(f"{body}: consumed, not in Orders")
-    highest: dict[int, tuple[float, int]] = {}
+    highest: dict[int, tuple[float, int, str]] = {}
     reported: set[tuple[int, int]] = set()
-    for t, queue, offset in sorted(h.offsets):
+    for t, queue, offset, by in sorted(h.offsets):
         seen = highest.get(queue)
         if seen is not None and offset < seen[1] and (queue, seen[1]) not in reported:
             reported.add((queue, seen[1]))
-            out["offset regressed"].append(f"queue {queue}: committed offset {offset} read {t - seen[0]:.1f} s after "
-                                           f"{seen[1]}")
+            at = time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
+            out["offset regressed"].append(f"queue {queue}: committed offset {offset} read from {by} at {at}, "
+                                           f"{t - seen[0]:.1f} s after {seen[1]} from {seen[2]}")
         if seen is None or offset >= seen[1]:
-            highest[queue] = (t, offset)
+            highest[queue] = (t, offset, by)
     return dict(out)
 
 

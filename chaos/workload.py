@@ -48,7 +48,8 @@ class History:
     failures: list[float] = field(default_factory=list)  # monotonic time of each failed client operation
     consumed: Counter = field(default_factory=Counter)  # body -> deliveries the group's listener accepted
     refused: Counter = field(default_factory=Counter)  # body -> deliveries it failed on purpose (retried)
-    offsets: list[tuple[float, int, int]] = field(default_factory=list)  # (time, queue, committed offset) seen
+    # (time.time(), queue, committed offset, the broker that answered) of every read
+    offsets: list[tuple[float, int, int, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, key: str, tx: Tx) -> None:
@@ -216,9 +217,9 @@ async def _consumers(addresses, h: History, seed: int, done: threading.Event) ->
         while not done.is_set():
             try:
                 offsets, _ends = await reader.committed_offsets(CONSUMER_GROUP, "Orders")
-                now = time.monotonic()
+                now, by = time.time(), reader.client.address  # wall time: to find it in the brokers' logs
                 with h.lock:
-                    h.offsets.extend((now, q, o) for q, o in offsets.items())
+                    h.offsets.extend((now, q, o, by) for q, o in offsets.items())
             except ClientError:
                 pass
             await asyncio.sleep(0.5)

@@ -294,3 +294,39 @@ def test_a_long_poll_does_not_hold_up_later_requests_on_its_connection(broker):
     beat, waiting, pulled = asyncio.run(both())
     assert beat.role == "master" and waiting
     assert [m.body for m in pulled.messages] == [b"second"]
+
+
+def test_a_push_consumers_commit_never_moves_the_groups_offset_back(broker):
+    """The fault harness (seed 19, CI): after a broker restart two members briefly held one queue
+    (each rebalanced on a different member list); the one that took it over from an older commit
+    committed its progress after the other had committed further, and the group's offset read 14
+    lower than 0.5 s before. A push consumer's commits only go forward (RocketMQ's increaseOnly,
+    kept by the broker); a pull consumer still sets an offset as it likes."""
+    from txbroker.client.connection import BrokerClient
+    from txbroker.protocol.bodies import CommitOffsetsRequest, QueueOffset
+    from txbroker.protocol.codes import RequestCode
+
+    with Producer("fwd-pg", broker.address) as p:
+        for i in range(20):
+            p.send(Message("Forward", f"m{i}".encode()), lambda n, m, a: 0)
+
+    async def commit(offset, only_forward):
+        c = BrokerClient([broker.address])
+        try:
+            await c.request(RequestCode.UPDATE_CONSUMER_OFFSET, CommitOffsetsRequest(
+                "fwd-cg", [QueueOffset("Forward", 0, offset)], only_forward=only_forward))
+        finally:
+            await c.close()
+
+    def committed():
+        with PullConsumer(broker.address) as c:
+            return c.committed_offsets("fwd-cg", "Forward")[0][0]
+
+    asyncio.run(commit(16, True))   # the member that got further
+    asyncio.run(commit(12, True))   # the one that took the queue over from an older commit
+    assert committed() == 16
+    asyncio.run(commit(18, True))
+    assert committed() == 18
+    with PullConsumer(broker.address) as c:  # a pull consumer rewinds on purpose
+        c.commit_offsets("fwd-cg", {("Forward", 0): 3})
+    assert committed() == 3

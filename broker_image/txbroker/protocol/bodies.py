@@ -116,11 +116,14 @@ class QueueOffset(Struct, array_like=True):
     offset: int
 
 
-class CommitOffsetsRequest(Struct, array_like=True):
+class CommitOffsetsRequest(Struct, array_like=True, omit_defaults=True):
     """UPDATE_CONSUMER_OFFSET for many queues at once."""
 
     consumer_group: str
     offsets: list[QueueOffset]
+    # a push consumer's progress: never lowers what the group has (RocketMQ's increaseOnly, kept by
+    # the broker, where two members' commits meet); without it an offset is set as given
+    only_forward: bool = False
 
 
 class QueryOffsetsRequest(Struct, array_like=True):

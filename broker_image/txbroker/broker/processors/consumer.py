@@ -52,7 +52,13 @@ class CommitOffsetsProcessor:
             if not 0 <= o.offset <= end:
                 return error(ResponseCode.PULL_OFFSET_MOVED,
                              f"offset {o.offset} is outside queue {o.topic}:{o.queue_id} (0..{end})")
+            if req.only_forward:
+                current = self._b.state.committed_offset(req.consumer_group, o.topic, o.queue_id, published=False)
+                if current is not None and o.offset <= current:
+                    continue  # another member of the group got further: its progress stands
             entries.append((o.topic, o.queue_id, o.offset))
+        if not entries:
+            return ok(None)
         _lsn, durable = self._b.state.append(OffsetRecord(req.consumer_group, entries))
         return ok(None, durable)
 

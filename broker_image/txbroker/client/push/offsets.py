@@ -50,8 +50,10 @@ class BrokerOffsetStore(OffsetStore):
         return on_broker
 
     async def save(self, changed: list[tuple[ProcessQueue, int]]) -> None:
+        # only_forward: a member that took a queue over from an older commit (a rebalance under way,
+        # the other member still consuming) never moves the group back behind the other's progress
         await self.member.client.request(RequestCode.UPDATE_CONSUMER_OFFSET, CommitOffsetsRequest(
-            self.member.group, [QueueOffset(q.topic, q.queue_id, off) for q, off in changed]))
+            self.member.group, [QueueOffset(q.topic, q.queue_id, off) for q, off in changed], only_forward=True))
 
 
 class LocalOffsetStore(OffsetStore):
