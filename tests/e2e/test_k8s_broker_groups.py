@@ -60,6 +60,8 @@ def pod_ip(tb, namespace: str, pod: str) -> str:
     return tb.get("pod", pod, namespace)["status"]["podIP"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)   # four brokers up, a failover, a drain and a removal, one after the other
 def test_two_groups_fail_over_alone_and_drain_before_removal(operator):
     tb, namespace, name = operator.testbed, operator.namespace, "duo"
     tb.apply(txbroker(name, replicas=2, groups=2, replication="SYNC", flush="SYNC",
@@ -72,9 +74,11 @@ def test_two_groups_fail_over_alone_and_drain_before_removal(operator):
         t = tb.get("txb", name, namespace)
         return t if (t.get("status") or {}).get("phase") == "Running" else None
     try:
-        txb = wait_until(running, 300, "TxBroker duo Running with two groups")
+        txb = wait_until(running, 240, "TxBroker duo Running with two groups")
     except TimeoutError:
         raise AssertionError("duo not Running:\n" + tb.kubectl("-n", namespace, "get", "pods,txb", "-o", "wide").stdout
+                             + json.dumps((tb.get("txb", name, namespace) or {}).get("status"), indent=1)[-3000:]
+                             + "".join(f"\n--- {p}:\n" + tb.pod_log(p, namespace)[-1500:] for p in pods)
                              + "\noperator log:\n" + operator.log.read_text()[-4000:]) from None
     st = txb["status"]
     assert st["masters"] == "g0=duo-0,g1=duo-g1-0"
