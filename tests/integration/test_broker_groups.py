@@ -50,6 +50,19 @@ class Decide(TransactionListener):
         return self.check
 
 
+class Collect:
+    """A push consumer's listener that counts what it is given."""
+
+    def __init__(self):
+        self.got: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def consume_message(self, msgs, ctx):
+        with self._lock:
+            self.got.update(m.body.decode() for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
 def visible(c, topic="Orders") -> Counter:
     seen = Counter()
     for g in c.groups:
@@ -58,15 +71,8 @@ def visible(c, topic="Orders") -> Counter:
 
 
 def test_clients_bootstrap_from_any_broker_and_use_every_group(cluster):
-    got: Counter = Counter()
-    lock = threading.Lock()
-
-    class Take:
-        def consume_message(self, msgs, ctx):
-            with lock:
-                got.update(m.body.decode() for m in msgs)
-            return ConsumeStatus.CONSUME_SUCCESS
-
+    take = Collect()
+    got = take.got
     with ClusterProducer("plain-pg", cluster.bootstrap) as p:
         assert [g.name for g in p.route.groups] == ["g0", "g1"]
         assert p.route.group("g0").addresses == cluster.group("g0").addresses
@@ -77,7 +83,7 @@ def test_clients_bootstrap_from_any_broker_and_use_every_group(cluster):
         assert set(groups) == {"g0", "g1"}, groups
         unkeyed = Counter(p.send(Message("Orders", f"u{i}".encode())).groups[0] for i in range(4))
         assert unkeyed == {"g0": 2, "g1": 2}  # a send without a selector goes whole to the next group in turn
-    with ClusterPushConsumer("groups-cg", cluster.bootstrap, "Orders", Take(), rebalance_interval=1.0,
+    with ClusterPushConsumer("groups-cg", cluster.bootstrap, "Orders", take, rebalance_interval=1.0,
                              offset_commit_interval=0.2) as c:
         wait_until(lambda: sum(got.values()) >= 44, what="every message consumed")
         assert {g for g, _t, _q in c.assigned} == {"g0", "g1"}
@@ -232,14 +238,9 @@ def test_a_draining_group_takes_no_new_messages_and_says_what_it_still_holds(clu
                 direct.send(Message("Orders", b"late"))
         assert refused.value.code_name == "SERVICE_NOT_AVAILABLE" and "g1 is draining" in str(refused.value)
         assert {p.send(Message("Orders", f"n{i}".encode())).groups[0] for i in range(4)} == {"g0"}
-    got = Counter()
-
-    class Take:
-        def consume_message(self, msgs, ctx):
-            got.update(m.body.decode() for m in msgs)
-            return ConsumeStatus.CONSUME_SUCCESS
-
-    with ClusterPushConsumer("groups-cg", cluster.bootstrap, "Orders", Take(), offset_commit_interval=0.2):
+    take = Collect()
+    got = take.got
+    with ClusterPushConsumer("groups-cg", cluster.bootstrap, "Orders", take, offset_commit_interval=0.2):
         wait_until(lambda: AdminClient(g1.master.admin_url).get("/api/v1/drain")["drained"],
                    what="the draining group emptied by the consumer group")
     assert sum(got.values()) == 10
@@ -316,17 +317,10 @@ def test_one_group_failing_over_under_load_leaves_the_other_accepting(cluster):
 
 def test_scaling_one_two_one_groups_under_load_loses_nothing(tmp_path):
     cluster = start_cluster(tmp_path, groups=1)
-    got: Counter = Counter()
-    lock = threading.Lock()
-
-    class Take:
-        def consume_message(self, msgs, ctx):
-            with lock:
-                got.update(m.body.decode() for m in msgs)
-            return ConsumeStatus.CONSUME_SUCCESS
-
+    take = Collect()
+    got = take.got
     try:
-        with ClusterPushConsumer("scale-cg", cluster.bootstrap, "Orders", Take(), route_refresh=0.5,
+        with ClusterPushConsumer("scale-cg", cluster.bootstrap, "Orders", take, route_refresh=0.5,
                                  rebalance_interval=1.0, offset_commit_interval=0.2), \
                 Load(cluster.bootstrap, route_refresh=0.5) as load:
             wait_until(lambda: load.count() >= 30, what="transactions flowing on one group")

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from conftest import metric, run_cli
+from support.pairs import sync_pair
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
@@ -325,24 +326,12 @@ def test_an_operators_decision_with_a_malformed_member_list_is_refused(broker):
     wait_until(lambda: bodies(broker.address) == {"kept by the operator": 1}, what="the kept member visible")
 
 
-SYNC_FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "300",
-              "--replication-heartbeat-ms", "100")
-
-
-def _master_and_paused_slave(broker_factory):
-    m = broker_factory(*SYNC_FLAGS, "--broker-name", "m", name="m")
-    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *SYNC_FLAGS, name="s")
-    wait_until(lambda: any(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]),
-               what="the slave in sync")
-    return m, s
-
-
 def test_a_decision_the_slave_lacks_yet_is_answered_once_it_has_it_not_refused(broker_factory):
     """The fault harness (seed 7, CI): a COMMIT the master stored while cut off from its slave was
     answered FLUSH_SLAVE_TIMEOUT, which the coordinator raised as a BrokerError, a refusal; the
     decision then reached the slave and its member became visible. Such an answer is not a refusal:
     the coordinator asks again until the slaves hold the decision, and answers it then."""
-    m, s = _master_and_paused_slave(broker_factory)
+    m, s = sync_pair(broker_factory)
 
     async def main():
         async with AsyncJobCoordinator(GROUP, m.address, request_timeout=20) as c:
@@ -366,7 +355,7 @@ def test_a_decision_the_slave_lacks_yet_is_answered_once_it_has_it_not_refused(b
 
 
 def test_a_decision_the_slave_never_got_in_time_is_unknown_not_refused(broker_factory):
-    m, s = _master_and_paused_slave(broker_factory)
+    m, s = sync_pair(broker_factory)
     with JobCoordinator(GROUP, m.address, request_timeout=2) as c:
         job = c.open(timeout=60)
         kept = c.send(job.job_id, Message("Orders", b"kept"))

@@ -6,19 +6,15 @@ So until the slave has it, readers see the offset as it was; once it has it, the
 
 import signal
 
+from support.pairs import sync_pair
 from support.waiting import wait_until
 from txbroker.client import BrokerError, Message, Producer, PullConsumer
 from txbroker.client.admin import AdminClient
 
-FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "300",
-         "--replication-heartbeat-ms", "100")
 
 
 def test_an_offset_commit_the_slave_lacks_is_not_read_until_it_has_it(broker_factory):
-    m = broker_factory(*FLAGS, "--broker-name", "m", name="m")
-    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *FLAGS, name="s")
-    wait_until(lambda: any(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]),
-               what="the slave in sync")
+    m, s = sync_pair(broker_factory)
     with Producer("offsets-pg", m.address) as p:
         for i in range(5):
             p.send(Message("Offsets", f"m{i}".encode()))
@@ -77,10 +73,7 @@ def test_a_message_the_slave_lacks_is_not_found_by_its_key_until_it_has_it(broke
     """Finding messages by key reads as consumers read: a keyed send the only slave does not hold
     is refused under SYNC replication, and a failover can take it away, so the key finds nothing
     until the slave has it (the key index was read as written before)."""
-    m = broker_factory(*FLAGS, "--broker-name", "m", name="m")
-    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *FLAGS, name="s")
-    wait_until(lambda: any(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]),
-               what="the slave in sync")
+    m, s = sync_pair(broker_factory)
     with Producer("keys-pg", m.address, request_timeout=5) as p, PullConsumer(m.address, request_timeout=5) as c:
         p.send(Message("Keyed", b"held", keys="order-1"))
         assert [x.body for x in c.find_by_key("Keyed", "order-1")] == [b"held"]
@@ -104,10 +97,7 @@ def test_a_restarted_master_holds_offset_answers_until_a_slave_confirms_its_tail
     acknowledged was published (and read), but the restart knows only the published LSN recorded
     with its last write, which is older: it took the commit for unconfirmed and read it as before.
     Neither value is safe then, so the answer waits until a slave confirms the tail."""
-    m = broker_factory(*FLAGS, "--broker-name", "m", name="m")
-    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *FLAGS, name="s")
-    wait_until(lambda: any(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]),
-               what="the slave in sync")
+    m, s = sync_pair(broker_factory)
     with Producer("offsets-pg", m.address) as p:
         for i in range(5):
             p.send(Message("Offsets", f"m{i}".encode()))

@@ -22,3 +22,23 @@ def loop() -> asyncio.AbstractEventLoop:
 def run(coro, timeout: float | None = None):
     """Run a coroutine on the background loop and wait for its result in this thread."""
     return asyncio.run_coroutine_threadsafe(coro, loop()).result(timeout)
+
+
+class Blocking:
+    """Base of a blocking client: its asyncio form (`_async`) runs on the background loop; start and
+    shutdown (also as a `with` block) are its start() and close()."""
+
+    _async = None
+
+    def start(self):
+        run(self._async.start())
+        return self
+
+    def shutdown(self) -> None:
+        run(self._async.close())
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.shutdown()

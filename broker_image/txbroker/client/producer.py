@@ -114,24 +114,11 @@ class AsyncProducer:
         await self.close()
 
 
-class Producer:
+class Producer(background.Blocking):
     """Blocking form of AsyncProducer."""
 
     def __init__(self, group: str, brokers, **kwargs):
         self._async = AsyncProducer(group, brokers, **kwargs)
 
-    def start(self) -> "Producer":
-        background.run(self._async.start())
-        return self
-
     def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
         return background.run(self._async.send(msg_or_msgs, selector, arg))
-
-    def shutdown(self) -> None:
-        background.run(self._async.close())
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.shutdown()

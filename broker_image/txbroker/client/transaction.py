@@ -165,7 +165,7 @@ class AsyncTransactionProducer:
         await self.session.answer_check(req.transaction_id, state, req.commit_log_offset)
 
 
-class TransactionProducer:
+class TransactionProducer(background.Blocking):
     """Blocking transactional producer: the local transaction runs in the caller's thread."""
 
     def __init__(self, group: str, brokers, listener: TransactionListener, **kwargs):
@@ -179,10 +179,6 @@ class TransactionProducer:
     def broker_address(self) -> str:
         """HOST:PORT of the broker this producer talks to now (the master it found), or "" when none."""
         return self._async.client.address
-
-    def start(self) -> "TransactionProducer":
-        background.run(self._async.start())
-        return self
 
     def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None) -> TransactionSendResult:
         session = self._async.session
@@ -207,12 +203,3 @@ class TransactionProducer:
             commit_log_offset: int = 0) -> EndTransactionResponse:
         """Decide a transaction by hand (one this producer prepared, or one reported UNKNOWN)."""
         return background.run(self._async.end(transaction_id, state, commit_log_offset))
-
-    def shutdown(self) -> None:
-        background.run(self._async.close())
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.shutdown()

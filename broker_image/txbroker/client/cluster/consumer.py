@@ -48,9 +48,11 @@ class AsyncClusterPushConsumer:
             out.send_back_errors += c.stats.send_back_errors
         return out
 
-    async def shutdown(self) -> None:
+    async def close(self) -> None:
         await self.routes.close()
         await self.groups.close()
+
+    shutdown = close  # the push consumers' word
 
     async def __aenter__(self):
         return await self.start()
@@ -59,41 +61,19 @@ class AsyncClusterPushConsumer:
         await self.shutdown()
 
 
-class ClusterPushConsumer:
+class ClusterPushConsumer(background.Blocking):
     """Blocking form of AsyncClusterPushConsumer: start(), shutdown(); the listener runs on thread pools."""
 
     def __init__(self, group: str, bootstrap, topic: str, listener, **kwargs):
-        parse_tags(kwargs.get("tags", "*"))
-        self._args = (group, bootstrap, topic, listener, kwargs)
-        self._async: AsyncClusterPushConsumer | None = None
-
-    def start(self) -> "ClusterPushConsumer":
-        group, bootstrap, topic, listener, kwargs = self._args
-
-        async def make():
-            self._async = AsyncClusterPushConsumer(group, bootstrap, topic, listener, **kwargs)
-            return await self._async.start()
-
-        background.run(make())
-        return self
+        self._async = AsyncClusterPushConsumer(group, bootstrap, topic, listener, **kwargs)
 
     @property
     def assigned(self) -> list[tuple[str, str, int]]:
-        return self._async.assigned if self._async else []
+        return self._async.assigned
 
     @property
     def stats(self) -> ConsumerStats:
-        return self._async.stats if self._async else ConsumerStats()
+        return self._async.stats
 
     def refresh_route(self) -> bool:
-        return background.run(self._async.routes.update()) if self._async else False
-
-    def shutdown(self) -> None:
-        if self._async is not None:
-            background.run(self._async.shutdown())
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.shutdown()
+        return background.run(self._async.routes.update())

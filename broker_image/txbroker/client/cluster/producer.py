@@ -76,7 +76,7 @@ class AsyncClusterProducer:
         await self.close()
 
 
-class ClusterProducer:
+class ClusterProducer(background.Blocking):
     """Blocking form of AsyncClusterProducer."""
 
     def __init__(self, group: str, bootstrap, **kwargs):
@@ -86,22 +86,9 @@ class ClusterProducer:
     def route(self):
         return self._async.routes.route
 
-    def start(self) -> "ClusterProducer":
-        background.run(self._async.start())
-        return self
-
     def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
         return background.run(self._async.send(msg_or_msgs, selector, arg))
 
     def refresh_route(self) -> bool:
         """Read the route now (it is read every `route_refresh` seconds anyway); True if it changed."""
         return background.run(self._async.routes.update())
-
-    def shutdown(self) -> None:
-        background.run(self._async.close())
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.shutdown()

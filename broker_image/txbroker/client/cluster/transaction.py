@@ -171,7 +171,7 @@ class _Shared(TransactionListener):
         return self._owner.listener.check_local_transaction(msg)
 
 
-class ClusterTransactionProducer:
+class ClusterTransactionProducer(background.Blocking):
     """Blocking form of AsyncClusterTransactionProducer: the local transaction runs in the caller's thread."""
 
     def __init__(self, group: str, bootstrap, listener: TransactionListener, **kwargs):
@@ -180,10 +180,6 @@ class ClusterTransactionProducer:
     @property
     def route(self):
         return self._async.routes.route
-
-    def start(self) -> "ClusterTransactionProducer":
-        background.run(self._async.start())
-        return self
 
     def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
                                     selector=None) -> TransactionSendResult:
@@ -199,15 +195,6 @@ class ClusterTransactionProducer:
 
     def refresh_route(self) -> bool:
         return background.run(self._async.routes.update())
-
-    def shutdown(self) -> None:
-        background.run(self._async.close())
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.shutdown()
 
 
 __all__ = ["AsyncClusterTransactionProducer", "ClusterTransactionProducer"]
