@@ -13,13 +13,19 @@ from txbroker.client.admin import AdminClient
 
 
 
-def test_an_offset_commit_the_slave_lacks_is_not_read_until_it_has_it(broker_factory):
-    m, s = sync_pair(broker_factory)
+def _five_messages(m) -> int:
+    """Five messages sent to topic Offsets on `m`; a queue that holds some."""
     with Producer("offsets-pg", m.address) as p:
         for i in range(5):
             p.send(Message("Offsets", f"m{i}".encode()))
     with PullConsumer(m.address, request_timeout=5) as c:
-        queue = next(q for q, end in c.committed_offsets("offsets-cg", "Offsets")[1].items() if end > 0)
+        return next(q for q, end in c.committed_offsets("offsets-cg", "Offsets")[1].items() if end > 0)
+
+
+def test_an_offset_commit_the_slave_lacks_is_not_read_until_it_has_it(broker_factory):
+    m, s = sync_pair(broker_factory)
+    queue = _five_messages(m)
+    with PullConsumer(m.address, request_timeout=5) as c:
         c.commit_offsets("offsets-cg", {("Offsets", queue): 1})
         assert c.committed_offsets("offsets-cg", "Offsets")[0][queue] == 1
         s.proc.send_signal(signal.SIGSTOP)
@@ -98,11 +104,8 @@ def test_a_restarted_master_holds_offset_answers_until_a_slave_confirms_its_tail
     with its last write, which is older: it took the commit for unconfirmed and read it as before.
     Neither value is safe then, so the answer waits until a slave confirms the tail."""
     m, s = sync_pair(broker_factory)
-    with Producer("offsets-pg", m.address) as p:
-        for i in range(5):
-            p.send(Message("Offsets", f"m{i}".encode()))
+    queue = _five_messages(m)
     with PullConsumer(m.address, request_timeout=5) as c:
-        queue = next(q for q, end in c.committed_offsets("offsets-cg", "Offsets")[1].items() if end > 0)
         c.commit_offsets("offsets-cg", {("Offsets", queue): 1})
         c.commit_offsets("offsets-cg", {("Offsets", queue): 2})  # acknowledged: the slave has it
         assert c.committed_offsets("offsets-cg", "Offsets")[0][queue] == 2

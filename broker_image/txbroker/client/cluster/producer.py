@@ -12,31 +12,53 @@ from txbroker.client.producer import AsyncProducer, SendResult, as_list, topic_q
 from txbroker.protocol.codes import ResponseCode
 
 
-class AsyncClusterProducer:
+class ClusterSender:
+    """What a cluster's producers share: the route, one single-group producer per group (made by
+    `_make`), and where each send's messages go."""
+
+    def __init__(self, bootstrap, *, route_refresh: float, request_timeout: float, credentials, tls):
+        self.routes = RouteBook(bootstrap, refresh=route_refresh, request_timeout=request_timeout,
+                                credentials=credentials, tls=tls)
+        self.placement = Placement()
+        self.groups = PerGroup(self._make, lambda p: p.close())
+        self.routes.on_change(self._follow)
+
+    async def _make(self, g):
+        raise NotImplementedError
+
+    async def _follow(self, route) -> None:
+        await self.groups.follow(route)
+        self.placement.forget()
+
+    async def start(self):
+        await self.routes.start()
+        return self
+
+    async def _count(self, group: str, topic: str) -> int:
+        return await topic_queue_count(self.groups.members[group].client, topic)
+
+    async def close(self) -> None:
+        await self.groups.close()
+        await self.routes.close()
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class AsyncClusterProducer(ClusterSender):
     """Sends to the groups of the cluster that `bootstrap` (any broker of it) belongs to."""
 
     def __init__(self, group: str, bootstrap, *, request_timeout: float = 10.0, route_refresh: float = 10.0,
                  credentials=None, tls=None):
         self.group = group
         self._kwargs = dict(request_timeout=request_timeout, credentials=credentials, tls=tls)
-        self.routes = RouteBook(bootstrap, refresh=route_refresh, **self._kwargs)
-        self.placement = Placement()
-        self.groups: PerGroup[AsyncProducer] = PerGroup(self._make, lambda p: p.close())
-        self.routes.on_change(self._follow)
+        super().__init__(bootstrap, route_refresh=route_refresh, **self._kwargs)
 
     async def _make(self, g) -> AsyncProducer:
         return await AsyncProducer(self.group, g.addresses, **self._kwargs).start()
-
-    async def _follow(self, route) -> None:
-        await self.groups.follow(route)
-        self.placement.forget()
-
-    async def start(self) -> "AsyncClusterProducer":
-        await self.routes.start()
-        return self
-
-    async def _count(self, group: str, topic: str) -> int:
-        return await topic_queue_count(self.groups.members[group].client, topic)
 
     async def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
         """As AsyncProducer.send; `selector(queue_count, message, arg)` chooses among the topic's queues
@@ -64,16 +86,6 @@ class AsyncClusterProducer:
             out.queue_offsets += r.queue_offsets
             out.groups += [group] * len(part)
         return out
-
-    async def close(self) -> None:
-        await self.groups.close()
-        await self.routes.close()
-
-    async def __aenter__(self):
-        return await self.start()
-
-    async def __aexit__(self, *exc):
-        await self.close()
 
 
 class ClusterProducer(background.Blocking):

@@ -24,12 +24,10 @@ import uuid
 from dataclasses import dataclass
 
 from txbroker.client import background
-from txbroker.client.cluster.members import PerGroup
-from txbroker.client.cluster.placement import Placement
-from txbroker.client.cluster.route import RouteBook
+from txbroker.client.cluster.producer import ClusterSender
 from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.log_limit import RepeatedWarnings
-from txbroker.client.producer import as_list, topic_queue_count
+from txbroker.client.producer import as_list
 from txbroker.client.transaction import AsyncTransactionProducer, TransactionListener
 from txbroker.client.transaction_session import (
     LocalTransactionState, Prepared, TransactionSendResult, local_decision, local_decision_async,
@@ -50,7 +48,7 @@ class Spanning:
     participants: dict[str, Prepared]
 
 
-class AsyncClusterTransactionProducer:
+class AsyncClusterTransactionProducer(ClusterSender):
     def __init__(self, group: str, bootstrap, listener: TransactionListener, *, request_timeout: float = 10.0,
                  route_refresh: float = 10.0, check_workers: int = 4, credentials=None, tls=None):
         if not group:
@@ -59,25 +57,11 @@ class AsyncClusterTransactionProducer:
         self.listener = listener
         self._kwargs = dict(request_timeout=request_timeout, check_workers=check_workers, credentials=credentials,
                             tls=tls)
-        self.routes = RouteBook(bootstrap, refresh=route_refresh, request_timeout=request_timeout,
-                                credentials=credentials, tls=tls)
-        self.placement = Placement()
-        self.groups: PerGroup[AsyncTransactionProducer] = PerGroup(self._make, lambda p: p.close())
-        self.routes.on_change(self._follow)
+        super().__init__(bootstrap, route_refresh=route_refresh, request_timeout=request_timeout,
+                         credentials=credentials, tls=tls)
 
     async def _make(self, g) -> AsyncTransactionProducer:
         return await AsyncTransactionProducer(self.group, g.addresses, _Shared(self), **self._kwargs).start()
-
-    async def _follow(self, route) -> None:
-        await self.groups.follow(route)
-        self.placement.forget()
-
-    async def start(self) -> "AsyncClusterTransactionProducer":
-        await self.routes.start()
-        return self
-
-    async def _count(self, group: str, topic: str) -> int:
-        return await topic_queue_count(self.groups.members[group].client, topic)
 
     # ---- the phases, shared by the asyncio and the blocking forms -----------------------------------
 
@@ -146,16 +130,6 @@ class AsyncClusterTransactionProducer:
             return begun
         state = await local_decision_async(_EXECUTE, txid, self.listener.execute_local_transaction, msg_or_msgs, arg)
         return await self.finish(begun, state)
-
-    async def close(self) -> None:
-        await self.groups.close()
-        await self.routes.close()
-
-    async def __aenter__(self):
-        return await self.start()
-
-    async def __aexit__(self, *exc):
-        await self.close()
 
 
 class _Shared(TransactionListener):
