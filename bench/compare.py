@@ -6,6 +6,8 @@
     .venv/bin/python bench/compare.py --flush ASYNC --only 1,2 --no-python-client --no-profile
     .venv/bin/python bench/compare.py --profile-only [--profile-producers 1,8]   # only the py-spy profile
     .venv/bin/python bench/compare.py --table-from bench/results/compare-<ts>.json  # print a result's tables
+    .venv/bin/python bench/compare.py --groups 2 --flush ASYNC --only 1 --no-python-client --no-profile
+                                                 # also 2 broker groups each side (tracker issue 18)
 
 For each flush mode (ASYNC, then SYNC: `--flush-disk-type` for txbroker, `flushDiskType=*_FLUSH` for
 RocketMQ) it runs every workload against txbroker (compare_txbroker.py: one broker process for the
@@ -17,6 +19,13 @@ checks at most are both systems' defaults). Afterwards (--no-profile to skip) th
 profiled with py-spy under the single-message transaction load (compare_profile.py). The broker
 source is copied at the start and that copy is what every broker and client process of the run
 imports (other engineers may commit to the clone during a run); its hash is in the JSON.
+
+With --groups N (N >= 2; default 1: nothing added) workload 1 also runs on N broker groups each
+side, after that flush mode's other cases: txbroker as N `txbroker broker --group` masters sharing
+one route file (bench/groups_bench.py's Cluster), loaded through cluster producers (each transaction
+whole to one group, the next in turn); RocketMQ as N masters of different brokerName under one name
+server, the topic on all of them (bench/rocketmq/peer.py brokers=N). Broker CPU is all brokers'
+summed; the table also says what share of the 2 cores the clients took.
 
 Everything goes to bench/results/compare-<UTC timestamp>.json (saved after every case): machine,
 versions, the exact command, every case's figures, raw results, commands and the load average / CPU
@@ -77,6 +86,10 @@ NOTES = [
     "1/3 of local transactions answer UNKNOWN, every check-back answers COMMIT, and a consumer in the same "
     "process checks delivery; tx/s during it include that consumer's cost on both sides.",
     "Workload 5: RocketMQ has no multi-message transaction; its figure is workload 1 (single message).",
+    "Broker groups (--groups N, cases tx_c<n>_g<N>): N masters each side on the same 2 cores as the clients, so "
+    "the figures show the cost per transaction and how the machine's ceiling is shared, not what N cores give; "
+    "broker CPU us/op sums every broker process (meter.server_pct_each has each); meter.clients_pct is this "
+    "benchmark's other processes (load generators; for RocketMQ also its name server).",
 ]
 
 
@@ -152,6 +165,8 @@ def main(argv=None) -> int:
                     help="workload 2: txbroker --check-interval-ms and RocketMQ transactionCheckInterval")
     ap.add_argument("--light-rate", type=float, default=85.0,
                     help="workload 3, light: txbroker tx/s (RocketMQ: 1 thread, 10 ms pause, about 85/s)")
+    ap.add_argument("--groups", type=int, default=1, help="N >= 2: workload 1 also on N broker groups each side "
+                    "(txbroker cluster of N groups, RocketMQ N brokers under one name server); default 1: not run")
     ap.add_argument("--out", help="JSON path (default bench/results/compare-<UTC>.json)")
     ap.add_argument("--table-from", metavar="JSON", help="run nothing: print the tables of an earlier result file "
                     "(rendered again from its cases, and stored back into it)")
@@ -188,7 +203,8 @@ def main(argv=None) -> int:
         "settings": {"quick": a.quick, "flush_modes": flushes, "workloads": sorted(only), "systems": sorted(systems),
                      "timing": t.__dict__, "message_size": 1024, "queues": 8, "concurrency": [1, 8, 32],
                      "check_interval_ms": a.check_interval_ms, "transaction_timeout_ms": 6000, "check_max": 15,
-                     "light_rate": a.light_rate, "python_client": not a.no_python_client},
+                     "light_rate": a.light_rate, "python_client": not a.no_python_client,
+                     "broker_groups": a.groups if a.groups > 1 else None},
         "notes": NOTES,
         "rocketmq_peers": [],
         "cases": [],
@@ -217,6 +233,11 @@ def main(argv=None) -> int:
                 compare_rocketmq.run_all(flush, t, a.check_interval_ms, python_client=not a.no_python_client
                                          and "1" in only, log=log, on_case=add, peers=doc["rocketmq_peers"],
                                          only=only)
+            if a.groups > 1 and "1" in only:
+                if "txbroker" in systems:
+                    compare_txbroker.run_groups(flush, t, a.groups, log=log, on_case=add)
+                if "rocketmq" in systems:
+                    compare_rocketmq.run_groups(flush, t, a.groups, log=log, on_case=add, peers=doc["rocketmq_peers"])
             doc["tables"][flush] = compare_report.tables(doc["cases"], [flush])[flush]
             save()
             print(f"\n== {flush} flush, after {time.monotonic() - started:.0f} s", flush=True)

@@ -105,6 +105,11 @@ class Table:
         self.add("", "", "broker CPU us/" + ("msg" if rate_key == "msgs_per_s" else "op"), num(cu_o), num(cu_t),
                  ratio(cu_o, cu_t), "lower")
 
+    def group_counts(self) -> list[int]:
+        """Broker-group counts of the cases `tx_c<n>_g<groups>` (compare.py --groups)."""
+        return sorted({int(case.rsplit("_g", 1)[1]) for _, _, case in self.by
+                       if case and case.startswith("tx_c") and "_g" in case})
+
     def build(self) -> "Table":
         f = self.fig
         for n in (1, 8, 32):
@@ -120,6 +125,19 @@ class Table:
                                   self.get("rocketmq", f"tx_c{n}"), "tx/s",
                                   notes=("txbroker: one AsyncTransactionProducer with n transactions in flight, "
                                          "the connection layout of RocketMQ's driver" if n == 8 else ""))
+        for g in self.group_counts():
+            for n in (1, 8, 32):
+                o, t = self.get("txbroker", f"tx_c{n}_g{g}"), self.get("rocketmq", f"tx_c{n}_g{g}")
+                if not (o or t):
+                    continue
+                self.rate_and_latency(f"1. tx, {g} broker groups" if n == 1 else "", n, o, t, "tx/s",
+                                      notes=(f"{g} masters each side, topic on all (8 queues each); ours: cluster "
+                                             "producers, each transaction whole to one group in turn; theirs: TxBench "
+                                             "spreading over every queue; broker CPU = all brokers summed"
+                                             if n == 1 else ""))
+                self.add("", "", "clients CPU % (of 200)", num(_meter(o, "clients_pct")), num(_meter(t, "clients_pct")),
+                         ratio(_meter(o, "clients_pct"), _meter(t, "clients_pct")), "",
+                         notes="the load generator's share of the 2 cores (all our processes but the brokers)")
         for n in (1, 8, 32):
             py = self.get("rocketmq", f"tx_c{n}", "rocketmq-python-client")
             if py is None:
@@ -185,6 +203,12 @@ class Table:
         for r in self.rows:
             lines.append("| " + " | ".join(c.replace("|", "/") for c in r) + " |")
         return lines
+
+
+def _meter(r: dict | None, key: str):
+    if r is None or r.get("error"):
+        return None
+    return (r.get("meter") or {}).get(key)
 
 
 def _err(*rs) -> str:

@@ -138,3 +138,46 @@ def run_all(flush: str, timing: W.Timing, check_interval_ms: int, python_client:
             results.append({"system": "rocketmq", "flush": flush, "workload": "peer", "case": "proxy start",
                             "error": f"{type(e).__name__}: {str(e)[-2000:]}"})
     return results
+
+
+def run_groups(flush: str, timing: W.Timing, groups: int, version: str = DEFAULT_VERSION, log=print, on_case=None,
+               peers: list | None = None) -> list[dict]:
+    """Workload 1 (tx_single_w1/8/32) on `groups` RocketMQ broker groups: masters broker-a, broker-b, ...
+    under one name server (peer.py's brokers=N), each topic on all of them (updateTopic -c DefaultCluster,
+    8 queues per broker); TxBench's one producer spreads its sends over every queue of the topic, so
+    over the groups. Broker CPU is the broker JVMs' summed (compare_txbroker._Meters)."""
+    from compare_txbroker import _Meters  # noqa: PLC0415
+
+    results: list[dict] = []
+
+    def done(entry: dict, meter: dict) -> None:
+        _, case, n = _case_key(entry["name"])
+        r = {"system": "rocketmq", "flush": flush, "workload": "1" if n else "warmup",
+             "case": f"{case}_g{groups}" if n else case, "concurrency": n, "driver": "TxBench (Java)",
+             "rocketmq_case": entry["name"], "figures": figures_of(entry), "meter": meter,
+             "command": entry.get("command"), "raw": entry, "is_warmup": bool(entry.get("is_warmup")),
+             "groups": groups}
+        if entry.get("error"):
+            r["error"] = entry["error"]
+        results.append(r)
+        if on_case:
+            on_case(r)
+
+    cases = [c for c in default_cases(timing) if c.workload == "1"]
+    try:
+        with RocketMQPeer(version=version, flush=FLUSH[flush], brokers=groups, log=log) as mq:
+            if peers is not None:
+                peers.append(mq.describe())
+            if timing.broker_warmup_s > 0:
+                m = _Meters(mq.broker_pids)
+                done(W.warm_broker(mq, timing, log=log), m.stop())
+            for i, case in enumerate(cases):
+                topic = f"Cmp_{flush}_g{groups}_{i}_{case.name}"[:100]
+                mq.create_topic(topic, queues=8)
+                m = _Meters(mq.broker_pids)
+                done(W.run_case(mq, case, timing, topic, log=log), m.stop())
+    except Exception as e:  # noqa: BLE001 - a peer that would not start: report, go on
+        log(f"[rocketmq {flush} {groups} groups] FAILED: {type(e).__name__}: {e}")
+        results.append({"system": "rocketmq", "flush": flush, "workload": "peer", "case": f"groups{groups}_start",
+                        "error": f"{type(e).__name__}: {str(e)[-2000:]}"})
+    return results

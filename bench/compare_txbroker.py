@@ -238,3 +238,76 @@ def _run_on(broker: BrokerProcess, flush: str, todo: list[Case], done, log) -> N
             log(f"  FAILED: {type(e).__name__}: {e}")
             r = {"error": f"{type(e).__name__}: {e}"}
         done(case, r)
+
+
+# ---- broker groups (tracker issue 18): compare.py --groups N ---------------------------------------------
+
+class _Meters:
+    """compare_meter.Meter over a case, its server_pct the CPU of several broker processes summed
+    (every group's broker), clients_pct what this benchmark's other processes took."""
+
+    def __init__(self, pids: list[int]):
+        from common import process_cpu  # noqa: PLC0415
+        self._cpu = process_cpu
+        self.pids = pids
+        self.meter = Meter(None)
+        self.cpu0 = {p: process_cpu(p) for p in pids}
+
+    def stop(self) -> dict:
+        out = self.meter.stop()
+        each = [round(100 * (self._cpu(p) - self.cpu0[p]) / out["seconds"], 1) if out["seconds"] else 0.0
+                for p in self.pids]
+        out.update(server_pct=round(sum(each), 1), server_pct_each=each,
+                   clients_pct=round(max(0.0, out["this_benchmark_pct"] - sum(each)), 1))
+        return out
+
+
+def group_cases(flush: str, duration: float, warmup: float, groups: int) -> list[Case]:
+    return [Case("1", f"tx_c{n}_g{groups}", n,
+                 Spec(f"tx-{n}p-g{groups}", "tx", flush=flush, producers=n, procs=procs, duration=duration,
+                      warmup=warmup, queues=8),
+                 note=f"{groups} broker groups (masters), AsyncClusterTransactionProducer: each transaction "
+                      "whole to one group, the next in turn")
+            for n, procs in ((1, 1), (8, 1), (32, 2))]
+
+
+def run_groups(flush: str, timing, groups: int, log=print, on_case=None) -> list[dict]:
+    """Workload 1 (single-message transactions, 1/8/32 producers) on a cluster of `groups` broker
+    groups (bench/groups_bench.py's Cluster: one master each, one route file), load from the same
+    load generator with cluster producers; one cluster for every case, as one broker serves the
+    single-broker cases."""
+    import groups_bench  # noqa: PLC0415  (bench/groups_bench.py)
+
+    results = []
+    try:
+        cluster = groups_bench.Cluster(groups, flush).start()
+    except Exception as e:  # noqa: BLE001
+        log(f"[txbroker {flush} {groups} groups] FAILED to start: {type(e).__name__}: {e}")
+        r = {"system": "txbroker", "flush": flush, "workload": "1", "case": f"groups{groups}_start",
+             "error": f"{type(e).__name__}: {e}"}
+        if on_case:
+            on_case(r)
+        return [r]
+    try:
+        log(f"[txbroker] {groups} broker groups ({flush}): " + " ; ".join(cluster.describe()["broker_commands"]))
+        for case in group_cases(flush, timing.duration_s, timing.warmup_s, groups):
+            log(f"[txbroker {flush}] workload 1 {case.name}")
+            try:
+                meter = _Meters(list(cluster.brokers.values()))
+                with groups_bench.on_cluster("single", shared=cluster):
+                    entry = network.run(case.spec, 1, log=log)
+                run = entry["runs"][0]
+                r = {"figures": figures_of(run), "meter": meter.stop(), "raw": run,
+                     "broker_command": " ; ".join(cluster.describe()["broker_commands"]),
+                     "command": " ; ".join(run.get("client_commands", [])), "groups": groups}
+            except Exception as e:  # noqa: BLE001
+                log(f"  FAILED: {type(e).__name__}: {e}")
+                r = {"error": f"{type(e).__name__}: {e}"}
+            r.update(system="txbroker", flush=flush, workload=case.workload, case=case.name,
+                     concurrency=case.concurrency, note=case.note)
+            results.append(r)
+            if on_case:
+                on_case(r)
+    finally:
+        cluster.stop()
+    return results

@@ -2,8 +2,10 @@
 
 ``RocketMQPeer`` is a context manager that starts a name server and a broker (or, with
 ``proxy=True``, a name server and a proxy in *local* mode, which runs the broker inside the proxy
-process) by calling ``java`` directly: the shipped ``bin/*.sh`` scripts pass JVM flags that Java 17
-rejects. Everything lives in a fresh temporary directory (ROCKETMQ_HOME, ``-Drocketmq.home.dir``,
+process; or, with ``brokers=2``, two broker groups: masters ``broker-a`` and ``broker-b`` of one
+cluster under the one name server, each with its own store, ports and log home, ``create_topic``
+putting a topic on both) by calling ``java`` directly: the shipped ``bin/*.sh`` scripts pass JVM
+flags that Java 17 rejects. Everything lives in a fresh temporary directory (ROCKETMQ_HOME, ``-Drocketmq.home.dir``,
 ``-Duser.home`` so the logs land there, the store). On exit, normal or by exception, every process it
 started is stopped (SIGTERM to its process group, SIGKILL after a grace period) and the directory is
 removed unless ``keep_dir`` is set.
@@ -97,7 +99,7 @@ class RocketMQPeer:
 
     def __init__(self, *, version: str = DEFAULT_VERSION, flush: str = "ASYNC_FLUSH", proxy: bool = False,
                  broker_heap: str = "1g", namesrv_heap: str = "256m",
-                 broker_overrides: dict | None = None, start_timeout: float = 90.0,
+                 broker_overrides: dict | None = None, start_timeout: float = 90.0, brokers: int = 1,
                  stop_timeout: float = 40.0, keep_dir: bool = False, java: str = "java",
                  workdir_parent: str | None = None, log=print):
         if flush not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
@@ -105,6 +107,9 @@ class RocketMQPeer:
         self.version = version
         self.flush = flush
         self.proxy = proxy
+        if brokers < 1 or (proxy and brokers != 1):
+            raise ValueError("brokers: 1 or more, and 1 with the proxy")
+        self.brokers = brokers
         self.broker_heap = broker_heap
         self.namesrv_heap = namesrv_heap
         self.broker_overrides = dict(broker_overrides or {})
@@ -120,6 +125,8 @@ class RocketMQPeer:
         self.dist: Path | None = None
         self.namesrv_port = self.broker_port = self.grpc_port = self.proxy_remoting_port = None
         self.effective_broker_conf: dict[str, str] = {}
+        self.broker_ports: list[int] = []  # one per broker group (brokers > 1)
+        self.broker_confs: list[dict[str, str]] = []
 
     # ------------------------------------------------------------ paths/commands
     @property
@@ -137,6 +144,11 @@ class RocketMQPeer:
     @property
     def grpc_endpoint(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def broker_pids(self) -> list[int]:
+        """Every broker JVM (one per broker group; the proxy JVM holding the broker with proxy=True)."""
+        return [p.pid for n, p in self.procs if n.startswith("broker") or n == "proxy"]
 
     def java_cmd(self, main_class: str, *args: str, heap: str = "512m", extra_jvm: list[str] | None = None) -> list[str]:
         """A java command line on the peer's classpath (client tools, our TxBench driver)."""
@@ -167,6 +179,8 @@ class RocketMQPeer:
         self.namesrv_port = _free_block([0], taken=taken)
         # broker: listenPort P, fast (VIP) remoting P-2, HA P+1
         self.broker_port = _free_block([-2, 0, 1], taken=taken)
+        self.broker_ports = [self.broker_port] + [_free_block([-2, 0, 1], taken=taken)
+                                                  for _ in range(self.brokers - 1)]
         if self.proxy:
             self.grpc_port = _free_block([0], taken=taken)
             self.proxy_remoting_port = _free_block([0], taken=taken)
@@ -205,10 +219,25 @@ class RocketMQPeer:
         broker_jvm = [self.java, f"-Xms{self.broker_heap}", f"-Xmx{self.broker_heap}", *COMMON_JVM,
                       "-XX:MaxDirectMemorySize=1g", *sysprops, "-cp", f"{self.lib}/*"]
         if not self.proxy:
-            cmd = broker_jvm + ["org.apache.rocketmq.broker.BrokerStartup", "-c", str(broker_conf),
-                                "-n", self.namesrv_addr]
-            self._spawn("broker", cmd, env)
-            self._wait("broker", lambda: _port_open(self.broker_port), "boot success")
+            self.broker_confs = [conf]
+            for i, port in enumerate(self.broker_ports):
+                name, path = "broker", broker_conf
+                if i:  # another broker group: its own name, ports and store; the same cluster and name server
+                    letter = chr(ord("a") + i)
+                    name, path = f"broker-{letter}", self.dir / f"broker-{letter}.conf"
+                    other = dict(conf, brokerName=f"broker-{letter}", listenPort=str(port),
+                                 storePathRootDir=str(self.dir / f"store-{letter}"),
+                                 storePathCommitLog=str(self.dir / f"store-{letter}" / "commitlog"))
+                    self.broker_confs.append(other)
+                    path.write_text("".join(f"{k}={v}\n" for k, v in other.items()))
+                jvm = broker_jvm
+                if i:  # its logs under a home of its own
+                    (self.dir / f"home-{letter}").mkdir()
+                    jvm = [f"-Duser.home={self.dir / f'home-{letter}'}" if x == f"-Duser.home={home}" else x
+                           for x in broker_jvm]
+                cmd = jvm + ["org.apache.rocketmq.broker.BrokerStartup", "-c", str(path), "-n", self.namesrv_addr]
+                self._spawn(name, cmd, env)
+                self._wait(name, lambda port=port: _port_open(port), "boot success")
         else:
             import json
             pconf = self.dir / "rmq-proxy.json"
@@ -254,7 +283,7 @@ class RocketMQPeer:
         while time.monotonic() < deadline:
             r = self.mqadmin("clusterList", check=False)
             last = r.stdout + r.stderr
-            if r.returncode == 0 and f"127.0.0.1:{self.broker_port}" in last:
+            if r.returncode == 0 and all(f"127.0.0.1:{p}" in last for p in self.broker_ports or [self.broker_port]):
                 return
             time.sleep(1)
         raise PeerError(f"broker not registered with the name server:\n{last[-2000:]}")
@@ -278,9 +307,11 @@ class RocketMQPeer:
         return {
             "version": self.version,
             "flush": self.flush,
-            "mode": "namesrv+proxy(local, embedded broker)" if self.proxy else "namesrv+broker",
+            "mode": "namesrv+proxy(local, embedded broker)" if self.proxy else (
+                f"namesrv+{self.brokers} broker groups (masters)" if self.brokers > 1 else "namesrv+broker"),
             "namesrv": self.namesrv_addr,
             "broker_conf": self.effective_broker_conf,
+            **({"broker_groups": self.broker_confs} if self.brokers > 1 else {}),
             "commands": {k: " ".join(v) for k, v in self.commands.items()},
             "heaps": {"namesrv": self.namesrv_heap, "broker": self.broker_heap},
         }
