@@ -35,13 +35,10 @@ def pod_index(pod: str) -> int:
 
 def headless_service_name(broker: str) -> str:
     """Every broker pod's DNS subdomain, whatever its group: <pod>.<name>.<namespace>.svc, so one
-    certificate (*.<name>.<namespace>.svc) serves every group."""
+    certificate (*.<name>.<namespace>.svc) serves every group. A group has no Service of its own:
+    the route names its brokers, the txbroker.dev/group label selects them, and removing one would
+    need the right to delete Services, which the operator does without."""
     return broker
-
-
-def group_service_name(broker: str, group: int) -> str:
-    """A group's own headless Service (groups 1 and up; g0's brokers are `<name>`'s first)."""
-    return f"{broker}-g{group}"
 
 
 def master_service_name(broker: str) -> str:
@@ -267,16 +264,6 @@ def headless_service(name: str, namespace: str) -> dict:
                          "labels": common_labels(name)},
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": selector_labels(name), "ports": _ports()}}
-
-
-def group_service(name: str, namespace: str, group: int) -> dict:
-    """A group's brokers under one name (<name>-g<k>.<namespace>.svc); their pods' own DNS names
-    stay under the shared headless Service."""
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": group_service_name(name, group), "namespace": namespace,
-                         "labels": {**common_labels(name), c.LABEL_GROUP: group_name(group)}},
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": group_selector_labels(name, group), "ports": _ports()}}
 
 
 def master_service(name: str, namespace: str) -> dict:

@@ -161,10 +161,8 @@ class Pass:
         self.ensure_network_policy()
 
     def ensure_group_children(self) -> None:
-        """Per group kept running: its Service (groups 1 and up) and, with spec.storage, its claims."""
+        """Per group kept running, with spec.storage: its claims."""
         for g in self.serving():
-            if g.index > 0:
-                self.ensure_owned(manifests.group_service(self.name, self.ns, g.index))
             if self.spec.get("storage"):   # not owned: like a StatefulSet's, claims outlive the broker
                 for i in range(self.replicas):
                     pvc = manifests.data_pvc(self.name, self.ns, self.spec, i, g.index)
@@ -293,14 +291,13 @@ class Pass:
                                    drained=drain.drained, route_version=running, topics=drain.topics), ""
 
     def remove_group(self, g: GroupPass) -> None:
-        """Its pods and Service first; its claims once no pod uses them; then it is gone (the next
-        route leaves it out)."""
+        """Its pods first; its claims once no pod uses them; then it is gone (the next route leaves
+        it out)."""
         members = g.members
         for m in members.values():
             if not m.deleting:
                 kube.delete_pod(self.ns, m.name)
                 self.log.info("deleted pod %s (group %s removed)", m.name, g.name)
-        self.delete_owned("Service", manifests.group_service_name(self.name, g.index), f"group {g.name} removed")
         if members:
             return
         claims = kube.list_objects("PersistentVolumeClaim", self.ns, manifests.group_selector_labels(self.name, g.index))
@@ -311,8 +308,8 @@ class Pass:
         if claims:
             return
         del self.groups[g.index]
-        events.post(self.body, events.NORMAL, "GroupRemoved", f"group {g.name} removed: its brokers, Service and "
-                                                              "volumes are gone")
+        events.post(self.body, events.NORMAL, "GroupRemoved", f"group {g.name} removed: its brokers and volumes "
+                                                              "are gone")
 
     # -- 9. status -------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ A group's life:
   undelivered, no pending transaction) while it runs a route that drains it; then it is removed.
   Raising spec.groups again before that makes it active again, data and all.
 - `removing`: decided (drained, or forced by the txbroker.dev/force-scale-down annotation): its
-  pods and Service are deleted, then its PersistentVolumeClaims, then it leaves the route and the
+  pods are deleted, then its PersistentVolumeClaims, then it leaves the route and the
   status. Nothing takes it back from here: a group raised again meanwhile is created afresh once
   the old one is gone.
 
@@ -112,4 +112,4 @@ def decide_removal(group: str, report: DrainReport | None, unknown_why: str, dra
         return Wait("PendingTransactions", f"{group} is draining and holds {report.pending_transactions} pending "
                                            f"transaction(s): they must be committed, rolled back or parked first{hint}")
     return Remove(False, f"{group} is drained (nothing undelivered, no pending transaction at route version "
-                         f"{report.route_version}): removing its brokers, Service and volumes")
+                         f"{report.route_version}): removing its brokers and volumes")

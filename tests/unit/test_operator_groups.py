@@ -49,15 +49,13 @@ def test_a_group_pod_carries_its_group_and_reads_the_mounted_route():
     assert g0_args[g0_args.index("--group") + 1] == "g0"
 
 
-def test_group_claims_and_service():
+def test_group_claims():
     pvc = manifests.data_pvc("orders", "shop", {**SPEC, "storage": {"size": "1Gi"}}, 1, 2)
     assert pvc["metadata"]["name"] == "data-orders-g2-1" and pvc["metadata"]["labels"][c.LABEL_GROUP] == "g2"
     with_storage = manifests.broker_pod("orders", "shop", {**SPEC, "storage": {"size": "1Gi"}}, 1, c.ROLE_SLAVE, group=2)
     data = next(v for v in with_storage["spec"]["volumes"] if v["name"] == "data")
     assert data["persistentVolumeClaim"]["claimName"] == "data-orders-g2-1"
-    svc = manifests.group_service("orders", "shop", 1)
-    assert svc["metadata"]["name"] == "orders-g1" and svc["spec"]["clusterIP"] == "None"
-    assert svc["spec"]["selector"][c.LABEL_GROUP] == "g1"
+    assert manifests.group_selector_labels("orders", 2)[c.LABEL_GROUP] == "g2"
 
 
 def test_the_bootstrap_service_selects_every_groups_master_and_nothing_else():

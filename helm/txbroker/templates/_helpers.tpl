@@ -50,14 +50,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   resources: [configmaps]
   verbs: [get, create, patch]
 # the headless and <name>-master Services and the brokers' ServiceAccount: created, read and put
-# back when edited (drift repair: an edited <name>-master selector would send clients elsewhere);
-# a broker group's own Service (<name>-gK) deleted with the group when spec.groups is lowered
+# back when edited (drift repair: an edited <name>-master selector would send clients elsewhere)
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [get, create, patch]
-- apiGroups: [""]
-  resources: [services]
-  verbs: [delete]
 # one PVC per broker when spec.storage is set: create-if-absent (never changed: they outlive the
 # TxBroker); a removed broker group's claims are listed and deleted, only once the group is drained
 # (nothing undelivered) or its removal forced
