@@ -203,8 +203,41 @@ def test_bad_input_names_what_is_wrong(cluster, tmp_path):
     wait_until(lambda: f"older than version {version} in force" in g1.log(), what="the stale route refused")
     assert AdminClient(g1.admin_url).get("/api/v1/cluster")["route"]["version"] == version
     with ClusterProducer("plain-pg", cluster.bootstrap) as p:
-        with pytest.raises(ValueError, match="chose queue 99"):
+        with pytest.raises(ValueError, match="chose queue 99 of topic Orders, which has 8 queues on groups g0, g1"):
             p.send(Message("Orders", b"x"), lambda n, m, a: 99)
+    with ClusterTransactionProducer(GROUP, cluster.bootstrap, Decide()) as tp:
+        with pytest.raises(ValueError, match="chose queue 99"):
+            tp.send_message_in_transaction(Message("Orders", b"x"), selector=lambda n, m, a: 99)
+    with pytest.raises(BrokerError) as e:  # a participant naming a queue its group does not have
+        bad = Message("Orders", b"x", queue_id=99)
+
+        async def participant():
+            client = BrokerClient([g1.address])
+            try:
+                await client.request(RequestCode.SEND_MESSAGE, SendRequest(GROUP, [bad], "bad-queue", "", "g0"),
+                                     SendResponse)
+            finally:
+                await client.close()
+
+        asyncio.run(participant())
+    assert "99" in str(e.value) and "Orders" in str(e.value), e.value
+    # a group's deposed master, written to as by a client with an old view (clients follow the new
+    # master by themselves): refused, naming the master
+    g0 = cluster.group("g0")
+    old_master = g0.master
+    cluster.promote(g0, 1, epoch=2)
+
+    async def to_deposed():
+        client = BrokerClient([old_master.address], require_master=False)
+        try:
+            await client.request(RequestCode.SEND_MESSAGE, SendRequest(GROUP, [Message("Orders", b"late")]),
+                                 SendResponse)
+        finally:
+            await client.close()
+
+    with pytest.raises(BrokerError) as e:
+        asyncio.run(to_deposed())
+    assert e.value.code_name == "SLAVE_NOT_AVAILABLE" and g0.master.address in str(e.value), e.value
 
 
 def test_a_broker_refuses_to_start_on_a_cluster_file_it_cannot_use(tmp_path):
@@ -290,7 +323,7 @@ class Load:
                 self.failed += 1
 
     def count(self, group=None) -> int:
-        return sum(1 for g in list(self.acked.values()) if group is None or g == group)
+        return sum(1 for g in list(self.acked.values()) if group is None or g == group)  # a copy: the load writes
 
     def __exit__(self, *exc):
         self.stop.set()
@@ -299,20 +332,28 @@ class Load:
 
 
 def test_one_group_failing_over_under_load_leaves_the_other_accepting(cluster):
+    """One producer and one consumer group throughout, never restarted: while g1 has no master, g0
+    takes transactions and its messages are consumed; after g1's failover the same producer commits
+    on g1 again. Every acknowledged commit consumed once."""
     g0, g1 = cluster.group("g0"), cluster.group("g1")
-    with Load(cluster.bootstrap) as load:
-        wait_until(lambda: load.count() >= 50, what="transactions flowing")
+    take = Collect()
+    with ClusterPushConsumer("load-cg", cluster.bootstrap, "Orders", take, rebalance_interval=1.0,
+                             offset_commit_interval=0.2), Load(cluster.bootstrap) as load:
+        wait_until(lambda: load.count("g0") >= 20 and load.count("g1") >= 20, what="transactions on both groups")
         g1.master.kill(signal.SIGKILL)
-        before = load.count()
-        wait_until(lambda: load.count() >= before + 50, what="the other group accepting while g1 has no master")
+        on_g1, on_g0 = load.count("g1"), load.count("g0")
+        wait_until(lambda: load.count("g0") >= on_g0 + 50, what="g0 accepting while g1 has no master")
+        assert load.count("g1") <= on_g1 + 1  # at most one in flight when the master died
+        consumed = sum(take.got.values())
+        wait_until(lambda: sum(take.got.values()) >= consumed + 20, what="g0's messages consumed meanwhile")
         cluster.promote(g1, 1, epoch=2)
         cluster.rejoin(g1, 0)
-        after = len([b for b, g in load.acked.items()])
-        wait_until(lambda: len(load.acked) >= after + 50, what="transactions flowing on again")
+        wait_until(lambda: load.count("g1") >= on_g1 + 20, what="the same producer committing on g1 again")
     wait_until(lambda: txload.settled(g0.master.admin_url) and txload.settled(g1.master.admin_url),
                what="every transaction decided")
     seen = visible(cluster)
     assert set(load.acked) <= set(seen) and set(seen.values()) == {1}, "an acknowledged commit lost or doubled"
+    wait_until(lambda: set(load.acked) <= set(take.got), what="every acknowledged commit consumed")
 
 
 def test_scaling_one_two_one_groups_under_load_loses_nothing(tmp_path):
@@ -327,13 +368,21 @@ def test_scaling_one_two_one_groups_under_load_loses_nothing(tmp_path):
             g1 = cluster.add_group(tmp_path)
             wait_until(lambda: "g1" in {g for g in load.acked.values()}, what="new writes using the new group")
             cluster.publish(g1="draining")
-            refused = AdminClient(g1.master.admin_url).get("/api/v1/drain")
-            wait_until(lambda: AdminClient(g1.master.admin_url).get("/api/v1/drain")["drained"], 30,
-                       what="g1 drained: no new writes, its messages consumed")
+            held = AdminClient(g1.master.admin_url).get("/api/v1/drain")
+            drain = {}
+
+            def drained():
+                drain.update(AdminClient(g1.master.admin_url).get("/api/v1/drain"))
+                return drain["drained"]
+
+            try:
+                wait_until(drained, 30, what="g1 drained: no new writes, its messages consumed")
+            except AssertionError as e:
+                raise AssertionError(f"{e}; g1 last said {drain}") from None
             on_g1 = load.count("g1")
             cluster.remove_group("g1")
             wait_until(lambda: load.count("g0") >= 30 + on_g1, what="writes going on on g0 alone")
-        assert refused["draining"] is True
+        assert held["draining"] is True, held
         wait_until(lambda: set(load.acked) <= set(got), what="every acknowledged commit consumed")
         assert on_g1 > 0 and all(n == 1 for b, n in got.items() if b in load.acked), "lost or doubled"
     finally:
@@ -388,3 +437,47 @@ def test_ordered_consumption_retries_and_dead_letters_work_on_every_group(cluste
             wait_until(lambda: [m.body for m in c.read_all(dlq_topic("payments-cg"))] == [b"poison"], 60,
                        what=f"the poison message in group {doomed}'s dead letters")
     assert tries["fine"] == 1 and tries["poison"] == 2  # the first delivery and its one retry
+
+
+def test_a_group_says_which_groups_its_participants_wait_on(cluster):
+    """A home group may not leave the cluster while participants elsewhere have not asked it how
+    their transaction ended (once it is gone nobody can tell them): each master's drain status
+    counts its waiting participants by home, and whoever removes a group asks every other one."""
+    g0 = cluster.group("g0")
+    AdminClient(g0.master.admin_url).put_group(GROUP, {"check_interval_ms": 600_000, "timeout_ms": 600_000})
+
+    def home_on_g1(n, m, arg):
+        return n - 1 if m.body.startswith(b"a") else 0
+
+    async def main():
+        async with AsyncClusterTransactionProducer(GROUP, cluster.bootstrap, Decide()) as p:
+            begun = await p.begin(await p.place([Message("Orders", b"a-w"), Message("Orders", b"b-w")], home_on_g1,
+                                                None), "span-wait")
+            assert begun.home == "g1" and set(begun.participants) == {"g0"}
+            await p.groups.members["g1"].session.finish(begun.home_half, S.COMMIT)  # decided at home only
+            waiting = AdminClient(g0.master.admin_url).get("/api/v1/drain")
+            assert waiting["waiting_on"] == {"g1": 1} and waiting["pending_transactions"] == 1, waiting
+            await p.groups.members["g0"].session.end(begun.participants["g0"], S.COMMIT)  # it asks its home now
+
+    asyncio.run(main())
+    assert AdminClient(g0.master.admin_url).get("/api/v1/drain")["waiting_on"] == {}
+    assert visible(cluster) == {"a-w": 1, "b-w": 1}
+
+
+def test_clients_start_while_a_group_has_no_master_and_take_it_up_once_it_has(cluster):
+    g1 = cluster.group("g1")
+    g1.master.kill(signal.SIGKILL)  # g1 answers only as a slave until its failover
+    take = Collect()
+    with ClusterProducer("plain-pg", cluster.group("g0").master.address, request_timeout=2, route_refresh=0.3) as p, \
+            ClusterPushConsumer("late-cg", cluster.group("g0").master.address, "Late", take, request_timeout=2,
+                                route_refresh=0.3, rebalance_interval=1.0):
+        before = Counter(p.send(Message("Late", f"x{i}".encode())).groups[0] for i in range(6))
+        assert before == {"g0": 6}, before
+        cluster.promote(g1, 1, epoch=2)
+        cluster.rejoin(g1, 0)
+        wait_until(lambda: p.send(Message("Late", b"probe")).groups[0] == "g1", what="the producer taking g1 up")
+        sent = ["x0", "x1", "x2", "x3", "x4", "x5"]
+        for i in range(6):
+            p.send(Message("Late", f"y{i}".encode()))
+            sent.append(f"y{i}")
+        wait_until(lambda: set(sent) <= set(take.got), what="the consumer taking g1 up too")

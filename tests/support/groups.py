@@ -105,7 +105,12 @@ class Cluster:
         return g
 
     def remove_group(self, name: str) -> None:
-        """Drop a (drained) group from the route, then stop its brokers."""
+        """Drop a drained group from the route once no other group's participants wait on it, then
+        stop its brokers."""
+        for other in self.groups:
+            if other.name != name:
+                wait_until(lambda o=other: not AdminClient(o.master.admin_url).get("/api/v1/drain")["waiting_on"]
+                           .get(name), what=f"{other.name}'s participants done with {name}")
         g = self.group(name)
         self.groups.remove(g)
         self.states.pop(name, None)

@@ -2,7 +2,9 @@
 from a cluster (scale-down). Undelivered is, per queue, the messages past the lowest offset any
 consumer group committed on the topic (all of them when no group consumes it: nobody has them
 yet), delayed messages not yet due, retries and dead letters (someone may still want those); plus
-every pending or parked transaction, since either may still become messages."""
+every pending or parked transaction, since either may still become messages. `waiting_on` counts
+the participants held here by the group that decides them: the group they wait on may not leave
+before they have asked it (whoever removes a group asks every other group's master)."""
 
 from __future__ import annotations
 
@@ -34,5 +36,9 @@ def drain_status(broker) -> DrainStatus:
             topics[topic] = n
     undelivered = sum(topics.values())
     pending = state.pending_count
+    waiting_on: dict[str, int] = {}
+    for p in state.pending_transactions():
+        if p.home:
+            waiting_on[p.home] = waiting_on.get(p.home, 0) + 1
     return DrainStatus(broker.cluster.group, broker.cluster.draining, undelivered, topics, pending,
-                       undelivered == 0 and pending == 0)
+                       undelivered == 0 and pending == 0, waiting_on)

@@ -325,3 +325,6 @@ class DrainStatus(Struct):
     topics: dict[str, int]  # the undelivered per topic (retry and dead-letter topics included)
     pending_transactions: int  # pending or parked (a participant waits on its home)
     drained: bool
+    # participants held here whose home is another group, by that group: a group may only leave the
+    # cluster once no other group's participants wait on it (they ask it how their transaction ended)
+    waiting_on: dict[str, int] = msgspec.field(default_factory=dict)

@@ -23,13 +23,15 @@ class AsyncClusterPushConsumer:
         self._kwargs = dict(request_timeout=request_timeout, credentials=credentials, tls=tls, **options)
         self.routes = RouteBook(bootstrap, refresh=route_refresh, request_timeout=request_timeout,
                                 credentials=credentials, tls=tls)
-        self.groups: PerGroup[AsyncPushConsumer] = PerGroup(self._make, lambda c: c.shutdown())
+        self.groups: PerGroup[AsyncPushConsumer] = PerGroup(self._make, self._start, lambda c: c.shutdown())
         self.routes.on_change(self.groups.follow)
 
-    async def _make(self, g) -> AsyncPushConsumer:
-        c = AsyncPushConsumer(self.group, g.addresses, self.topic, self.listener, **self._kwargs)
+    def _make(self, g) -> AsyncPushConsumer:
+        return AsyncPushConsumer(self.group, g.addresses, self.topic, self.listener, **self._kwargs)
+
+    async def _start(self, c: AsyncPushConsumer) -> None:
         await topic_queue_count(c.client, self.topic)  # the group has the topic from now on
-        return await c.start()
+        await c.start()
 
     async def start(self) -> "AsyncClusterPushConsumer":
         await self.routes.start()

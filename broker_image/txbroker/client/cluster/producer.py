@@ -20,15 +20,15 @@ class ClusterSender:
         self.routes = RouteBook(bootstrap, refresh=route_refresh, request_timeout=request_timeout,
                                 credentials=credentials, tls=tls)
         self.placement = Placement()
-        self.groups = PerGroup(self._make, lambda p: p.close())
+        self.groups = PerGroup(self._make, lambda p: p.start(), lambda p: p.close())
         self.routes.on_change(self._follow)
 
-    async def _make(self, g):
+    def _make(self, g):
         raise NotImplementedError
 
-    async def _follow(self, route) -> None:
-        await self.groups.follow(route)
+    async def _follow(self, route) -> bool:
         self.placement.forget()
+        return await self.groups.follow(route)
 
     async def start(self):
         await self.routes.start()
@@ -57,34 +57,39 @@ class AsyncClusterProducer(ClusterSender):
         self._kwargs = dict(request_timeout=request_timeout, credentials=credentials, tls=tls)
         super().__init__(bootstrap, route_refresh=route_refresh, **self._kwargs)
 
-    async def _make(self, g) -> AsyncProducer:
-        return await AsyncProducer(self.group, g.addresses, **self._kwargs).start()
+    def _make(self, g) -> AsyncProducer:
+        return AsyncProducer(self.group, g.addresses, **self._kwargs)
 
     async def send(self, msg_or_msgs, selector=None, arg=None) -> SendResult:
         """As AsyncProducer.send; `selector(queue_count, message, arg)` chooses among the topic's queues
         on every active group. Messages that land on several groups are sent to each (not atomically:
-        use a transaction for that); the result lists each message's group in `groups`."""
-        msgs = as_list(msg_or_msgs)
-        try:
-            return await self._send(msgs, selector, arg)
-        except BrokerError as e:  # a group drained since the route was read: nothing stored, send again
-            if e.code != ResponseCode.SERVICE_NOT_AVAILABLE or not await self.routes.update():
-                raise
-            return await self._send(msgs, selector, arg)
-
-    async def _send(self, msgs, selector, arg) -> SendResult:
-        parts = await self.placement.place(msgs, self.groups.active, self._count, selector, arg)
+        use a transaction for that); the result lists each message's group in `groups`. A part a
+        draining group refused (nothing of it stored) is placed again on the route read anew."""
         out = SendResult([])
-        for group, part in parts.items():
-            try:
-                r = await self.groups.members[group].send(part)
-            except ClientError:
-                self.placement.avoid(group)
-                raise
-            out.msg_ids += r.msg_ids
-            out.queue_ids += r.queue_ids
-            out.queue_offsets += r.queue_offsets
-            out.groups += [group] * len(part)
+        todo = as_list(msg_or_msgs)
+        for last_try in (False, True):
+            refused: list = []
+            parts = await self.placement.place(todo, self.groups.active, self._count, selector, arg)
+            for group, part in parts.items():
+                try:
+                    r = await self.groups.members[group].send(part)
+                except BrokerError as e:
+                    if e.code == ResponseCode.SERVICE_NOT_AVAILABLE and not last_try:
+                        refused += part
+                        continue
+                    self.placement.avoid(group)
+                    raise
+                except ClientError:
+                    self.placement.avoid(group)
+                    raise
+                out.msg_ids += r.msg_ids
+                out.queue_ids += r.queue_ids
+                out.queue_offsets += r.queue_offsets
+                out.groups += [group] * len(part)
+            if not refused:
+                break
+            await self.routes.update()
+            todo = refused
         return out
 
 

@@ -27,7 +27,8 @@ class RouteBook:
         self.route: ClusterRoute | None = None
         self._client = BrokerClient(self.bootstrap, require_master=False, request_timeout=request_timeout,
                                     credentials=credentials, tls=tls)
-        self._listeners: list[Callable[[ClusterRoute], Awaitable[None]]] = []
+        self._listeners: list[Callable[[ClusterRoute], Awaitable[bool]]] = []
+        self._followed = False  # every listener followed the route held (else: again at the next refresh)
         self._task: asyncio.Task | None = None
 
     async def start(self) -> ClusterRoute:
@@ -35,7 +36,8 @@ class RouteBook:
         self._task = asyncio.ensure_future(self._run())
         return self.route
 
-    def on_change(self, listener: Callable[[ClusterRoute], Awaitable[None]]) -> None:
+    def on_change(self, listener: Callable[[ClusterRoute], Awaitable[bool]]) -> None:
+        """`listener(route)` follows a new route; it answers False when it followed it only in part."""
         self._listeners.append(listener)
 
     async def fetch(self) -> ClusterRoute:
@@ -49,12 +51,14 @@ class RouteBook:
         """Fetch the route; True if it is newer than the one held (the listeners have seen it)."""
         route = await self.fetch()
         current = self.route
-        if current is not None and (route.version < current.version or route == current):
-            return False
-        for listener in self._listeners:  # all of them follow it before it counts as held: one that
-            await listener(route)         # fails (a new group not ready) is tried again at the next refresh
+        if current is not None and (route.version < current.version or route == current and self._followed):
+            return False  # never back to an older route; the one held, only if not yet fully followed
         self.route = route
-        if current is not None:
+        followed = True
+        for listener in self._listeners:  # a part not followed (a group's client not started) is
+            followed = await listener(route) is not False and followed  # tried again at the next refresh
+        self._followed = followed
+        if current is not None and route != current:
             log.info("cluster route version %d: %s", route.version,
                      ", ".join(f"{g.name} ({g.state})" for g in route.groups))
         return True

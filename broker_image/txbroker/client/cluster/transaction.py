@@ -33,6 +33,7 @@ from txbroker.client.transaction_session import (
     LocalTransactionState, Prepared, TransactionSendResult, local_decision, local_decision_async,
 )
 from txbroker.protocol.bodies import Message
+from txbroker.protocol.codes import ResponseCode
 
 log = logging.getLogger(__name__)
 _warnings = RepeatedWarnings(log)
@@ -60,8 +61,8 @@ class AsyncClusterTransactionProducer(ClusterSender):
         super().__init__(bootstrap, route_refresh=route_refresh, request_timeout=request_timeout,
                          credentials=credentials, tls=tls)
 
-    async def _make(self, g) -> AsyncTransactionProducer:
-        return await AsyncTransactionProducer(self.group, g.addresses, _Shared(self), **self._kwargs).start()
+    def _make(self, g) -> AsyncTransactionProducer:
+        return AsyncTransactionProducer(self.group, g.addresses, _Shared(self), **self._kwargs)
 
     # ---- the phases, shared by the asyncio and the blocking forms -----------------------------------
 
@@ -119,13 +120,23 @@ class AsyncClusterTransactionProducer(ClusterSender):
 
         await asyncio.gather(*(one(g, p) for g, p in participants.items()))
 
+    async def place_and_begin(self, msgs: list[Message], selector, arg, txid: str) -> Spanning | TransactionSendResult:
+        """Steps 1-2 where the messages go now; once more on the route read anew if the home refused
+        them as a draining group (nothing stored then)."""
+        try:
+            return await self.begin(await self.place(msgs, selector, arg), txid)
+        except BrokerError as e:
+            if e.code != ResponseCode.SERVICE_NOT_AVAILABLE:
+                raise
+        await self.routes.update()
+        return await self.begin(await self.place(msgs, selector, arg), txid)
+
     async def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
                                           selector=None) -> TransactionSendResult:
         """As AsyncTransactionProducer's; with `selector`, messages may land on several groups."""
         msgs = as_list(msg_or_msgs)
         txid = transaction_id or uuid.uuid4().hex
-        parts = await self.place(msgs, selector, arg)
-        begun = await self.begin(parts, txid)
+        begun = await self.place_and_begin(msgs, selector, arg, txid)
         if isinstance(begun, TransactionSendResult):
             return begun
         state = await local_decision_async(_EXECUTE, txid, self.listener.execute_local_transaction, msg_or_msgs, arg)
@@ -160,8 +171,7 @@ class ClusterTransactionProducer(background.Blocking):
         a = self._async
         msgs = as_list(msg_or_msgs)
         txid = transaction_id or uuid.uuid4().hex
-        parts = background.run(a.place(msgs, selector, arg))
-        begun = background.run(a.begin(parts, txid))
+        begun = background.run(a.place_and_begin(msgs, selector, arg, txid))
         if isinstance(begun, TransactionSendResult):
             return begun
         state = local_decision(_EXECUTE, txid, a.listener.execute_local_transaction, msg_or_msgs, arg)

@@ -114,10 +114,11 @@ class AsyncPushConsumer:
         await self._rebalancer.stop_pulling()
         await self._consumption.wait(self.await_termination_s)
         await self._rebalancer.drop_all()
-        try:
-            await self.client.request(RequestCode.UNREGISTER_CLIENT, ConsumerListRequest(self.group), retry=False)
-        except ClientError:
-            pass
+        if self._tasks:  # started: leave the group at once (closing the connection also takes it out)
+            try:
+                await self.client.request(RequestCode.UNREGISTER_CLIENT, ConsumerListRequest(self.group), retry=False)
+            except ClientError:
+                pass
         self._member.closed = True
         await self.client.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
