@@ -146,6 +146,9 @@ def test_two_groups_fail_over_alone_and_drain_before_removal(operator):
         txb = wait_until(g1_failed_over, 90, "g1's slave promoted", interval=0.5)
     except TimeoutError:
         raise AssertionError("no failover of g1; operator log:\n" + operator.log.read_text()[-5000:]) from None
+    # the decision is written first, the conditions at the end of the pass that carried it out
+    txb = wait_until(lambda: (t := tb.get("txb", name, namespace)) and condition(t, "FailedOver") and t, 30,
+                     "the FailedOver condition")
     st = txb["status"]
     assert (st["master"], st["epoch"]) == ("duo-0", 1)
     assert st["lastFailover"]["group"] == "g1" and st["lastFailover"]["from"] == "duo-g1-0"
