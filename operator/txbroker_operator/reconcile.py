@@ -259,8 +259,10 @@ class Pass:
                 if report is not None:
                     g.view.update(undelivered=report.undelivered, pendingTransactions=report.pending_transactions,
                                   undeliveredTopics={t: n for t, n in report.topics.items() if n} or None)
+                waiting, waiting_why = self.waiting_on(g) if report is not None and report.drained else ({}, "")
                 decision = scaling.decide_removal(g.name, report, why,
-                                                  int(g.view.get("drainRouteVersion") or self.route_version), force)
+                                                  int(g.view.get("drainRouteVersion") or self.route_version), force,
+                                                  waiting, waiting_why)
                 if isinstance(decision, scaling.Wait):
                     self.blocked.append((g.name, decision.reason, decision.message))
                     if decision.reason != "RouteNotLoaded":   # that one passes within a kubelet sync: no Event
@@ -289,6 +291,22 @@ class Pass:
             return None, str(e)
         return scaling.DrainReport(undelivered=drain.undelivered, pending_transactions=drain.pending_transactions,
                                    drained=drain.drained, route_version=running, topics=drain.topics), ""
+
+    def waiting_on(self, g: GroupPass) -> tuple[dict[str, int] | None, str]:
+        """Per other group kept running, its participants whose decision lives on `g` (their masters'
+        drain `waiting_on`); (None, why) when a master cannot be asked."""
+        out: dict[str, int] = {}
+        for other in self.serving():
+            if other is g:
+                continue
+            head = other.members.get(other.master)
+            if head is None or not head.ip or not head.alive_master:
+                return None, f"{other.name}'s master {other.master} does not answer as master"
+            try:
+                out[other.name] = self.access.drain(head.ip).waiting_on.get(g.name, 0)
+            except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
+                return None, str(e)
+        return out, ""
 
     def remove_group(self, g: GroupPass) -> None:
         """Its pods first; its claims once no pod uses them; then it is gone (the next route leaves

@@ -15,12 +15,15 @@ A group's life:
   the old one is gone.
 
 The operator never deletes a group's data while its master reports anything undelivered, nor while
-it cannot ask (a master that does not answer), unless forced.
+another group's master reports participants waiting on it (transactions spanning groups whose
+decision lives on it: once it is gone nobody can tell them how they ended), nor while it cannot
+ask, unless forced.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from . import constants as c
@@ -84,11 +87,20 @@ def _topics(topics: Mapping[str, int], limit: int = 5) -> str:
     return f" ({shown}{more})" if shown else ""
 
 
+NONE_WAITING: Mapping[str, int] = MappingProxyType({})
+
+
+def _waiting(waiting: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} on {g}" for g, n in sorted(waiting.items()) if n)
+
+
 def decide_removal(group: str, report: DrainReport | None, unknown_why: str, drain_version: int,
-                   force: bool) -> Remove | Wait:
+                   force: bool, waiting: Mapping[str, int] | None = NONE_WAITING, waiting_why: str = "") -> Remove | Wait:
     """Whether draining `group` may go now. `report` is None when its master could not be asked
     (`unknown_why` says why); `drain_version` is the first route version that drains it: a master
-    running an older route may still be taking messages, so its 'nothing undelivered' means nothing yet."""
+    running an older route may still be taking messages, so its 'nothing undelivered' means nothing yet.
+    `waiting`: per other group, its participants whose home is `group` (their masters' drain
+    `waiting_on`); None when some master could not be asked (`waiting_why`)."""
     hint = f"; set the annotation {c.ANNOTATION_FORCE_SCALE_DOWN}: \"true\" to remove it anyway (what it holds is lost)"
     if force:
         if report is None:
@@ -96,6 +108,8 @@ def decide_removal(group: str, report: DrainReport | None, unknown_why: str, dra
         else:
             held = (f"{report.undelivered} undelivered message(s){_topics(report.topics)} and "
                     f"{report.pending_transactions} pending transaction(s)")
+        if waiting and _waiting(waiting):
+            held += f"; transactions waiting on its decision: {_waiting(waiting)}"
         return Remove(True, f"{group} removed by {c.ANNOTATION_FORCE_SCALE_DOWN} before it drained: {held}; "
                             "whatever it held is lost")
     if report is None:
@@ -111,5 +125,11 @@ def decide_removal(group: str, report: DrainReport | None, unknown_why: str, dra
     if report.pending_transactions > 0 or not report.drained:
         return Wait("PendingTransactions", f"{group} is draining and holds {report.pending_transactions} pending "
                                            f"transaction(s): they must be committed, rolled back or parked first{hint}")
+    if waiting is None:
+        return Wait("DrainUnknown", f"{group} is drained, but whether transactions on other groups still wait on "
+                                    f"its decision cannot be asked ({waiting_why}); it is kept{hint}")
+    if _waiting(waiting):
+        return Wait("ParticipantsWaiting", f"{group} is drained, but transactions spanning groups still wait on its "
+                                           f"decision ({_waiting(waiting)}): they must ask it first{hint}")
     return Remove(False, f"{group} is drained (nothing undelivered, no pending transaction at route version "
                          f"{report.route_version}): removing its brokers and volumes")

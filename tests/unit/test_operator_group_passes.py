@@ -233,6 +233,20 @@ def test_lowering_groups_drains_and_keeps_a_group_that_holds_undelivered_message
     assert st["phase"] == "Running"
 
 
+def test_a_drained_group_stays_while_another_groups_participants_wait_on_it(world):
+    passes(world)
+    world.txb()["spec"]["groups"] = 1
+    g0_master = world.pod_ip("orders-0")
+    world.drains[g0_master] = {"waiting_on": {"g1": 2}}      # g0 holds 2 participants whose home is g1
+    st = passes(world, 3)
+    blocked = next(x for x in st["conditions"] if x["type"] == "ScaleDownBlocked")
+    assert blocked["reason"] == "ParticipantsWaiting" and "2 on g0" in blocked["message"]
+    assert ("Pod", "orders-g1-0") in world.objects
+    world.drains[g0_master] = {"waiting_on": {}}               # they asked g1 and ended
+    st = passes(world, 3)
+    assert [g["name"] for g in st["groups"]] == ["g0"]
+
+
 def test_a_draining_group_whose_master_cannot_be_asked_is_kept(world):
     passes(world)
     world.txb()["spec"]["groups"] = 1

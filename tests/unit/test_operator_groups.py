@@ -135,6 +135,17 @@ def test_a_draining_group_goes_only_when_drained_at_a_route_that_drains_it():
     assert isinstance(unknown, Wait) and unknown.reason == "DrainUnknown" and "kept" in unknown.message
 
 
+def test_a_drained_group_stays_while_transactions_elsewhere_wait_on_its_decision():
+    drained = DrainReport(undelivered=0, pending_transactions=0, drained=True, route_version=5)
+    waits = scaling.decide_removal("g1", drained, "", 5, False, {"g0": 3, "g2": 0})
+    assert isinstance(waits, Wait) and waits.reason == "ParticipantsWaiting" and "3 on g0" in waits.message
+    unknown = scaling.decide_removal("g1", drained, "", 5, False, None, "g0's master g-0 does not answer as master")
+    assert isinstance(unknown, Wait) and unknown.reason == "DrainUnknown" and "g-0" in unknown.message
+    assert isinstance(scaling.decide_removal("g1", drained, "", 5, False, {"g0": 0}), Remove)
+    forced = scaling.decide_removal("g1", drained, "", 5, True, {"g0": 3})
+    assert isinstance(forced, Remove) and "3 on g0" in forced.message
+
+
 def test_force_removes_and_says_what_is_lost():
     forced = scaling.decide_removal("g1", DrainReport(12, 1, False, 5, {"Orders": 12}), "", 5, True)
     assert isinstance(forced, Remove) and forced.forced
