@@ -3,7 +3,7 @@
 groups on this machine, a transaction spanning groups against one that stays on one, and a scaling
 model for more groups on a bigger machine.
 
-    .venv/bin/python bench/groups_bench.py                 # ASYNC flush, masters only (about 6 min)
+    .venv/bin/python bench/groups_bench.py                 # ASYNC flush, masters only (about 4 min)
     .venv/bin/python bench/groups_bench.py --sync          # SYNC flush + SYNC replication, 1 slave per group
     .venv/bin/python bench/groups_bench.py --quick         # smoke run: 3 s per case, one run
     .venv/bin/python bench/groups_bench.py --model-from bench/results/groups-<ts>.json   # the model again
