@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from conftest import run_cli
 from support.groups import start_cluster
 from support.waiting import wait_until
 from support import txload
@@ -241,8 +242,6 @@ def test_bad_input_names_what_is_wrong(cluster, tmp_path):
 
 
 def test_a_broker_refuses_to_start_on_a_cluster_file_it_cannot_use(tmp_path):
-    from conftest import run_cli
-
     bad = tmp_path / "bad.yaml"
     cases = {
         "cluster: c\nversion: 1\ngroups: []\n": "at least one group",
@@ -280,8 +279,6 @@ def test_a_draining_group_takes_no_new_messages_and_says_what_it_still_holds(clu
 
 
 def test_the_cli_shows_the_groups_and_their_masters(cluster):
-    from conftest import run_cli
-
     r = run_cli("cluster", "show", "--broker", cluster.bootstrap[0])
     lines = r.stdout.splitlines()
     assert lines[0] == "cluster local, route version 1", r.stdout
