@@ -17,8 +17,8 @@ from support.groups import start_cluster
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
-    AsyncClusterTransactionProducer, BrokerError, ClientError, ClusterProducer, ClusterPushConsumer, ClusterTransactionProducer,
-    ConsumeStatus, LocalTransactionState as S, Message, Producer, TransactionListener, hash_selector, key_selector,
+    AsyncClusterTransactionProducer, BrokerError, ClientError, ClusterProducer, ClusterPushConsumer,
+    ClusterTransactionProducer, ConsumeStatus, LocalTransactionState as S, Message, Producer, TransactionListener, hash_selector, key_selector,
 )
 from txbroker.client.admin import AdminClient
 from txbroker.client.connection import BrokerClient

@@ -27,7 +27,9 @@ from txbroker.broker.transaction.settings import SettingsBook
 from txbroker.client.errors import ClientError
 from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.lifecycle import stop_task
-from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionResponse, TransactionStatesRequest, TransactionStatesResponse
+from txbroker.protocol.bodies import (
+    EndTransactionRequest, EndTransactionResponse, TransactionStatesRequest, TransactionStatesResponse,
+)
 from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
 from txbroker.store.records import COMMITTED, PREPARED, ROLLED_BACK, PendingTx
 from txbroker.store.state import StateMachine
