@@ -48,7 +48,8 @@ class RouteBook:
         return r.route
 
     async def update(self) -> bool:
-        """Fetch the route; True if it is newer than the one held (the listeners have seen it)."""
+        """Fetch the route; True if the listeners followed it now: it is newer than the one held, or
+        the same one, which they had followed only in part."""
         route = await self.fetch()
         current = self.route
         if current is not None and (route.version < current.version or route == current and self._followed):
