@@ -8,11 +8,11 @@ import signal
 import pytest
 
 from conftest import metric, run_cli
-from support.pairs import sync_pair
+from support.pairs import restart_as_master, sync_pair, with_short_retention
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
-    AsyncJobCoordinator, BrokerError, DecisionNotReplicated, JobCoordinator, Message, RequestTimeout,
+    AsyncJobCoordinator, BrokerError, DecisionNotReplicated, JobCoordinator, Message, Producer, RequestTimeout,
 )
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.protocol.codes import ResponseCode
@@ -371,3 +371,41 @@ def test_a_decision_the_slave_never_got_in_time_is_unknown_not_refused(broker_fa
         wait_until(lambda: c.describe(job.job_id).resolved, what="the decision replicated and its members ended")
         assert c.commit(job.job_id, [kept]).already
     assert bodies(m.address) == {"kept": 1}
+
+
+def test_an_undecided_job_survives_retention_then_truncation_and_a_promotion(broker_factory):
+    """Second review, defect 4: retention deleted an undecided job's open record (its marks kept
+    only pending half records); a truncation after the old master rejoined derived the job again
+    from that record on, found none and deleted it. After a promotion the job was gone (404, its
+    name unknown) and its member stayed PREPARED past the deadline, forever (I4)."""
+    m, s = sync_pair(broker_factory)
+    with_short_retention(m, s)
+    with JobCoordinator(GROUP, m.address, request_timeout=2) as c:
+        job = c.open(timeout=15, name="nightly")
+        member = c.send(job.job_id, Message("Orders", b"member"))
+        end = AdminClient(m.admin_url).broker_info().log_end_offset
+        for b in (m, s):  # retention on both passed the job's records
+            with Producer("p", m.address) as p:
+                p.send(Message("Filler", b"x"))
+            wait_until(lambda b=b: AdminClient(b.admin_url).broker_info().log_start_offset > end,
+                       what=f"retention on {b.address} past the job's records")
+        s.kill()
+        with pytest.raises(DecisionNotReplicated):  # a tail only the old master holds touches the job
+            c.commit(job.job_id, [member])
+    epoch = AdminClient(m.admin_url).broker_info().epoch
+    m.kill()
+    restart_as_master(s, epoch + 1)
+    admin_s = AdminClient(s.admin_url)
+    m.extra_args = [*m.extra_args, "--role", "slave", "--master", s.address]
+    m.start()  # rejoins: truncates the decision it alone had
+    wait_until(lambda: AdminClient(m.admin_url).broker_info().durable_offset == admin_s.broker_info().log_end_offset,
+               what="the old master to rejoin and serve its new master's log")
+    admin_s.post("/api/v1/role", {"role": "slave", "master": m.address, "epoch": epoch + 2})
+    AdminClient(m.admin_url).post("/api/v1/role", {"role": "master", "epoch": epoch + 2})
+    admin_m = AdminClient(m.admin_url)
+    assert admin_m.get(f"/api/v1/jobs/{job.job_id}")["state"] == "OPEN"
+    with JobCoordinator(GROUP, m.address) as c:
+        assert c.describe(name="nightly").job_id == job.job_id
+    wait_until(lambda: admin_m.get(f"/api/v1/jobs/{job.job_id}")["state"] == "ABORTED", 30,
+               what="the deadline to abort the job on the master it ended on")
+    wait_until(lambda: tx_state(m, member) == "ROLLED_BACK", what="its member rolled back (I4)")

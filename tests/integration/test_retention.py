@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from conftest import metric, run_cli
+from support.pairs import restart_as_master, sync_pair, with_short_retention
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
@@ -109,3 +110,40 @@ def test_size_limit_keeps_the_log_bounded(broker_factory):
         wait_until(load_until_deleted, 60, what="retention by size to delete 100 records")
     retained = metric(b, "txbroker_log_retained_bytes")
     assert written > 1_000_000 and 0 < retained < 600_000, (written, retained)
+
+
+def test_a_commit_acknowledged_after_a_rejoin_survives_the_rejoined_slaves_retention(broker_factory):
+    """Second review, defect 7 (I6 under SYNC flush and replication): truncation kept the retention
+    marks taken on the tail it dropped. One said "nothing pending" (T1 had ended there), so the
+    rejoined slave's retention deleted T1's half record although T1 was PREPARED again. The new
+    master committed T1, the slave acknowledged it, and after a failover the message was gone, also
+    after a restart from disk."""
+    m, s = sync_pair(broker_factory)
+    with_short_retention(m, s)
+    prepare(m, "T1", b"t1-body")  # acknowledged: both hold T1's half message
+    s.kill()
+    with pytest.raises(BrokerError):  # stored on the old master only: a tail the new master never gets
+        end(m, "T1", S.COMMIT)
+    tail_end = info(m)["log_end_offset"]
+    wait_until(lambda: info(m)["retention_mark_offset"] > tail_end, what="a retention mark taken on the tail")
+    epoch = info(m)["epoch"]
+    m.kill()
+    restart_as_master(s, epoch + 1)
+    m.extra_args = [*m.extra_args, "--role", "slave", "--master", s.address]
+    m.start()  # rejoins: truncates its tail, T1 is PREPARED again
+    with Producer("p", s.address) as p:  # the new master's log passes the old tail, and its mark
+        for i in range(tail_end):
+            p.send(Message("Filler", f"f{i}".encode()))
+    half_lsn = AdminClient(m.admin_url).get("/api/v1/transactions/T1")["commit_log_offset"]
+    wait_until(lambda: info(m)["log_start_offset"] > half_lsn, what="the rejoined slave's retention past T1's half")
+    assert end(s, "T1", S.COMMIT).state == S.COMMIT.value  # acknowledged: the slave holds the commit
+    m_log_end = info(s)["log_end_offset"]
+    wait_until(lambda: info(m)["local_durable_offset"] >= m_log_end, what="the slave to hold the commit")
+    s.kill()
+    AdminClient(m.admin_url).post("/api/v1/role", {"role": "master", "epoch": epoch + 2})
+    assert txload.visible(m.address, "Tx") == {"t1-body": 1}
+    m.stop()
+    m.extra_args = m.extra_args[:-4]  # no longer a slave: it restarts as the master it is
+    m.start()
+    assert txload.visible(m.address, "Tx") == {"t1-body": 1}
+

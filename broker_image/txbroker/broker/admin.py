@@ -192,6 +192,7 @@ class AdminApp:
                                       bool(b.config.tls_client_ca)),
             limits=answers.Limits(b.config.max_connections, b.config.max_unacked_bytes, b.unacked.used,
                                   b.config.idle_timeout_ms, b.config.max_inflight_per_connection),
+            retention_mark_offset=b.retention.newest_mark_lsn,
         )
 
     async def broker_info(self, request):

@@ -23,6 +23,7 @@ class RetentionService:
         self.retention_bytes = cfg.retention_bytes
         self.interval = cfg.retention_check_interval_ms / 1000
         self._task: asyncio.Task | None = None
+        self.newest_mark_lsn = 0  # the next LSN at the newest mark taken
 
     def start(self) -> None:
         if self._task is None:
@@ -51,17 +52,18 @@ class RetentionService:
     async def run_once(self) -> int:
         state, metrics = self._b.state, self._b.metrics
         now = int(time.time() * 1000)
-        retention.take_mark(state, now)
-        mark = retention.choose_cutoff(retention.marks(state), now, self.retention_ms, self.retention_bytes,
+        state.marks.take(now, state.next_lsn, state.log_bytes, state.lineage())
+        self.newest_mark_lsn = state.next_lsn
+        mark = retention.choose_cutoff(state.marks.all(), now, self.retention_ms, self.retention_bytes,
                                        state.log_bytes, self._limit())
         deleted = 0
         if mark is not None and mark.lsn > state.log_complete_from:
             t0 = time.perf_counter()
-            deleted = await retention.delete_before(state, mark)
+            deleted = await retention.delete_before(state, mark, now)
             metrics.retention_deleted.inc(deleted)
-            log.info("retention: deleted %d records before LSN %d (written %s ago) in %.2fs; %d kept for "
-                     "transactions pending then", deleted, mark.lsn, _age(now - mark.ms), time.perf_counter() - t0,
-                     len(mark.pending))
+            log.info("retention: deleted %d records before LSN %d (written %s ago) in %.2fs; %d kept, live state "
+                     "is derived from them", deleted, mark.lsn, _age(now - mark.ms), time.perf_counter() - t0,
+                     len(mark.needed))
         metrics.log_start.set(state.log_complete_from)
         metrics.log_bytes.set(state.log_bytes - (mark.log_bytes if mark is not None else 0))
         return deleted

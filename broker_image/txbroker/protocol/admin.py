@@ -137,6 +137,7 @@ class BrokerInfo(Struct):
     replication: Replication
     security: Security
     limits: Limits
+    retention_mark_offset: int = 0  # the log end at retention's newest mark: what a later pass may delete up to
 
 
 class TopicSummary(Struct):

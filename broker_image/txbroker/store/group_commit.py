@@ -79,6 +79,14 @@ class GroupCommit:
             return
         self._written(b, None)
 
+    def abandon(self, b: Batch, error: BaseException) -> None:
+        """The open batch `b` cannot be written whole (a record in it failed to apply): nothing of it
+        is written, its requests are refused, and the store stops so the broker recovers from disk
+        (memory may hold part of that record's effects)."""
+        if self._open is b:
+            self._open = None
+        self._written(b, error)
+
     @property
     def open_future(self) -> asyncio.Future | None:
         """The future of the batch still being filled, if one is; raises after a failed write."""
@@ -97,7 +105,7 @@ class GroupCommit:
     def _written(self, b: Batch, error: BaseException | None) -> None:
         if error is not None:
             self._failed = error
-            log.critical("RocksDB write failed; stopping the broker so it recovers from disk", exc_info=error)
+            log.critical("a batch could not be written; stopping the broker so it recovers from disk", exc_info=error)
             if not b.future.done():
                 b.future.set_exception(error)
             b.future.exception()  # mark retrieved

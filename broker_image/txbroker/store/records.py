@@ -1,6 +1,6 @@
 """Log records: the unit of durability and, later, of replication.
 
-On-disk format, version 4 (STORE_FORMAT_VERSION, kept under meta key b"format"):
+On-disk format, version 5 (STORE_FORMAT_VERSION, kept under meta key b"format"):
 
   column family  key                                  value
   log            u64 BE log sequence number (LSN)     msgpack record, tagged (see below)
@@ -9,15 +9,21 @@ On-disk format, version 4 (STORE_FORMAT_VERSION, kept under meta key b"format"):
                                                       from that index, at offsets from the key's
   pending        transaction id (utf-8)               PendingTx (prepared or parked transactions)
   tx             transaction id (utf-8)               FinishedTx (committed or rolled back)
-  offsets        group 0x00 topic 0x00 u16 BE queue       u64 BE next offset to consume
+  offsets        group 0x00 topic 0x00 u16 BE queue       u64 BE next offset to consume + u64 BE LSN of the
+                                                      record that set it (format 4: the offset alone)
   keys           topic 0x00 key 0x00 u64 BE LSN u32 BE index  u64 BE queue offset
   jobs           b"id/" job id | b"name/" job name   JobState (coordinated transactions, broker/transaction/jobs.py)
-                                                      | the newest job id opened under that name
-  meta           b"format" | b"topic/<name>" | b"epoch/<u64 BE epoch>" -> start LSN
+                 | b"decided/" u64 BE ms job id       | the newest job id opened under that name
+                                                      | b"" (decided jobs in decision order: their expiry)
+  meta           b"format" | b"topic/<name>" -> b"<queue count> <LSN>" | b"epoch/<u64 BE epoch>" -> start LSN
                  | b"config/group/<name>" -> JSON: a producer group's transaction settings and the
                    generation the operator applied (derived from GroupSettingsRecord)
                  | b"published" -> u64 BE LSN (a SYNC master: readable up to there)
                  | b"sendback/" group 0x00 message id 0x00 reconsume count -> u64 BE LSN of the copy
+                 | b"span/" transaction id: a spanning transaction decided here whose participants
+                   may still ask (until a ReleaseRecord) | b"linger/" transaction id: a decision kept
+                   after retention deleted its records (store/derived/transactions.py)
+                 | b"mark/", b"complete_from", b"kept": retention (store/derived/marks.py)
 
 A half message batch is stored once (HalfRecord, "under RMQ_SYS_TRANS_HALF_TOPIC"); committing it
 writes queue-index entries that point at that same record plus the op record (EndRecord, "in
@@ -31,7 +37,9 @@ without the count); format 2 reads those as runs of one and marks such a store a
 Format 3 adds GroupSettingsRecord: a producer group's settings are log records, so they replicate
 and a promoted slave runs them (format 2 wrote the same meta entries directly, unreplicated; they
 read the same). A format-2 broker refuses a format-3 store rather than fail on a record it cannot
-decode.
+decode. Format 4 adds participants (HalfRecord.home). Format 5 adds what retention and truncation
+need to keep and derive again exactly: the home's list of participant groups and ReleaseRecord, the
+LSN each offset and topic was set at, each pending transaction's and job's records (lineage).
 """
 
 from __future__ import annotations
@@ -41,8 +49,8 @@ from msgspec import Struct, field
 
 from txbroker.protocol.bodies import JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, Message  # noqa: F401 - re-exported
 
-STORE_FORMAT_VERSION = 4  # 4: half messages may name a home group
-READABLE_FORMATS = frozenset({1, 2, 3, 4})
+STORE_FORMAT_VERSION = 5  # 5: lineages, participants named at the home, ReleaseRecord
+READABLE_FORMATS = frozenset({1, 2, 3, 4, 5})
 
 
 class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
@@ -54,6 +62,7 @@ class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
     messages: list[Message]
     job_id: str = ""  # a member of this coordinated transaction: its decision ends this one
     home: str = ""  # a participant: the broker group whose half message of this id decides it
+    participants: list[str] = field(default_factory=list)  # the home: groups holding participants of it
 
 
 class NormalRecord(Struct, tag="N", array_like=True, omit_defaults=True):
@@ -131,6 +140,14 @@ class JobDecisionRecord(Struct, tag="D", array_like=True, omit_defaults=True):
     by: str = "client"  # client | deadline | admin
 
 
+class ReleaseRecord(Struct, tag="L", array_like=True):
+    """The home's spanning transactions whose participants have all ended: their decisions may now
+    expire with the log (until then retention keeps them: a participant may still ask)."""
+
+    transaction_ids: list[str]
+    release_ms: int
+
+
 class TopicRecord(Struct, tag="T", array_like=True):
     name: str
     queue_count: int
@@ -163,7 +180,7 @@ class EpochRecord(Struct, tag="X", array_like=True):
 
 
 Record = (HalfRecord | NormalRecord | EndRecord | CheckRecord | ParkRecord | ResumeRecord | TopicRecord | EpochRecord
-          | OffsetRecord | JobOpenRecord | JobPrepareRecord | JobDecisionRecord | GroupSettingsRecord)
+          | OffsetRecord | JobOpenRecord | JobPrepareRecord | JobDecisionRecord | GroupSettingsRecord | ReleaseRecord)
 
 PREPARED = "PREPARED"
 PARKED = "PARKED"
@@ -186,6 +203,8 @@ class PendingTx(Struct, array_like=True, omit_defaults=True):
     keyed: list[tuple[int, str]] = field(default_factory=list)  # (message index, keys) to index at commit
     job_id: str = ""  # member of a coordinated transaction: never checked back, ended by its decision
     home: str = ""  # participant: never checked back, ended as its home group's transaction ended
+    participants: list[str] = field(default_factory=list)  # the home of a spanning transaction: where the others are
+    lineage: list[int] = field(default_factory=list)  # LSNs of its check, park and resume records
 
 
 class FinishedTx(Struct, array_like=True, omit_defaults=True):
@@ -200,6 +219,8 @@ class FinishedTx(Struct, array_like=True, omit_defaults=True):
     by: str = "producer"
     checks: int = 0
     job_id: str = ""
+    participants: list[str] = field(default_factory=list)  # the home of a spanning transaction
+    released_lsn: int = 0  # the ReleaseRecord that let this decision expire (participants all ended)
 
 
 class JobState(Struct, array_like=True, omit_defaults=True):
@@ -216,6 +237,9 @@ class JobState(Struct, array_like=True, omit_defaults=True):
     decided_ms: int = 0
     by: str = ""
     decision_lsn: int = 0
+    prepare_lsn: int = 0
+    ended_lsn: int = 0  # the end of its last member (0: members still pending, or none yet)
+    previous: str = ""  # the job its name named before this one opened (a truncation goes back to it)
 
     @property
     def decided(self) -> bool:

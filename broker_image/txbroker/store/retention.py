@@ -1,17 +1,18 @@
 """Retention: deleting old log records by age and by size, as RocketMQ's fileReservedTime and Kafka's
 retention.ms / retention.bytes do, without deleting what is still needed.
 
-The broker takes a *mark* at every retention pass (meta `mark/<u64 BE ms>`: the time, the next LSN,
-the log bytes written so far and the half-message LSNs of the transactions pending then). Deleting
-the records before a mark's LSN C keeps
-- the half records of the transactions pending at C: whether they are still pending (or parked)
-  or were decided after C, their messages are read from those records;
+The broker takes a *mark* at every retention pass (store/derived/marks.py): the time, the next LSN,
+the log bytes so far, and every family's lineage then (the records live state is derived from).
+Deleting the records before a mark's LSN C keeps
+- those lineages: a pending or parked transaction's half message and its check, park and resume
+  records, an undecided job's open and prepare records, the newest record of each consumer offset,
+  topic and producer group's settings (store/derived/ says why each);
 - what a slave or a reader still needs: C never passes what every connected slave has, nor what is
-  published.
-A deleted record takes with it what it derived: its queue-index entries (the queues now start
-later: a consumer below the start gets PULL_OFFSET_MOVED), its key-index entries and send-back key,
-and, for a decided transaction, its entry in the decision index (so a duplicate END within the
-retention window is answered `already`; after it, QUERY_NOT_FOUND).
+  published (the caller's limit).
+A deleted record takes with it what it derived, as its family says (`forget`): its queue-index and
+key-index entries (the queues now start later: a consumer below the start gets PULL_OFFSET_MOVED),
+its send-back key, a decision's entry unless someone may still ask about it. State that outlives
+its records goes by its own rule at the end of a pass (`expire`: decisions and jobs).
 
 Deletion runs in chunks, each one WriteBatch holding records and everything derived from them, so
 a kill between chunks leaves a consistent store; the loop yields between chunks.
@@ -20,82 +21,40 @@ a kill between chunks leaves a consistent store; the loop yields between chunks.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING
 
-import msgspec
 from rocksdict import WriteBatch
 
 from txbroker.store import keys
-from txbroker.store.records import EndRecord, HalfRecord, NormalRecord, ParkRecord, decode_finished, decode_record
+from txbroker.store.derived.family import RetentionPass
+from txbroker.store.derived.marks import Mark, choose_cutoff  # noqa: F401 - the pass's policy, re-exported
+from txbroker.store.records import decode_record
 
 if TYPE_CHECKING:
     from txbroker.store.state import StateMachine
 
-log = logging.getLogger(__name__)
-
-MARK_PREFIX = b"mark/"
-COMPLETE_KEY = b"complete_from"  # u64 BE LSN: the log holds every record from here on
-KEPT_KEY = b"kept"  # msgpack list of LSNs: the records before complete_from still kept (needed)
 CHUNK = 2_000
 
 
-class Mark(msgspec.Struct, array_like=True):
-    ms: int
-    lsn: int  # the next LSN when the mark was taken
-    log_bytes: int  # bytes of log records written before it, ever
-    pending: list[int]  # half-record LSNs of the transactions pending then
-
-
-_encode = msgspec.msgpack.Encoder().encode
-decode_mark = msgspec.msgpack.Decoder(Mark).decode
-
-
-def take_mark(state: "StateMachine", now_ms: int) -> None:
-    m = Mark(now_ms, state.next_lsn, state.log_bytes, sorted(p.half_lsn for p in state.pending_transactions()))
-    state.db.meta.put(MARK_PREFIX + keys.lsn_key(now_ms), _encode(m))
-
-
-def marks(state: "StateMachine") -> list[Mark]:
-    out = []
-    for k, v in state.db.meta.items(from_key=MARK_PREFIX):
-        if not k.startswith(MARK_PREFIX):
-            break
-        out.append(decode_mark(v))
-    return out
-
-
-def choose_cutoff(all_marks: list[Mark], now_ms: int, retention_ms: int, retention_bytes: int, log_bytes: int,
-                  limit_lsn: int) -> Mark | None:
-    """The latest mark before which records may go: by age, the last one older than `retention_ms`;
-    by size (`retention_bytes` > 0), the last one after which the log still holds that many bytes (so
-    it holds at most `retention_bytes` plus one interval's writes, as Kafka's holds at most
-    retention.bytes plus a segment). Never one past `limit_lsn`."""
-    usable = [m for m in all_marks if m.lsn <= limit_lsn]
-    by_age = [m for m in usable if m.ms <= now_ms - retention_ms]
-    chosen = by_age[-1] if by_age else None
-    if retention_bytes > 0:
-        by_size = [m for m in usable if log_bytes - m.log_bytes >= retention_bytes]
-        if by_size and (chosen is None or by_size[-1].lsn > chosen.lsn):
-            chosen = by_size[-1]
-    return chosen
-
-
-async def delete_before(state: "StateMachine", mark: Mark) -> int:
-    """Delete the log records before `mark.lsn` that are not needed; returns how many went."""
-    db, h = state.db, state.db.handles
-    needed = set(mark.pending)
+async def delete_before(state: "StateMachine", mark: Mark, now_ms: int) -> int:
+    """Delete the log records before `mark.lsn` that no lineage needs; returns how many went."""
+    db = state.db
+    h_log = db.handles["log"]
+    needed = set(mark.needed)
+    rp = RetentionPass(now_ms, mark.lsn)
     deleted = 0
-    touched: set[bytes] = set()
-    # Records an earlier pass kept (pending then) go now if they are no longer needed.
-    kept_before = _kept(state)
+    # Records an earlier pass kept (needed then) go now if they are no longer needed.
+    kept_before = state.marks.kept()
     wb = WriteBatch(raw_mode=True)
     for lsn in kept_before:
+        if lsn in needed or lsn >= mark.lsn:
+            continue
         raw = db.log.get(keys.lsn_key(lsn))
-        if lsn not in needed and raw is not None:
-            wb.delete(keys.lsn_key(lsn), h["log"])
-            _forget_derived(state, wb, lsn, decode_record(raw), touched)
+        if raw is not None:
+            wb.delete(keys.lsn_key(lsn), h_log)
+            state.forget(lsn, decode_record(raw), wb, rp)
             deleted += 1
+    still_kept = {lsn for lsn in kept_before if lsn in needed or lsn >= mark.lsn}
     pos = state.log_complete_from
     while True:
         stop = min(pos + CHUNK, mark.lsn)
@@ -104,49 +63,19 @@ async def delete_before(state: "StateMachine", mark: Mark) -> int:
             if lsn >= stop:
                 break
             if lsn in needed:
+                still_kept.add(lsn)
                 continue
-            wb.delete(k, h["log"])
-            _forget_derived(state, wb, lsn, decode_record(raw), touched)
+            wb.delete(k, h_log)
+            state.forget(lsn, decode_record(raw), wb, rp)
             deleted += 1
         last = stop >= mark.lsn
         if last:
-            for m in marks(state):
-                if m.lsn < mark.lsn:
-                    wb.delete(MARK_PREFIX + keys.lsn_key(m.ms), h["meta"])
-        wb.put(KEPT_KEY, _encode(sorted(needed if last else needed | set(kept_before))), h["meta"])
-        wb.put(COMPLETE_KEY, keys.lsn_key(stop), h["meta"])
+            state.expire(wb, rp)
+        state.marks.record_pass(wb, sorted(still_kept), stop, mark if last else None)
         db.db.write(wb)
-        state.forget_before(stop, touched)
+        state.forget_before(stop)
         if last:
             return deleted
         pos = stop
         wb = WriteBatch(raw_mode=True)
         await asyncio.sleep(0)  # let requests in between chunks
-
-
-def _kept(state: "StateMachine") -> list[int]:
-    raw = state.db.meta.get(KEPT_KEY)
-    return msgspec.msgpack.decode(raw, type=list[int]) if raw is not None else []
-
-
-def _forget_derived(state: "StateMachine", wb: WriteBatch, lsn: int, r, touched: set[bytes]) -> None:
-    h = state.db.handles
-    kind = type(r)
-    if kind is NormalRecord:
-        touched |= state.forget_messages(wb, lsn, r.messages, r.queue_offsets)
-        if r.send_back:
-            wb.delete(r.send_back, h["meta"])
-    elif kind is HalfRecord:
-        # decided before the mark (else it would be needed): its commit's index entries point here
-        stored = state.db.tx.get(r.transaction_id.encode())
-        done = decode_finished(stored) if stored is not None else None
-        if done is not None and done.half_lsn == lsn and done.queue_offsets:
-            touched |= state.forget_messages(wb, lsn, r.messages, done.queue_offsets)
-    elif kind is EndRecord:
-        stored = state.db.tx.get(r.transaction_id.encode())
-        if stored is not None and decode_finished(stored).end_lsn == lsn:
-            wb.delete(r.transaction_id.encode(), h["tx"])
-    elif kind is ParkRecord and state.pending_transaction(r.transaction_id) is None:
-        for prefix, offset in state._queue_entries(r):
-            wb.delete(keys.cq_key(prefix, offset), h["cq"])
-            touched.add(prefix)
