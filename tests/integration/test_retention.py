@@ -147,3 +147,28 @@ def test_a_commit_acknowledged_after_a_rejoin_survives_the_rejoined_slaves_reten
     m.start()
     assert txload.visible(m.address, "Tx") == {"t1-body": 1}
 
+
+
+def test_jobs_expire_with_the_log_and_replays_by_name_hold_within_the_bound(broker_factory):
+    """Second review, defect 3: retention removed every record a job came from but never the job's
+    entry, its member list or its name: 150 jobs committed, all their records retained away, 150
+    entries and 150 names left; one job per Spark micro-batch grew without bound. A decided job goes
+    once its decision has left the log and `--job-retention-ms` (Kafka's transactional.id.expiration.ms,
+    7 days by default) has passed since it; until then a replay by name finds it."""
+    from txbroker.client import JobCoordinator
+
+    b = broker_factory("--retention-ms", "300", "--retention-check-interval-ms", "100", "--job-retention-ms", "1500")
+    admin = AdminClient(b.admin_url)
+    with JobCoordinator("jobs-pg", b.address) as c:
+        for i in range(150):
+            job = c.open(timeout=60, name=f"batch-{i}")
+            c.commit(job.job_id, [c.send(job.job_id, Message("Out", f"m{i}".encode()))])
+        undecided = c.open(timeout=60, name="still-open")
+        assert c.open(timeout=60, name="batch-149").already  # a replay within the bound: the same job
+        wait_until(lambda: admin.get("/api/v1/jobs?state=all&limit=1000")["total"] == 1, 30,
+                   what="the decided jobs to expire")
+        assert admin.get("/api/v1/jobs?state=all")["jobs"][0]["job_id"] == undecided.job_id
+        with pytest.raises(BrokerError) as e:
+            c.describe(name="batch-3")
+        assert e.value.code_name == "QUERY_NOT_FOUND"
+        assert not c.open(timeout=60, name="batch-149").already  # past the bound, a name is new again

@@ -45,6 +45,10 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     retention_ms: int = 72 * 3_600_000
     retention_bytes: int = 0
     retention_check_interval_ms: int = 60_000
+    # A decided job (coordinated transaction) is kept this long after its decision, and at least
+    # until its decision left the log: a replay by its name within it finds it (Kafka's
+    # transactional.id.expiration.ms, 7 days).
+    job_retention_ms: int = 7 * 24 * 3_600_000
     auto_create_topic: bool = True
     default_queue_count: int = 4
     max_message_size: int = 4 * 1024 * 1024
@@ -95,6 +99,8 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"retention_ms must be at least 1, got {self.retention_ms}")
         if self.retention_bytes < 0:
             raise ConfigError(f"retention_bytes must be 0 (no size limit) or more, got {self.retention_bytes}")
+        if self.job_retention_ms < 1:
+            raise ConfigError(f"job_retention_ms must be at least 1, got {self.job_retention_ms}")
         if self.retention_check_interval_ms < 10:
             raise ConfigError(f"retention_check_interval_ms must be at least 10, got {self.retention_check_interval_ms}")
         if self.replication_heartbeat_ms < 10:

@@ -64,6 +64,9 @@ class RetentionService:
             log.info("retention: deleted %d records before LSN %d (written %s ago) in %.2fs; %d kept, live state "
                      "is derived from them", deleted, mark.lsn, _age(now - mark.ms), time.perf_counter() - t0,
                      len(mark.needed))
+        expired = retention.expire(state, now)
+        if expired:
+            log.info("retention: %d decided jobs and decisions nobody may still ask about expired", expired)
         metrics.log_start.set(state.log_complete_from)
         metrics.log_bytes.set(state.log_bytes - (mark.log_bytes if mark is not None else 0))
         return deleted

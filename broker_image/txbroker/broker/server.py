@@ -59,7 +59,7 @@ class Broker:
         self._watcher = FileWatcher(([config.auth_file] if config.auth_file else []) + self.tls.files
                                     + self.cluster.files, self._files_changed, config.auth_reload_interval_ms / 1000)
         self.state = StateMachine(config.data_dir, config.flush_disk_type == "SYNC", self._fatal,
-                                  self.metrics.observe_flush)
+                                  self.metrics.observe_flush, config.job_retention_ms)
         self.reader = MessageReader(self.state)
         self.role = RoleState(config.role, lambda: self.state.epoch, config.master)
         levels = parse_delay_levels(config.message_delay_level)

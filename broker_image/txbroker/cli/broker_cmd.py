@@ -46,6 +46,10 @@ def register(sub) -> None:
                    help="also delete the oldest records while the log holds more than this (default 0: no limit)")
     p.add_argument("--retention-check-interval-ms", type=int,
                    help="how often retention runs, and the resolution of its cutoff (default 60000)")
+    p.add_argument("--job-retention-ms", type=int,
+                   help="keep a decided job this long after its decision (and until its decision left the log): "
+                        "a replay by its name within it finds it, later one opens a new job "
+                        "(default 604800000, 7 days, as Kafka's transactional.id.expiration.ms)")
     p.add_argument("--slave-read-enable", action="store_true", default=None,
                    help="as a slave, serve pulls of replicated messages")
     p.add_argument("--message-delay-level",
@@ -92,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         "replication_timeout_ms": args.replication_timeout_ms,
         "replication_heartbeat_ms": args.replication_heartbeat_ms, "retention_ms": args.retention_ms,
         "retention_bytes": args.retention_bytes, "retention_check_interval_ms": args.retention_check_interval_ms,
+        "job_retention_ms": args.job_retention_ms,
         "slave_read_enable": args.slave_read_enable,
         "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
         "auth_file": args.auth_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,

@@ -12,7 +12,7 @@ Deleting the records before a mark's LSN C keeps
 A deleted record takes with it what it derived, as its family says (`forget`): its queue-index and
 key-index entries (the queues now start later: a consumer below the start gets PULL_OFFSET_MOVED),
 its send-back key, a decision's entry unless someone may still ask about it. State that outlives
-its records goes by its own rule at the end of a pass (`expire`: decisions and jobs).
+its records goes by its own rule at every pass (`expire`: decisions and jobs).
 
 Deletion runs in chunks, each one WriteBatch holding records and everything derived from them, so
 a kill between chunks leaves a consistent store; the loop yields between chunks.
@@ -69,8 +69,6 @@ async def delete_before(state: "StateMachine", mark: Mark, now_ms: int) -> int:
             state.forget(lsn, decode_record(raw), wb, rp)
             deleted += 1
         last = stop >= mark.lsn
-        if last:
-            state.expire(wb, rp)
         state.marks.record_pass(wb, sorted(still_kept), stop, mark if last else None)
         db.db.write(wb)
         state.forget_before(stop)
@@ -79,3 +77,13 @@ async def delete_before(state: "StateMachine", mark: Mark, now_ms: int) -> int:
         pos = stop
         wb = WriteBatch(raw_mode=True)
         await asyncio.sleep(0)  # let requests in between chunks
+
+
+def expire(state: "StateMachine", now_ms: int) -> int:
+    """State that outlives its records (decisions someone may still ask about, decided jobs), gone
+    by its own rule; every pass, whether it deleted records or not. Returns how many entries went."""
+    wb = WriteBatch(raw_mode=True)
+    gone = state.expire(wb, RetentionPass(now_ms, state.log_complete_from))
+    if gone or wb.len():
+        state.db.db.write(wb)
+    return gone
