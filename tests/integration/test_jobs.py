@@ -409,3 +409,44 @@ def test_an_undecided_job_survives_retention_then_truncation_and_a_promotion(bro
     wait_until(lambda: admin_m.get(f"/api/v1/jobs/{job.job_id}")["state"] == "ABORTED", 30,
                what="the deadline to abort the job on the master it ended on")
     wait_until(lambda: tx_state(m, member) == "ROLLED_BACK", what="its member rolled back (I4)")
+
+
+def test_a_decision_no_slave_holds_is_not_reported_as_taken(broker_factory):
+    """Second review, defect 1: with the only slave down, DECIDE_JOB ends in DecisionNotReplicated,
+    which tells the caller to describe the job; QUERY_JOB then answered COMMITTED with resolved=true
+    although no slave held the decision, so Spark's streaming commit took it for a replay and
+    returned, and a failover then lost the batch. Every answer about a decision is the published one."""
+    m, s = sync_pair(broker_factory)
+    with JobCoordinator(GROUP, m.address, request_timeout=2) as c:
+        job = c.open(timeout=60, name="batch-0007")
+        kept = c.send(job.job_id, Message("Orders", b"kept"))
+        s.kill()
+        with pytest.raises(DecisionNotReplicated):
+            c.commit(job.job_id, [kept])
+        for seen in (c.describe(job.job_id), c.describe(name="batch-0007")):
+            assert (seen.state, seen.resolved) == ("OPEN", False), seen
+        assert '"state": "OPEN"' in run_cli("job", "show", job.job_id, "--admin", m.admin_url).stdout
+        with pytest.raises(DecisionNotReplicated) as e:  # not refused naming a decision that may yet be lost
+            c.abort(job.job_id)
+        assert "COMMITTED" not in str(e.value), e.value
+    # what the answers said is what a failover leaves: the slave never had the decision
+    m.kill()
+    restart_as_master(s, 2)
+    assert AdminClient(s.admin_url).get(f"/api/v1/jobs/{job.job_id}")["state"] == "OPEN"
+
+
+def test_a_decision_once_published_is_reported_with_its_members_ends(broker_factory):
+    m, s = sync_pair(broker_factory)
+    with JobCoordinator(GROUP, m.address, request_timeout=2) as c:
+        job = c.open(timeout=60)
+        kept = c.send(job.job_id, Message("Orders", b"kept"))
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(DecisionNotReplicated):
+                c.commit(job.job_id, [kept])
+            assert c.describe(job.job_id).state == "OPEN"
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: c.describe(job.job_id).resolved, what="the decision and the member's end published")
+        assert c.describe(job.job_id).state == "COMMITTED"
+    assert bodies(m.address) == {"kept": 1}

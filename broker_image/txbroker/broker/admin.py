@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import inspect
 import json
 import logging
 
@@ -65,6 +66,16 @@ def _from_reply(reply: Reply, body=None) -> web.Response:
         return _answer(body) if body is not None else web.json_response({"ok": True})
     code = ResponseCode(reply.code)
     return _error(_HTTP_STATUS.get(code, 400), reply.remark, code.name)
+
+
+async def _settled(reply) -> Reply:
+    """A handler's reply as the data plane would send it: once its change is durable (a refusal
+    of the kind a write gets now raises RequestError)."""
+    if inspect.isawaitable(reply):
+        reply = await reply
+    if reply.durable is not None:
+        await reply.durable
+    return reply
 
 
 def _pending(p) -> answers.PendingTransaction:
@@ -336,8 +347,7 @@ class AdminApp:
         else:
             state = TransactionState.COMMIT if action == "commit" else TransactionState.ROLLBACK
             reply = self.b.transactions.end(EndTransactionRequest("", txid, state), by="admin")
-        if reply.durable is not None:
-            await reply.durable
+        reply = await _settled(reply)
         log.warning("operator %s of transaction %s: %s", action, txid, ResponseCode(reply.code).name)
         state_name = {"commit": "COMMITTED", "rollback": "ROLLED_BACK", "resume": "PREPARED"}[action]
         already = getattr(reply.body, "already", False)
@@ -352,11 +362,12 @@ class AdminApp:
         if states is not None and not set(states) <= {"OPEN", "PREPARED", "COMMITTED", "ABORTED"}:
             return _error(400, f"state must be open, prepared, committed, aborted, undecided or all, got "
                                f"{want.lower()!r}", "MALFORMED")
-        source = self.b.state.jobs.values() if states and "COMMITTED" not in states and "ABORTED" not in states \
-            else self.b.state.iter_jobs()
-        items = [j for j in source if (states is None or j.state in states) and (group is None or j.producer_group == group)]
-        items.sort(key=lambda j: j.open_lsn, reverse=True)
-        return _answer(answers.JobList(len(items), [_job(self.b.jobs.info(j)) for j in items[:limit]]))
+        # as published (JobService.info): a decision no slave holds yet lists as the state before it
+        shown = [(j.open_lsn, self.b.jobs.info(j)) for j in self.b.state.iter_jobs()
+                 if group is None or j.producer_group == group]
+        items = [info for _lsn, info in sorted(shown, key=lambda x: x[0], reverse=True)
+                 if states is None or info.state in states]
+        return _answer(answers.JobList(len(items), [_job(info) for info in items[:limit]]))
 
     async def get_job(self, request):
         reply = self.b.jobs.query(QueryJobRequest("", request.match_info["job_id"]))
@@ -378,9 +389,7 @@ class AdminApp:
                 return _error(400, 'body must be {"members": ["TRANSACTION_ID", ...]} (or none: the prepared list, '
                                    'or for an OPEN job every member stored so far)', "MALFORMED")
         state = TransactionState.COMMIT if action == "commit" else TransactionState.ROLLBACK
-        reply = self.b.jobs.decide(DecideJobRequest("", job_id, int(state), members), by="admin")
-        if reply.durable is not None:
-            await reply.durable
+        reply = await _settled(self.b.jobs.decide(DecideJobRequest("", job_id, int(state), members), by="admin"))
         log.warning("operator %s of job %s: %s", action, job_id, ResponseCode(reply.code).name)
         return _from_reply(reply, _job(reply.body) if reply.body is not None else None)
 

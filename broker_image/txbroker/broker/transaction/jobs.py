@@ -89,7 +89,7 @@ class JobService:
         job_id = f"{req.name or 'job'}.e{self._state.epoch}.{self._state.next_lsn}"
         _lsn, durable = self._state.append(JobOpenRecord(job_id, req.producer_group, t, t + req.timeout_ms, req.name))
         self._metrics.jobs_opened.inc()
-        return ok(self.info(self._state.jobs[job_id]), durable)
+        return self._when_published(self._state.jobs[job_id], durable)
 
     def prepare(self, req: PrepareJobRequest) -> Reply:
         self._role.require_master()
@@ -102,7 +102,7 @@ class JobService:
         self._deadline_passed(j)
         self._check_members(j, members)
         _lsn, durable = self._state.append(JobPrepareRecord(j.job_id, members, now_ms()))
-        return ok(self.info(j), durable)
+        return self._when_published(j, durable)
 
     def decide(self, req: DecideJobRequest, by: str = "client") -> Reply:
         self._role.require_master()
@@ -137,7 +137,7 @@ class JobService:
             self._check_members(j, members)
         _lsn, durable = self._state.append(JobDecisionRecord(j.job_id, int(wanted), now_ms(), members, by))
         self._decided(j, by)
-        return ok(self.info(j), durable)
+        return self._when_published(j, durable)
 
     def query(self, req: QueryJobRequest) -> Reply:
         if req.name:
@@ -149,11 +149,31 @@ class JobService:
         return ok(self.info(j))
 
     def info(self, j: JobState, already: bool = False) -> JobInfo:
-        """The job as every request answers it; resolved once every member's end is published."""
+        """The job as every request answers it: as published, so nothing it says can be taken back by a
+        failover (a decision no slave holds yet reads as the state before it); resolved once the
+        decision and every member's end are published."""
+        durable = self._state.durable_lsn
+        state, members, decided_ms, by = j.state, len(j.members), j.decided_ms, j.by
+        if j.decided and j.decision_lsn > durable:
+            state = JOB_PREPARED if j.prepare_lsn and j.prepare_lsn <= durable else JOB_OPEN
+            members, decided_ms, by = (members if state == JOB_PREPARED else 0), 0, ""
+        elif state == JOB_PREPARED and j.prepare_lsn > durable:
+            state, members = JOB_OPEN, 0
         pending = self._pending(j)
-        resolved = j.decided and not pending and j.job_id not in self._resolving
-        return JobInfo(j.job_id, j.producer_group, j.state, j.open_ms, j.deadline_ms, j.name, len(j.members), pending,
-                       j.decided_ms, j.by, already, resolved)
+        resolved = state in (JOB_COMMITTED, JOB_ABORTED) and not pending and max(j.decision_lsn, j.ended_lsn) <= durable
+        return JobInfo(j.job_id, j.producer_group, state, j.open_ms, j.deadline_ms, j.name, members, pending,
+                       decided_ms, by, already, resolved)
+
+    async def _when_published(self, j: JobState, written: asyncio.Future | None, already: bool = False) -> Reply:
+        """The answer to a change of `j` (or a repeat of one): once it is published, as it then stands.
+        If it cannot be published now (no slave in sync), that refusal (the change may yet be lost)."""
+        if written is not None:
+            await written
+        return ok(self.info(j, already))
+
+    def _published(self, j: JobState) -> asyncio.Future | None:
+        """None if what `j` records is published; else a future for it."""
+        return self._state.published_future(max(j.decision_lsn, j.prepare_lsn, j.open_lsn))
 
     # ---- checks ----------------------------------------------------------------------------------
 
@@ -204,19 +224,27 @@ class JobService:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"job {j.job_id}: member {txid} was already {t.state} by its {t.by}")
 
-    def _refuse_decided(self, j: JobState, wanted: str) -> Reply:
+    def _refuse_decided(self, j: JobState, wanted: str):
+        """A refusal naming the decision (or the prepare) taken: given once that is published, so no
+        failover takes back what it names; until then it waits, and fails as a write would now."""
         code = ResponseCode.TRANSACTION_SHOULD_COMMIT if j.state == JOB_COMMITTED else ResponseCode.TRANSACTION_SHOULD_ROLLBACK
         if j.state == JOB_PREPARED:
             code = ResponseCode.ILLEGAL_OPERATION
-        return error(code, f"job {j.job_id} was already {j.state} ({len(j.members)} members, by {j.by or 'client'}); "
-                           f"{wanted} refused")
+        refusal = error(code, f"job {j.job_id} was already {j.state} ({len(j.members)} members, by {j.by or 'client'}); "
+                              f"{wanted} refused")
+        unpublished = self._published(j)
+        return refusal if unpublished is None else self._after(unpublished, refusal)
+
+    @staticmethod
+    async def _after(written: asyncio.Future, reply: Reply) -> Reply:
+        await written
+        return reply
 
     def _pending(self, j: JobState) -> int:
         return len(self._state.job_members.get(j.job_id, ()))
 
-    def _answer(self, j: JobState, already: bool) -> Reply:
-        lsn = j.decision_lsn or j.open_lsn
-        return ok(self.info(j, already), self._state.published_future(lsn))
+    def _answer(self, j: JobState, already: bool):
+        return self._when_published(j, self._published(j), already)
 
     # ---- the broker's own work: deadlines and resolving members -------------------------------------
 
