@@ -159,3 +159,31 @@ def test_admin_api_rejects_bad_json_and_values(broker):
         admin.post("/api/v1/transactions/nope/commit")
     with pytest.raises(AdminError, match="20 hex digits"):
         admin.get("/api/v1/messages/xyz")
+
+
+@pytest.mark.parametrize("value", ["30s", "-5", "nan", "inf", "1e400", "", " ", "9" * 40])
+def test_a_malformed_immunity_is_refused_before_anything_is_written(broker_factory, value):
+    """Second review, defect 5: a half message with CHECK_IMMUNITY_TIME_IN_SECONDS="30s" got
+    SYSTEM_ERROR, but its record was already in the write batch and the log end had moved;
+    replication never sent it, the slave still looked in sync, and every later SYNC write timed out
+    (FLUSH_SLAVE_TIMEOUT): any producer could stall the group."""
+    import asyncio
+
+    from support.pairs import sync_pair
+    from txbroker.client import AsyncTransactionProducer
+
+    m, s = sync_pair(broker_factory)
+    end_before = AdminClient(m.admin_url).broker_info().log_end_offset
+
+    async def send_half():
+        async with AsyncTransactionProducer("bad-pg", m.address, None) as p:
+            await p.prepare([Message("Tx", b"x", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": value})], "bad-1")
+
+    with pytest.raises(BrokerError) as e:
+        asyncio.run(send_half())
+    assert e.value.code_name == "MESSAGE_ILLEGAL" and "CHECK_IMMUNITY_TIME_IN_SECONDS" in e.value.remark, e.value
+    assert AdminClient(m.admin_url).broker_info().log_end_offset == end_before  # nothing written
+    with Producer("g", m.address, request_timeout=5) as p:  # the group still takes SYNC writes
+        p.send(Message("Keep", b"after the bad one"))
+    master_end = AdminClient(m.admin_url).broker_info().log_end_offset
+    assert AdminClient(s.admin_url).broker_info().local_durable_offset == master_end

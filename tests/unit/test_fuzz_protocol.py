@@ -166,3 +166,35 @@ def test_mutated_requests_are_answered_without_internal_errors(broker, request, 
 def test_random_bytes_are_answered_without_internal_errors(broker, chunks, authenticated):
     broker.feed(chunks, authenticated)
     assert broker.still_serves()
+
+
+# ---- every message property the broker parses -------------------------------------------------------
+
+from txbroker.protocol import names  # noqa: E402
+from txbroker.protocol.bodies import Message, SendRequest  # noqa: E402
+from txbroker.protocol.codes import RequestCode, ResponseCode  # noqa: E402
+from txbroker.store.db import last_key  # noqa: E402
+from txbroker.store.keys import lsn_from_key  # noqa: E402
+
+PROPERTIES = sorted(v for k, v in vars(names).items() if k.startswith("PROPERTY_"))
+VALUES = st.one_of(st.text(max_size=12), st.sampled_from(["30", "0", "-1", "1.5", "30s", "nan", "inf", "-inf", "1e400",
+                                                          " 7 ", "", "9" * 30, "0x10"]),
+                   st.integers(-2**63, 2**63).map(str), st.floats(allow_nan=True).map(str))
+_sent = iter(range(10**9))
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(PROPERTIES), VALUES, min_size=1, max_size=4), st.booleans())
+def test_a_message_property_is_taken_or_refused_before_anything_is_written(broker, properties, half):
+    """Second review, defect 5: CHECK_IMMUNITY_TIME_IN_SECONDS="30s" failed while its record was being
+    applied (SYSTEM_ERROR), after the record had joined the write batch and moved the log end, so
+    replication never shipped it and every later SYNC write timed out. Any value of any property
+    the broker reads is taken or refused whole: never SYSTEM_ERROR, and the log end is always the
+    last record written."""
+    state = broker.broker.state
+    body = SendRequest("pg", [Message("T", b"x", properties=properties)], f"fz-{next(_sent)}" if half else "")
+    answers = broker.feed([encode_frame(0, RequestCode.SEND_MESSAGE, 1, encode(body))], authenticated=True)
+    (answer,) = answers
+    assert answer.code in (ResponseCode.SUCCESS, ResponseCode.MESSAGE_ILLEGAL), answer
+    assert lsn_from_key(last_key(state.db.log)) == state.next_lsn - 1 == state.local_durable_lsn
+    assert broker.still_serves()

@@ -160,3 +160,50 @@ def test_offsets_a_restarted_master_never_had_confirmed_are_answered_once_a_slav
         await again.close()
 
     asyncio.run(main())
+
+
+def test_a_record_that_cannot_be_applied_leaves_nothing_of_its_batch_and_stops_the_store(tmp_path):
+    """Second review, defect 5: a failure while applying a record left the record in the write batch
+    and the log end moved, while replication never shipped it (the slave still looked in sync and
+    every SYNC write after it timed out). Now the batch is not written at all: its requests are
+    refused, the store stops (the broker recovers from disk), and the log is as before the batch."""
+    from txbroker.store.state import ApplyError
+
+    fatal = []
+
+    async def main():
+        s = StateMachine(str(tmp_path), True, fatal.append)
+        await s.append(HalfRecord("t1", "g", 1, [Message("T", b"kept", queue_id=0)]))[1]
+        _, same_batch = s.append(HalfRecord("t2", "g", 1, [Message("T", b"in the failed batch", queue_id=0)]))
+        with pytest.raises(ApplyError) as e:
+            s.append_to_queues([("T", 0)], lambda offsets: EndRecord("never-prepared", 9, TransactionState.COMMIT, 2,
+                                                                      offsets))
+        assert "EndRecord" in str(e.value)
+        with pytest.raises(ApplyError):
+            await same_batch
+        assert len(fatal) == 1
+        with pytest.raises(RuntimeError):  # stopped: nothing more is taken
+            s.append(HalfRecord("t3", "g", 1, [Message("T", b"after", queue_id=0)]))
+        await s.close()
+
+    asyncio.run(main())
+
+    async def reopen():
+        again = StateMachine(str(tmp_path), True, lambda e: None)
+        assert again.next_lsn == 2 and {p.transaction_id for p in again.pending_transactions()} == {"t1"}
+        await again.close()
+
+    asyncio.run(reopen())
+
+
+def test_a_stored_half_message_with_an_unreadable_immunity_applies_as_unset(tmp_path):
+    """A record an older broker admitted (before CHECK_IMMUNITY_TIME_IN_SECONDS was checked at the
+    door) must still apply, on replay and on a slave: it reads as no immunity."""
+    async def main():
+        s = StateMachine(str(tmp_path), True, lambda e: None)
+        await s.append(HalfRecord("t1", "g", 1, [Message("T", b"x", properties={
+            "CHECK_IMMUNITY_TIME_IN_SECONDS": "30s"}, queue_id=0)]))[1]
+        assert s.pending_transaction("t1").immunity_ms == 0
+        await s.close()
+
+    asyncio.run(main())

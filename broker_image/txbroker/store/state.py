@@ -225,9 +225,14 @@ class StateMachine:
         try:
             self._appliers[type(record)](record, lsn, b)
         except Exception as e:  # a bug (or a record this broker cannot follow): never half applied
-            self._writer.abandon(b, e)
-            raise ApplyError(f"record {lsn} ({type(record).__name__}) could not be applied: {type(e).__name__}: {e}; "
-                             "the store stops and recovers from disk") from e
+            failed = ApplyError(f"record {lsn} ({type(record).__name__}) could not be applied: {type(e).__name__}: "
+                                f"{e}; the store stops and recovers from disk")
+            failed.__cause__ = e
+            self._writer.abandon(b, failed)  # logs it, with where it failed
+            # The batch's WriteBatch holds column-family handles (and RocksDB's LOCK): no traceback keeps it.
+            e.__traceback__ = None
+            b = None  # noqa: F841
+            raise failed from e
         self.next_lsn = lsn + 1
         b.wb.put(keys.lsn_key(lsn), raw, self._h_log)
         self.log_bytes += len(raw)
@@ -423,7 +428,10 @@ class StateMachine:
         return self._writer.batch().future
 
     async def close(self) -> None:
-        await self._writer.drain()
+        try:
+            await self._writer.drain()
+        except RuntimeError:  # stopped after a failed batch: nothing more to write
+            pass
         self.db.close()
         # Column-family handles keep RocksDB (and its LOCK) open until they are gone: the families hold some.
         self._h_log = self._h_meta = None

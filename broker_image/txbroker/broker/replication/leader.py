@@ -158,9 +158,11 @@ class ReplicationLeader:
             epoch = self._state.epoch
             msg = None
             for feed in self.feeds.values():
-                if feed.live and feed.next_lsn == b.first_lsn:
-                    if not feed.conn.writable():
-                        feed.live = False  # too slow for pushes: catch up from disk instead
+                if feed.live:
+                    if feed.next_lsn != b.first_lsn or not feed.conn.writable():
+                        # too slow for pushes, or this batch does not start where the slave is (a push
+                        # can only continue its log): catch up from disk instead
+                        feed.live = False
                         feed.task = asyncio.ensure_future(self._catch_up(feed))
                         continue
                     if msg is None:

@@ -17,6 +17,7 @@ from txbroker.broker.transaction.settings import SettingsBook
 from txbroker.broker.topics import TopicRegistry
 from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionResponse, SendRequest, SendResponse
 from txbroker.protocol.codes import ResponseCode, TransactionState
+from txbroker.protocol.properties import PropertyError, check_admissible
 from txbroker.store import keys
 from txbroker.store.records import (
     COMMITTED, JOB_COMMITTED, JOB_OPEN, PARKED, PREPARED, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx,
@@ -73,6 +74,11 @@ class TransactionService:
                                f"producer group {req.producer_group!r} requires every transaction to join a "
                                "coordinated transaction (require_job; TxProducerGroup checkMode ledger): open a job "
                                "and send with its id")
+        if req.messages:  # refused before anything is written (a topic either): the store parses these
+            try:
+                check_admissible(req.messages[0].properties)
+            except PropertyError as e:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: {e}") from None
         self._topics.validate_for_send(req.messages)
         lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages, req.job_id,
                                                      req.home))
