@@ -20,7 +20,7 @@ from txbroker.client import (
     AsyncClusterTransactionProducer, BrokerError, ClientError, ClusterProducer, ClusterPushConsumer,
     ClusterTransactionProducer, ConsumeStatus, LocalTransactionState as S, Message, Producer, TransactionListener, hash_selector, key_selector,
 )
-from txbroker.client.admin import AdminClient
+from txbroker.client.admin import AdminClient, AdminError
 from txbroker.client.connection import BrokerClient
 
 GROUP = "groups-pg"
@@ -478,3 +478,28 @@ def test_clients_start_while_a_group_has_no_master_and_take_it_up_once_it_has(cl
             p.send(Message("Late", f"y{i}".encode()))
             sent.append(f"y{i}")
         wait_until(lambda: set(sent) <= set(take.got), what="the consumer taking g1 up too")
+
+
+def test_a_retried_half_send_learns_what_the_first_stored_though_the_group_now_drains(cluster):
+    """Second review, defect 6 (I3): a half send stored on g1 whose answer was lost was retried after
+    g1 began draining; the retry was refused before the duplicate check, so the cluster producer
+    placed the same transaction on g0 and committed it there, and g1's check-back committed its own
+    copy too: delivered twice. A retry learns what the first try stored, whatever the group's state."""
+    listener = Decide(check=S.COMMIT)
+
+    async def main():
+        async with AsyncClusterTransactionProducer(GROUP, cluster.bootstrap, listener) as p:
+            parts = {"g1": [Message("Orders", b"b-once")]}
+            await p.begin(parts, "dup-1")  # stored on g1; say its answer was lost
+            await asyncio.to_thread(cluster.publish, g1="draining")
+            begun = await p.begin(parts, "dup-1")  # the client's retry of that very send
+            assert begun.home == "g1", begun
+            return await p.finish(begun, S.COMMIT)
+
+    r = asyncio.run(main())
+    assert r.end_error == "", r
+    wait_until(lambda: txload.settled(cluster.group("g1").master.admin_url), what="g1's transaction ended")
+    assert txload.visible(cluster.group("g1").master.address) == {"b-once": 1}
+    with pytest.raises(AdminError) as e:  # never placed again on the other group
+        AdminClient(cluster.group("g0").master.admin_url).get("/api/v1/transactions/dup-1")
+    assert e.value.status == 404

@@ -22,11 +22,11 @@ class SendProcessor:
         req = self._decode(body)
         access = conn.access
         access.require_publish(req.messages)
-        if self._cluster.draining:  # a draining group takes no new messages
-            self._cluster.refuse_draining()
-        if req.transaction_id:
+        if req.transaction_id:  # (a draining group still answers a retry of what it stored: prepare)
             access.require_producer_group(req.producer_group)
             return self._tx.prepare(req)
+        if self._cluster.draining:  # a draining group takes no new messages
+            self._cluster.refuse_draining()
         if req.job_id:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"job {req.job_id}: only a transactional send (with a "
                                                              "transaction id) can join a job")

@@ -60,6 +60,8 @@ class TransactionService:
         existing = self._state.pending_transaction(txid) or self._state.finished(txid)
         if existing is not None:  # a retried half send: answer what was stored, store nothing
             return self._duplicate_prepare(req, existing)
+        if self._cluster is not None and self._cluster.draining:  # a draining group takes no new messages
+            self._cluster.refuse_draining()
         if req.home:
             if req.job_id:
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: a participant of a transaction "
