@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from conftest import run_cli
-from support.groups import start_cluster
+from support.groups import FLAGS, start_cluster
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
@@ -503,3 +503,94 @@ def test_a_retried_half_send_learns_what_the_first_stored_though_the_group_now_d
     with pytest.raises(AdminError) as e:  # never placed again on the other group
         AdminClient(cluster.group("g0").master.admin_url).get("/api/v1/transactions/dup-1")
     assert e.value.status == 404
+
+
+def test_a_participant_whose_home_lost_the_transaction_is_parked_and_shown(tmp_path):
+    """Second review, suspected and reproduced: a home's half message lost in an ASYNC failover left
+    its participant asking forever (UNKNOWN is no outcome), pending and unseen. It is parked after a
+    few such answers: `tx list --state parked`, the console and the parked-transactions alert show it."""
+    at = FLAGS.index("--replication-mode")
+    c = start_cluster(tmp_path, flags=(*FLAGS[:at], "--replication-mode", "ASYNC", *FLAGS[at + 2:]))
+    try:
+        g0, g1 = c.group("g0"), c.group("g1")
+        g0.brokers[1].kill()  # the home's slave misses what comes next
+
+        async def main():
+            async with AsyncClusterTransactionProducer(GROUP, c.bootstrap, Decide(), request_timeout=2) as p:
+                begun = await p.begin(await p.place([Message("Orders", b"a-lost"), Message("Orders", b"b-lost")],
+                                                    spread, None), "span-lost")
+                assert (begun.home, set(begun.participants)) == ("g0", {"g1"})
+
+        asyncio.run(main())
+        g0.master.kill()
+        g0.brokers[1].start()
+        c.promote(g0, 1, epoch=2)  # the new master never had the home's half message
+        admin = AdminClient(g1.master.admin_url)
+        wait_until(lambda: admin.transaction("span-lost").state == "PARKED", 30, what="the participant parked")
+        assert "span-lost" in run_cli("tx", "list", "--state", "parked", "--admin", g1.master.admin_url).stdout
+        from conftest import metric
+        assert metric(g1.master, "txbroker_parked_transactions") == 1
+        assert txload.visible(g1.master.address) == {}
+    finally:
+        c.stop()
+
+
+def test_an_administrator_ends_a_participant_against_its_home_only_by_force(cluster):
+    """Second review, also: an administrator's commit or rollback of a participant overrode its
+    home (documented), which tears the transaction. Refused unless forced; the force names what it
+    tears."""
+
+    async def main():
+        async with AsyncClusterTransactionProducer(GROUP, cluster.bootstrap, Decide()) as p:
+            await p.begin(await p.place([Message("Orders", b"a-adm"), Message("Orders", b"b-adm")], spread, None),
+                          "span-adm")
+
+    asyncio.run(main())
+    g1 = cluster.group("g1").master
+    admin = AdminClient(g1.admin_url)
+    with pytest.raises(AdminError) as e:
+        admin.post("/api/v1/transactions/span-adm/commit")
+    assert e.value.status == 409 and "g0" in str(e.value) and "force" in str(e.value), e.value
+    assert admin.transaction("span-adm").state == "PREPARED"
+    refused = run_cli("tx", "commit", "span-adm", "--admin", g1.admin_url, check=False)
+    assert refused.returncode != 0 and "g0" in refused.stderr
+    forced = run_cli("tx", "commit", "span-adm", "--force", "--admin", g1.admin_url)
+    assert "tears" in forced.stdout + forced.stderr and "g0" in forced.stdout + forced.stderr
+    assert admin.transaction("span-adm").state == "COMMITTED"
+
+
+def test_a_home_keeps_a_decision_its_participant_has_not_learned_through_size_retention(tmp_path):
+    """Second review, defect 2: the home group's size retention deleted a spanning transaction's
+    decision while the participant's group was down; the participant then asked, heard UNKNOWN, and
+    waited forever (never checked back, never parked, and in its group's drain as waiting_on)."""
+    c = start_cluster(tmp_path, flags=(*FLAGS, "--retention-bytes", "20000", "--retention-check-interval-ms", "100"))
+    try:
+        g0, g1 = c.group("g0"), c.group("g1")
+
+        async def main():
+            async with AsyncClusterTransactionProducer(GROUP, c.bootstrap, Decide(), request_timeout=2) as p:
+                begun = await p.begin(await p.place([Message("Orders", b"a-kept"), Message("Orders", b"b-kept")],
+                                                    spread, None), "span-retained")
+                assert (begun.home, set(begun.participants)) == ("g0", {"g1"})
+                for b in g1.brokers:  # the participant's group goes down
+                    b.proc.send_signal(signal.SIGSTOP)
+                await p.groups.members["g0"].session.finish(begun.home_half, S.COMMIT)  # decided at home
+
+        asyncio.run(main())
+        decided_by = AdminClient(g0.master.admin_url).broker_info().log_end_offset
+        with Producer("filler-pg", g0.master.address) as p:  # the home's log passes its size limit
+
+            def retained_past_the_decision() -> bool:
+                p.send(Message("Filler", b"f" * 1000))  # (spread over retention's marks, which are 0.1 s apart)
+                return all(AdminClient(b.admin_url).broker_info().log_start_offset > decided_by for b in g0.brokers)
+
+            wait_until(retained_past_the_decision, what="size retention on both of g0's brokers past the decision")
+        for b in g1.brokers:
+            b.proc.send_signal(signal.SIGCONT)
+        admin = AdminClient(g1.master.admin_url)  # (g0's message itself may be retained away by now, as any)
+        wait_until(lambda: admin.transaction("span-retained").state == "COMMITTED", 30,
+                   what="the participant to learn the decision")
+        assert admin.transaction("span-retained").by == "home"
+        wait_until(lambda: txload.visible(g1.master.address) == {"b-kept": 1}, what="the participant's message visible")
+    finally:
+        c.stop()

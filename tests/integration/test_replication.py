@@ -242,3 +242,23 @@ def test_group_settings_replicate_and_a_promoted_slave_runs_them(broker_factory)
         wait_until(lambda: visible(s, "TopicRepl") == {"r": 1, "after": 1}, 30,
                    what="the promoted slave to check the transaction back at the group's interval")
     assert AdminClient(s.admin_url).get("/api/v1/groups")["pg-repl"]["generation"] == 5
+
+
+def test_a_slave_serves_only_what_its_master_published(broker_factory):
+    """Second review, suspected and reproduced: with --slave-read-enable and --sync-replicas 2, a
+    slave served records its master had not published (the other slave lacked them), which a
+    failover to that other slave takes away. A slave serves up to its master's published offset."""
+    flags = ("--replication-mode", "SYNC", "--sync-replicas", "2", "--replication-timeout-ms", "300",
+             "--replication-heartbeat-ms", "100", "--slave-read-enable")
+    m = broker_factory(*flags, name="master")
+    s1, s2 = (slave_of(broker_factory, m, name, *flags) for name in ("s1", "s2"))
+    wait_until(lambda: sum(x["in_sync"] for x in info(m)["replication"]["slaves"]) == 2, what="both slaves in sync")
+    with Producer("g", m.address) as p:
+        p.send(Message("Read", b"published"))
+        s2.kill()
+        with pytest.raises(BrokerError) as e:
+            p.send(Message("Read", b"only on s1"))
+        assert e.value.code_name in ("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT")
+    wait_until(caught_up(s1, m), what="s1 to hold the unpublished record")
+    with PullConsumer(s1.address, require_master=False) as c:
+        assert [x.body for x in c.read_all("Read")] == [b"published"]

@@ -429,3 +429,29 @@ def test_slave_replicates_only_with_the_replication_permission(broker_factory, a
     wait_until(lambda: "authentication required" in admin(nobody).get("/api/v1/broker")["replication"]["last_error"],
                what="the master to refuse a slave without credentials")
     assert len(admin(master).get("/api/v1/broker")["replication"]["slaves"]) == 1
+
+
+def test_transaction_states_answer_only_for_the_askers_producer_group(secured):
+    """Second review, suspected and reproduced: QUERY_TRANSACTION_STATES (how a participant asks its
+    home) answered about any transaction, whoever asked: a producer of group A learned group B's
+    outcomes. It answers for the named group's transactions only (UNKNOWN for others)."""
+    from txbroker.protocol.bodies import TransactionStatesRequest, TransactionStatesResponse
+
+    with TransactionProducer("pg-b", secured.address, Recording(), credentials=creds("bob")) as bob:
+        r = bob.send_message_in_transaction(Message("Orders", b"bob's"))
+        bob.end(r.transaction_id, S.COMMIT)
+
+    async def ask(key, group):
+        c = BrokerClient(secured.address, credentials=creds(key))
+        try:
+            return (await c.request(RequestCode.QUERY_TRANSACTION_STATES,
+                                    TransactionStatesRequest(group, [r.transaction_id]), TransactionStatesResponse)).states
+        finally:
+            await c.close()
+
+    assert asyncio.run(ask("alice", "pg-a")) == ["UNKNOWN"]  # alice names her own group: not hers to learn
+    with pytest.raises(BrokerError) as e:
+        asyncio.run(ask("alice", "pg-b"))
+    assert e.value.code_name == "NO_PERMISSION"
+    assert asyncio.run(ask("bob", "pg-b")) == ["COMMITTED"]
+    assert asyncio.run(ask("repl", "pg-b")) == ["COMMITTED"]  # another group's broker asking for pg-b

@@ -80,7 +80,8 @@ async def _settled(reply) -> Reply:
 
 def _pending(p) -> answers.PendingTransaction:
     return answers.PendingTransaction(p.transaction_id, p.producer_group, p.state, p.half_lsn, p.born_ms,
-                                      len(p.destinations), p.checks, p.last_check_ms, p.immunity_ms, p.job_id)
+                                      len(p.destinations), p.checks, p.last_check_ms, p.immunity_ms, p.job_id,
+                                      p.home, p.participants)
 
 
 def _job(info) -> answers.Job:
@@ -330,7 +331,8 @@ class AdminApp:
             tx = answers.Transaction(
                 transaction_id=f.transaction_id, producer_group=f.producer_group, state=f.state,
                 commit_log_offset=f.half_lsn, messages=f.message_count, message_ids=[], checks=f.checks,
-                job_id=f.job_id, end_lsn=f.end_lsn, end_ms=f.end_ms, queue_offsets=f.queue_offsets, by=f.by)
+                job_id=f.job_id, end_lsn=f.end_lsn, end_ms=f.end_ms, queue_offsets=f.queue_offsets, by=f.by,
+                participants=f.participants)
         tx.message_ids = keys.msg_ids(tx.commit_log_offset, tx.messages)
         first = self.b.reader.half_message(tx.commit_log_offset)
         if first is not None:
@@ -340,18 +342,28 @@ class AdminApp:
         return _answer(tx)
 
     async def act_on_transaction(self, request):
+        """?force=true: end a participant of a spanning transaction against its home (it tears it)."""
         txid = request.match_info["txid"]
         action = request.match_info["action"]
+        force = request.query.get("force", "").lower() in ("1", "true", "yes")
+        warning = ""
         if action == "resume":
             reply = self.b.transactions.resume(txid)
         else:
             state = TransactionState.COMMIT if action == "commit" else TransactionState.ROLLBACK
-            reply = self.b.transactions.end(EndTransactionRequest("", txid, state), by="admin")
+            p = self.b.state.pending_transaction(txid)
+            if force and p is not None and p.home:
+                warning = (f"transaction {txid} is a participant whose home group {p.home} decides it: ended here by "
+                           f"force, it tears the transaction unless {p.home} ends it the same way")
+            reply = self.b.transactions.end(EndTransactionRequest("", txid, state), by="admin", force=force)
         reply = await _settled(reply)
-        log.warning("operator %s of transaction %s: %s", action, txid, ResponseCode(reply.code).name)
+        log.warning("operator %s of transaction %s%s: %s", action, txid, " (forced)" if force else "",
+                    ResponseCode(reply.code).name)
+        if warning and reply.code == ResponseCode.SUCCESS:
+            log.warning("%s", warning)
         state_name = {"commit": "COMMITTED", "rollback": "ROLLED_BACK", "resume": "PREPARED"}[action]
         already = getattr(reply.body, "already", False)
-        return _from_reply(reply, answers.TransactionAction(txid, state_name, already))
+        return _from_reply(reply, answers.TransactionAction(txid, state_name, already, warning))
 
     async def list_jobs(self, request):
         """Jobs, newest first: ?state=open|prepared|committed|aborted|undecided|all, ?group=, ?limit= (100)."""

@@ -71,16 +71,21 @@ class ClusterMembership:
 
     def check_home(self, home: str) -> None:
         """A participant's home: another group of this cluster."""
+        self.check_other_group(home, "home")
+
+    def check_other_group(self, name: str, role: str) -> None:
+        """A group a spanning transaction names (its `role` there: home, participant): another group
+        of this cluster."""
         if self.route is None:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                               f"home group {home[:64]!r}: this broker belongs to no cluster of broker groups "
+                               f"{role} group {name[:64]!r}: this broker belongs to no cluster of broker groups "
                                "(no --cluster-file), so no transaction can span groups here")
-        if home == self.group:
+        if name == self.group:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                               f"home group {home!r} is this broker's own group: send the transaction without a home")
-        if self.route.group(home) is None:
+                               f"{role} group {name!r} is this broker's own group: a transaction spans other groups")
+        if self.route.group(name) is None:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                               f"unknown home group {home[:64]!r}: cluster route version {self.route.version} has "
+                               f"unknown {role} group {name[:64]!r}: cluster route version {self.route.version} has "
                                f"{', '.join(self.route.names)}")
 
     def peer(self, group: str):

@@ -4,7 +4,8 @@ consumer group committed on the topic (all of them when no group consumes it: no
 yet), delayed messages not yet due, retries and dead letters (someone may still want those); plus
 every pending or parked transaction, since either may still become messages. `waiting_on` counts
 the participants held here by the group that decides them: the group they wait on may not leave
-before they have asked it (whoever removes a group asks every other group's master)."""
+before they have asked it (whoever removes a group asks every other group's master). A home group
+keeps its spanning decisions until its participants have ended (broker/transaction/home.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def drain_status(broker) -> DrainStatus:
     pending = state.pending_count
     waiting_on: dict[str, int] = {}
     for p in state.pending_transactions():
-        if p.home:
+        if p.home and p.state != "PARKED":  # a parked one no longer asks: an operator decides it
             waiting_on[p.home] = waiting_on.get(p.home, 0) + 1
     return DrainStatus(broker.cluster.group, broker.cluster.draining, undelivered, topics, pending,
                        undelivered == 0 and pending == 0, waiting_on)

@@ -37,6 +37,7 @@ class RoleChanges:
             await self._b.follower.stop()  # what was received is already applied
             self._b.follower = None
         await self._b.state.drain()
+        self._b.state.publish_limit = None  # its own publication from now on (the leader's rule)
         self._b.role.role = MASTER
         self._b.role.master_address = ""
         self._b.role.fenced_by = 0
@@ -45,6 +46,7 @@ class RoleChanges:
         self._b.check_service.start()
         self._b.jobs.start()
         self._b.participants.start()
+        self._b.home_decisions.start()
         self._b.schedule.start()
         pending, parked = self._b.transactions.counts()
         log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
@@ -60,6 +62,7 @@ class RoleChanges:
         await self._b.check_service.stop()
         await self._b.jobs.stop()
         await self._b.participants.stop()
+        await self._b.home_decisions.stop()
         await self._b.schedule.stop()
         self._b.role.master_address = master
         self._b.role.fenced_by = 0
@@ -111,6 +114,7 @@ class RoleChanges:
         asyncio.ensure_future(self._b.check_service.stop())
         asyncio.ensure_future(self._b.jobs.stop())
         asyncio.ensure_future(self._b.participants.stop())
+        asyncio.ensure_future(self._b.home_decisions.stop())
         asyncio.ensure_future(self._b.schedule.stop())
 
     def _step_down(self, reason: str) -> None:

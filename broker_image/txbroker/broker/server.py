@@ -13,6 +13,7 @@ from txbroker.broker.admin import AdminApp
 from txbroker.broker.auth import AuthService
 from txbroker.broker.transaction.check_service import CheckService
 from txbroker.broker.cluster import ClusterMembership
+from txbroker.broker.transaction.home import HomeDecisions
 from txbroker.broker.transaction.participants import Participants
 from txbroker.broker.config import BrokerConfig, parse_address, parse_delay_levels
 from txbroker.broker.connection import BrokerConnection
@@ -76,6 +77,7 @@ class Broker:
                                                config.reject_transaction_message, self.cluster)
         self.participants = Participants(self.state, self.transactions, self.cluster, self.settings, self.role)
         self.transactions.participant_end = self.participants.end
+        self.home_decisions = HomeDecisions(self.state, self.cluster, self.settings, self.role)
         self.jobs = JobService(self.state, self.transactions, self.role, self.metrics)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
@@ -117,6 +119,7 @@ class Broker:
             self.check_service.start()
             self.jobs.start()
             self.participants.start()
+            self.home_decisions.start()
             self.schedule.start()
         elif self.config.master:
             self.follower = ReplicationFollower(self, self.config.master)
@@ -218,6 +221,7 @@ class Broker:
         await self.check_service.stop()
         await self.jobs.stop()
         await self.participants.stop()
+        await self.home_decisions.stop()
         await self.cluster.close()
         await self.schedule.stop()
         await self.retention.stop()

@@ -29,6 +29,10 @@ def register(sub, default_admin: str) -> None:
                                ("resume", "resume a parked transaction: check-back starts over", act)):
         c = tsub.add_parser(name, help=helptext)
         c.add_argument("transaction_id", help="the transaction's id (from tx list, or the producer's result)")
+        if name in ("commit", "rollback"):
+            c.add_argument("--force", action="store_true",
+                           help="end a participant of a transaction spanning broker groups here although its home "
+                                "group decides it: this tears the transaction unless the home ends it the same way")
         c.set_defaults(run=fn, action=name)
         cmds.append(c)
     for c in cmds:
@@ -53,6 +57,8 @@ def show(args) -> int:
 
 
 def act(args) -> int:
-    r = admin_client(args).act_on_transaction(args.transaction_id, args.action)
+    r = admin_client(args).act_on_transaction(args.transaction_id, args.action, getattr(args, "force", False))
     print(f"transaction {r.transaction_id}: {r.state}" + (" (already)" if r.already else ""))
+    if r.warning:
+        print(f"warning: {r.warning}")
     return 0

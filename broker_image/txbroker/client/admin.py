@@ -141,10 +141,11 @@ class AdminClient:
     def transaction(self, transaction_id: str) -> answers.Transaction:
         return self.answer("GET", f"/api/v1/transactions/{_quote(transaction_id)}", answers.Transaction)
 
-    def act_on_transaction(self, transaction_id: str, action: str) -> answers.TransactionAction:
-        """`action`: commit, rollback or resume (a parked one)."""
-        return self.answer("POST", f"/api/v1/transactions/{_quote(transaction_id)}/{action}",
-                           answers.TransactionAction, {})
+    def act_on_transaction(self, transaction_id: str, action: str, force: bool = False) -> answers.TransactionAction:
+        """`action`: commit, rollback or resume (a parked one). `force`: end a participant of a
+        spanning transaction against its home group (it tears the transaction: the answer says so)."""
+        return self.answer("POST", f"/api/v1/transactions/{_quote(transaction_id)}/{action}"
+                           + ("?force=true" if force else ""), answers.TransactionAction, {})
 
     def jobs(self, state: str = "all", group: str | None = None, limit: int | None = None) -> answers.JobList:
         query = {"state": state, **({"group": group} if group else {}), **({"limit": limit} if limit is not None else {})}

@@ -128,14 +128,16 @@ class TransactionSession:
         self.group = group
 
     async def prepare(self, msgs: list[Message], transaction_id: str | None = None, job_id: str = "",
-                      home: str = "") -> Prepared:
+                      home: str = "", participants: list[str] | None = None) -> Prepared:
         """Store the messages as one half message (joining job `job_id` if given; a participant of the
-        transaction of the same id that broker group `home` decides, if given). Safe to retry: the
-        id makes it idempotent (a repeat answers `duplicate`). Every refusal raises BrokerError.
-        The messages get the transaction id (a listener sees it on them)."""
+        transaction of the same id that broker group `home` decides, if given; the home of one whose
+        `participants` are on those groups, if given). Safe to retry: the id makes it idempotent (a
+        repeat answers `duplicate`). Every refusal raises BrokerError. The messages get the
+        transaction id (a listener sees it on them)."""
         txid = transaction_id or uuid.uuid4().hex
         r: SendResponse = await self.client.request(
-            RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs, txid, job_id, home), SendResponse, retry=True)
+            RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs, txid, job_id, home, participants or []),
+            SendResponse, retry=True)
         for m in msgs:
             m.transaction_id = txid
         return Prepared(r.transaction_id or txid, r.commit_log_offset, r.msg_ids, r.duplicate, r)
@@ -170,13 +172,15 @@ class TransactionSession:
 
     # ---- a producer's transaction: begin, (the local transaction), finish ---------------------------
 
-    async def begin(self, msgs: list[Message], transaction_id: str | None = None) -> Prepared | TransactionSendResult:
-        """The half send of a producer's transaction. Prepared: stored, run the local transaction and
-        `finish`. A TransactionSendResult: stored without the durability asked for, already rolled
-        back; run no local transaction. Other refusals raise BrokerError."""
+    async def begin(self, msgs: list[Message], transaction_id: str | None = None,
+                    participants: list[str] | None = None) -> Prepared | TransactionSendResult:
+        """The half send of a producer's transaction (the home's, of one spanning `participants`).
+        Prepared: stored, run the local transaction and `finish`. A TransactionSendResult: stored
+        without the durability asked for, already rolled back; run no local transaction. Other
+        refusals raise BrokerError."""
         txid = transaction_id or uuid.uuid4().hex
         try:
-            return await self.prepare(msgs, txid)
+            return await self.prepare(msgs, txid, participants=participants)
         except BrokerError as e:
             if e.code not in NOT_STORED_CODES:
                 raise

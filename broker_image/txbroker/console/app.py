@@ -323,6 +323,10 @@ class Console:
                 ["state", tag("span", t.state, class_=f"state-{t.state}")], ["messages", t.messages],
                 ["message ids", ", ".join(t.message_ids)], ["born", ms_time(t.born_ms)], ["checks", t.checks],
                 ["last check", ms_time(t.last_check_ms)], ["job", t.job_id]]
+        if t.home:
+            rows.append(["home group", f"{t.home} (a participant: it ends as {t.home} ends it)"])
+        if t.participants:
+            rows.append(["participants on", ", ".join(t.participants)])
         if t.end_ms:
             rows += [["ended", ms_time(t.end_ms)], ["ended by", t.by], ["queue offsets", t.queue_offsets]]
         if t.first_message is not None:
@@ -356,9 +360,18 @@ class Console:
         if not v.can_write:
             return self._page(request, f"{label} transaction", join([details, flash("err", "read-only user")]),
                               active="/transactions", status=403)
+        fields = {"confirm": "yes"}
+        tears = ""
+        if t.home and action in ("commit", "rollback"):  # the broker refuses unless forced: say what it tears
+            fields["force"] = "yes"
+            tears = (f" This is a participant: its home group {t.home} decides it, and this broker ends it as "
+                     f"{t.home} does by itself. Ending it here by hand tears the transaction unless {t.home} ends "
+                     "it the same way.")
         ask = join([tag("p", Html(f"<strong>{esc(label)}</strong> transaction {esc(txid)} of producer group "
-                                  f"{esc(t.producer_group)} (now {esc(t.state)})? {esc(consequence)}")),
-                    post_form(request.path, self.csrf(request), f"Yes, {label.lower()}", cls, {"confirm": "yes"}),
+                                  f"{esc(t.producer_group)} (now {esc(t.state)})? {esc(consequence)}"
+                                  + (f" <strong>{esc(tears)}</strong>" if tears else ""))),
+                    post_form(request.path, self.csrf(request), f"Yes, {label.lower()}" + (" by force" if tears else ""),
+                              cls, fields),
                     " ", link(f"/transactions/{seg(txid)}", "Cancel")])
         return self._page(request, f"{label} transaction", join([details, ask]), active="/transactions")
 
@@ -369,7 +382,7 @@ class Console:
             raise web.HTTPSeeOther(f"/transactions/{seg(txid)}/{action}")
         creds = self.writes(request)
         master = await self.cluster.master(creds)
-        r = await self.cluster.call(master.url, creds, "act_on_transaction", txid, action)
+        r = await self.cluster.call(master.url, creds, "act_on_transaction", txid, action, form.get("force") == "yes")
         log.info("console: %s %s transaction %s: %s", request["visitor"].label, action, txid, r.state)
         raise web.HTTPSeeOther(url(f"/transactions/{seg(txid)}", done=action, state=r.state,
                                    already="1" if r.already else None))

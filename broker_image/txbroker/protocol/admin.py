@@ -178,6 +178,8 @@ class PendingTransaction(Struct):
     last_check_ms: int
     immunity_ms: int
     job_id: str = ""
+    home: str = ""  # a participant of a transaction spanning broker groups: the group that decides it
+    participants: list[str] = field(default_factory=list)  # the home of one: where its participants are
 
 
 class TransactionList(Struct):
@@ -212,8 +214,10 @@ class Transaction(Struct, kw_only=True):
     end_lsn: int = 0
     end_ms: int = 0
     queue_offsets: list[int] = field(default_factory=list)
-    by: str = ""  # who ended it: producer | check | admin | job
+    by: str = ""  # who ended it: producer | check | admin | job | home
     first_message: MessagePreview | None = None
+    home: str = ""  # a participant of a transaction spanning broker groups: the group that decides it
+    participants: list[str] = field(default_factory=list)  # the home of one: where its participants are
 
 
 class TransactionAction(Struct):
@@ -222,6 +226,7 @@ class TransactionAction(Struct):
     transaction_id: str
     state: str
     already: bool  # it was already so: nothing changed
+    warning: str = ""  # what a forced end of a participant tears
 
 
 class Job(JobInfo, array_like=False, omit_defaults=False):

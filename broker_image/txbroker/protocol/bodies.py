@@ -57,6 +57,9 @@ class SendRequest(Struct, array_like=True, omit_defaults=True):
     # a participant of a transaction that spans broker groups: the group whose half message of the
     # same transaction id decides it (protocol/cluster.py); this broker resolves it from there
     home: str = ""
+    # the home of such a transaction: the groups holding its participants (the home keeps its
+    # decision until every one of them has ended)
+    participants: list[str] = []
 
 
 class SendResponse(Struct, array_like=True, omit_defaults=True):
@@ -262,6 +265,7 @@ class ReplicaRecords(Struct, array_like=True):
     first_lsn: int
     records: list[bytes]
     master_epoch: int
+    published: int = -1  # the master's published LSN: a slave serves no further (-1: an older master's)
 
 
 class ReplicaAck(Struct, array_like=True):

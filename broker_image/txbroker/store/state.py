@@ -74,6 +74,8 @@ class StateMachine:
         # gives a future for a record written earlier but not yet published.
         self.replication_hold: Callable[[Batch], None] | None = None
         self.replication_wait: Callable[[int], asyncio.Future] | None = None
+        # A slave: readers see no further than its master has published (None: all that is written).
+        self.publish_limit: int | None = None
         # Written but not yet published, in LSN order: [last LSN, {queue prefix: visible end}].
         self._unpublished: collections.deque[list] = collections.deque()
         self._published_marked = False  # the meta `published` key exists on disk
@@ -248,7 +250,7 @@ class StateMachine:
         b.wb.put(EPOCH_PREFIX + keys.lsn_key(r.epoch), str(lsn).encode(), self._h_meta)
 
     def _before_write(self, b: Batch) -> None:
-        if self.replication_wait is not None:
+        if self.replication_wait is not None or self.publish_limit is not None:
             b.wb.put(PUBLISHED_KEY, keys.lsn_key(self.durable_lsn), self._h_meta)
             self._published_marked = True
         elif self._published_marked:  # no longer a SYNC master: everything written is published
@@ -271,7 +273,8 @@ class StateMachine:
         if self.replication_hold is not None:
             self.replication_hold(b)
         else:
-            self.publish_through(b.last_lsn)
+            limit = self.publish_limit
+            self.publish_through(b.last_lsn if limit is None else min(b.last_lsn, limit))
             answer(b.future)
 
     # ---- publication ------------------------------------------------------------------------------
@@ -289,8 +292,18 @@ class StateMachine:
 
     def publish_all(self) -> None:
         """The whole local log is published (this broker leads without SYNC replication, or its
-        master confirmed that it holds the same log)."""
+        master confirmed that it holds the same log and published it)."""
+        self.publish_limit = None
         self.publish_through(self.local_durable_lsn)
+
+    def follow_published(self, master_published: int) -> None:
+        """A slave: its master has published up to `master_published` (-1: a master that does not
+        say, which publishes what it writes): readers here see as far, no further."""
+        if master_published < 0:
+            self.publish_all()
+            return
+        self.publish_limit = master_published
+        self.publish_through(min(master_published, self.local_durable_lsn))
 
     def published_future(self, lsn: int) -> asyncio.Future | None:
         """None if record `lsn` is published; else a future that resolves when it is (or fails as

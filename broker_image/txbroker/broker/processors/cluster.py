@@ -2,7 +2,7 @@
 QUERY_TRANSACTION_STATES (a participant group asking the home group how a transaction ended)."""
 
 from txbroker.broker.replies import Reply, RequestError, ok
-from txbroker.broker.transaction.participants import states_as_published
+from txbroker.broker.transaction.home import states_as_published
 from txbroker.protocol.bodies import TransactionStatesRequest, TransactionStatesResponse, decoder
 from txbroker.protocol.cluster import ClusterRouteResponse
 from txbroker.protocol.codes import ResponseCode
@@ -33,4 +33,4 @@ class TransactionStatesProcessor:
         if len(req.transaction_ids) > MAX_IDS:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"{len(req.transaction_ids)} transaction ids; at most {MAX_IDS}")
         self._role.require_master()  # a slave's view lags its master's
-        return ok(TransactionStatesResponse(states_as_published(self._state, req.transaction_ids)))
+        return ok(TransactionStatesResponse(states_as_published(self._state, req.producer_group, req.transaction_ids)))

@@ -98,7 +98,8 @@ class ReplicationFollower:
             conn.close()
             await state.truncate_after(welcome.truncate_after)
             return True
-        state.publish_all()  # the master holds our log too: nothing in it can be taken away now
+        if state.publish_limit is None:  # until the master says how far it published: no further than now
+            state.publish_limit = state.durable_lsn
         self.connected = True
         self.last_error = ""
         log.info("replicating from %s (epoch %d) from LSN %d", self.master, welcome.master_epoch, req.next_lsn)
@@ -138,6 +139,7 @@ class ReplicationFollower:
             fut = None
             for i, raw in enumerate(batch.records):
                 fut = self._state.apply_replicated(batch.first_lsn + i, raw)
+            self._state.follow_published(batch.published)
         except ValueError as e:  # a gap or overlap: subscribe again from our log end
             log.warning("replication from %s out of step (%s); resubscribing", self.master, e)
             conn.close()

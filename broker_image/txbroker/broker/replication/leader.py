@@ -1,5 +1,8 @@
 """The master's side of replication: one feed per subscribed slave, and SYNC acknowledgement.
 
+Every push and heartbeat carries the master's published LSN: a slave serves readers no further
+(a record only some slaves hold can still be taken away by a failover to another).
+
 A feed is `live` when the slave is caught up: new batches are pushed to it as they are written.
 Otherwise (new subscriber, or a slave too slow to take pushes) a catch-up task reads the log from
 disk and streams it until the slave is caught up. SYNC mode answers a batch when `sync_replicas`
@@ -166,7 +169,9 @@ class ReplicationLeader:
                         feed.task = asyncio.ensure_future(self._catch_up(feed))
                         continue
                     if msg is None:
-                        msg = ReplicaRecords(b.first_lsn, b.raw, epoch)
+                        # what readers may see: ASYNC publishes this batch now, SYNC once slaves have it
+                        msg = ReplicaRecords(b.first_lsn, b.raw, epoch,
+                                             self._state.durable_lsn if self.sync else b.last_lsn)
                     feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, msg)
                     feed.next_lsn = b.last_lsn + 1
                     feed.sent = time.monotonic()
@@ -274,7 +279,8 @@ class ReplicationLeader:
                     self._release()
                     return
                 records = state.log_records(feed.next_lsn, end, CHUNK_RECORDS, CHUNK_BYTES)
-                feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, ReplicaRecords(feed.next_lsn, records, state.epoch))
+                feed.conn.send_oneway(RequestCode.REPLICATION_PUSH, ReplicaRecords(feed.next_lsn, records, state.epoch,
+                                                                                   state.durable_lsn))
                 feed.next_lsn += len(records)
                 feed.sent = time.monotonic()
                 await feed.conn.drained()
@@ -296,7 +302,7 @@ class ReplicationLeader:
                     feed.conn.close()
                 elif now - feed.sent >= self.heartbeat:
                     feed.conn.send_oneway(RequestCode.REPLICATION_PUSH,
-                                          ReplicaRecords(feed.next_lsn, [], self._state.epoch))
+                                          ReplicaRecords(feed.next_lsn, [], self._state.epoch, self._state.durable_lsn))
                     feed.sent = now
 
     def lag_seconds(self, acked_lsn: int, now: float | None = None) -> float:

@@ -11,7 +11,9 @@ published, so no failover of the home can take back what a participant followed)
 - every tick, participants older than their group's transaction timeout and not asked about within
   its check interval are asked about, in one request per home group (the producer may be gone).
 A participant of a parked home transaction waits with it; it is not parked itself, so whatever ends
-the home's (an operator's resume, commit or rollback) ends it too.
+the home's (an operator's resume, commit or rollback) ends it too. A participant whose home does
+not know its transaction (UNKNOWN: its half message lost in an ASYNC failover) will never hear an
+outcome: after a few such answers it is parked, for an operator (as a transaction past its checks).
 """
 
 from __future__ import annotations
@@ -24,39 +26,17 @@ from txbroker.broker.replies import Reply, error, ok
 from txbroker.broker.role import RoleState
 from txbroker.broker.transaction.service import TransactionService, now_ms
 from txbroker.broker.transaction.settings import SettingsBook
-from txbroker.client.errors import ClientError
-from txbroker.client.log_limit import RepeatedWarnings
+from txbroker.broker.transaction.home import ASK_BATCH, UNKNOWN, ask_group
 from txbroker.lifecycle import stop_task
-from txbroker.protocol.bodies import (
-    EndTransactionRequest, EndTransactionResponse, TransactionStatesRequest, TransactionStatesResponse,
-)
-from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
-from txbroker.store.records import COMMITTED, PREPARED, ROLLED_BACK, PendingTx
+from txbroker.protocol.bodies import EndTransactionRequest, EndTransactionResponse
+from txbroker.protocol.codes import ResponseCode, TransactionState
+from txbroker.store.records import COMMITTED, PREPARED, ROLLED_BACK, CheckRecord, PendingTx
 from txbroker.store.state import StateMachine
 
 log = logging.getLogger(__name__)
-_warnings = RepeatedWarnings(log)
 
-UNKNOWN = "UNKNOWN"
-ASK_BATCH = 5000  # transaction ids per QUERY_TRANSACTION_STATES
+UNKNOWN_AT_HOME_LIMIT = 3  # answers "UNKNOWN" from the home before a participant is parked
 _ENDED = {COMMITTED: TransactionState.COMMIT, ROLLED_BACK: TransactionState.ROLLBACK}
-
-
-def states_as_published(state: StateMachine, txids: list[str]) -> list[str]:
-    """The home's side: how each transaction stands here, as readers see it (an end no slave holds
-    yet under SYNC replication still reads PREPARED)."""
-    out = []
-    for txid in txids:
-        p = state.pending_transaction(txid)
-        if p is not None:
-            out.append(p.state)
-            continue
-        f = state.finished(txid)
-        if f is None:
-            out.append(UNKNOWN)
-        else:
-            out.append(f.state if f.end_lsn <= state.durable_lsn else PREPARED)
-    return out
 
 
 class Participants:
@@ -91,20 +71,7 @@ class Participants:
 
     async def ask(self, home: str, group: str, txids: list[str]) -> list[str] | None:
         """The home group's answer for these ids, or None if its master could not be asked."""
-        client = self._cluster.peer(home)
-        if client is None:
-            _warnings.warning("home not in route", "participants of group %s name home group %s, which cluster "
-                              "route version %d does not list: they wait", group, home,
-                              self._cluster.route.version if self._cluster.route else 0)
-            return None
-        try:
-            r: TransactionStatesResponse = await client.request(
-                RequestCode.QUERY_TRANSACTION_STATES, TransactionStatesRequest(group, txids), TransactionStatesResponse)
-        except ClientError as e:
-            _warnings.warning("home unreachable", "could not ask home group %s about %d participants: %s", home,
-                              len(txids), e)
-            return None
-        return r.states
+        return await ask_group(self._cluster, home, group, txids, f"participants of producer group {group}")
 
     async def sweep(self, now: int | None = None) -> int:
         """Ask every home about its due participants; end those it decided. Returns how many ended."""
@@ -114,8 +81,8 @@ class Participants:
         due: dict[tuple[str, str], list[str]] = {}
         asked = self._asked
         for p in self._state.pending_transactions():
-            if not p.home:
-                continue
+            if not p.home or p.state != PREPARED:
+                continue  # not a participant, or parked: an operator decides it now
             s = self._settings.for_group(p.producer_group)
             if now - p.born_ms < (p.immunity_ms or s.timeout_ms):
                 continue
@@ -138,14 +105,37 @@ class Participants:
 
     def _follow(self, txids: list[str], states: list[str], by: str) -> int:
         ended = 0
+        unknown = []
         for txid, home_state in zip(txids, states):
-            outcome = _ENDED.get(home_state)
             p = self._state.pending_transaction(txid)
-            if outcome is None or p is None or not self._role.is_master:
+            if p is None or not self._role.is_master:
                 continue
-            self._tx.finish(p, outcome, by)
-            ended += 1
+            outcome = _ENDED.get(home_state)
+            if outcome is not None:
+                self._tx.finish(p, outcome, by)
+                ended += 1
+            elif home_state == UNKNOWN and p.state == PREPARED:
+                unknown.append(p)
+        if unknown:
+            self._unknown_at_home(unknown)
         return ended
+
+    def _unknown_at_home(self, unknown: list) -> None:
+        """The home does not know these (its half message lost in an ASYNC failover, or its decision
+        expired): no answer will ever come. Each such answer counts as a check; after
+        UNKNOWN_AT_HOME_LIMIT of them the participant is parked, for an operator to decide and for
+        `tx list --state parked`, the console and the parked-transactions alert to show."""
+        now = now_ms()
+        self._state.append(CheckRecord([p.transaction_id for p in unknown], now))
+        parked = [p for p in unknown if p.checks >= UNKNOWN_AT_HOME_LIMIT]
+        for p in parked:
+            self._tx.park(p, now)
+        if parked:
+            homes = sorted({p.home for p in parked})
+            log.warning("%d participants parked: their home group(s) %s do not know their transactions (lost in "
+                        "a failover, or forgotten); an operator decides them (`txbroker tx list --state parked`): "
+                        "%s%s", len(parked), ", ".join(homes), ", ".join(p.transaction_id for p in parked[:5]),
+                        ", ..." if len(parked) > 5 else "")
 
     # ---- a producer's END_TRANSACTION for a participant -------------------------------------------
 
@@ -174,4 +164,4 @@ class Participants:
         return ok(EndTransactionResponse(outcome, False, offsets), durable)
 
 
-__all__ = ["Participants", "states_as_published", "PREPARED"]
+__all__ = ["Participants", "UNKNOWN_AT_HOME_LIMIT"]

@@ -33,6 +33,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+async def _after(written, reply: Reply) -> Reply:
+    await written
+    return reply
+
+
 class TransactionService:
     def __init__(self, state: StateMachine, topics: TopicRegistry, role: RoleState, metrics: BrokerMetrics,
                  settings: SettingsBook, reject_transaction_message: bool = False, cluster=None):
@@ -62,13 +67,8 @@ class TransactionService:
             return self._duplicate_prepare(req, existing)
         if self._cluster is not None and self._cluster.draining:  # a draining group takes no new messages
             self._cluster.refuse_draining()
-        if req.home:
-            if req.job_id:
-                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: a participant of a transaction "
-                                   f"decided by group {req.home[:64]} cannot also join job {req.job_id[:128]}")
-            if self._cluster is None:
-                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "this broker belongs to no cluster of broker groups")
-            self._cluster.check_home(req.home)
+        if req.home or req.participants:
+            self._check_spanning(req)
         elif req.job_id:
             self._check_job_open(req)
         elif self._settings.for_group(req.producer_group).require_job:
@@ -83,13 +83,30 @@ class TransactionService:
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: {e}") from None
         self._topics.validate_for_send(req.messages)
         lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages, req.job_id,
-                                                     req.home))
+                                                     req.home, list(dict.fromkeys(req.participants))))
         self._metrics.sent_half.inc(len(req.messages))
         self._metrics.group_sent_half(req.producer_group).inc(len(req.messages))
         return ok(SendResponse(
             msg_ids=keys.msg_ids(lsn, len(req.messages)),
             queue_ids=[m.queue_id for m in req.messages],
             transaction_id=txid, commit_log_offset=lsn), durable)
+
+    def _check_spanning(self, req: SendRequest) -> None:
+        """A half message of a transaction spanning groups: a participant names its home, the home
+        names the groups of its participants; never both, and never in a job."""
+        txid = req.transaction_id
+        if req.home and req.participants:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: a half message names either its "
+                               "home group (a participant) or its participants' groups (the home), not both")
+        if req.job_id:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: a transaction spanning broker "
+                               f"groups cannot also join job {req.job_id[:128]}")
+        if self._cluster is None:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "this broker belongs to no cluster of broker groups")
+        if req.home:
+            self._cluster.check_home(req.home)
+        for group in req.participants:
+            self._cluster.check_other_group(group, "participant")
 
     def _check_job_open(self, req: SendRequest) -> None:
         """A member may join only an open job of its own group, before the deadline."""
@@ -127,8 +144,9 @@ class TransactionService:
 
     # ---- end ---------------------------------------------------------------------------------
 
-    def end(self, req: EndTransactionRequest, by: str = "producer") -> Reply:
-        """Commit or roll back (or, for UNKNOWN, leave as is). `by` is producer, check or admin."""
+    def end(self, req: EndTransactionRequest, by: str = "producer", force: bool = False) -> Reply:
+        """Commit or roll back (or, for UNKNOWN, leave as is). `by` is producer, check or admin; an
+        administrator ends a participant against its home only with `force`."""
         if by == "check":  # a check-back's answer (producer connection or webhook), counted by what it said
             self._metrics.checkback_answers.get(req.state, self._metrics.checkback_answer_invalid).inc()
         self._role.require_master()
@@ -148,8 +166,14 @@ class TransactionService:
                          f"transaction {txid} is stored at offset {p.half_lsn}, not {req.commit_log_offset}")
         if wanted == TransactionState.UNKNOWN:
             return ok(EndTransactionResponse(TransactionState.UNKNOWN))
-        if p.home and by != "admin":  # ended only as its home group ended it
-            return self.participant_end(p, wanted)
+        if p.home:  # ended only as its home group ended it
+            if by != "admin":
+                return self.participant_end(p, wanted)
+            if not force:
+                raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"transaction {txid} is a participant: its home "
+                                   f"group {p.home} decides it, and it ends as the home's ends (this broker asks "
+                                   f"{p.home}'s master itself). Ending it here by hand tears the transaction unless "
+                                   f"{p.home} ends the same way; force it to do so anyway")
         if p.job_id:
             refusal = self._member_end_refusal(p, wanted)
             if refusal is not None:
@@ -171,8 +195,10 @@ class TransactionService:
         if kept == (wanted == TransactionState.COMMIT):
             return None
         code = ResponseCode.TRANSACTION_SHOULD_COMMIT if kept else ResponseCode.TRANSACTION_SHOULD_ROLLBACK
-        return error(code, f"transaction {p.transaction_id}: its job {j.job_id} was {j.state} "
-                           f"({'keeping' if kept else 'not keeping'} it)")
+        refusal = error(code, f"transaction {p.transaction_id}: its job {j.job_id} was {j.state} "
+                              f"({'keeping' if kept else 'not keeping'} it)")
+        unpublished = self._state.published_future(j.decision_lsn)  # named once no failover can take it back
+        return refusal if unpublished is None else _after(unpublished, refusal)
 
     def finish(self, p: PendingTx, wanted: TransactionState, by: str) -> tuple[list[int], object]:
         """Record the end of pending transaction `p`; returns its queue offsets and durability future."""

@@ -74,7 +74,7 @@ class AsyncClusterTransactionProducer(ClusterSender):
         (home, home_msgs), *others = parts.items()
         home_session = self.groups.members[home].session
         try:
-            begun = await home_session.begin(home_msgs, txid)
+            begun = await home_session.begin(home_msgs, txid, [group for group, _msgs in others])
         except ClientError:
             self.placement.avoid(home)
             raise
