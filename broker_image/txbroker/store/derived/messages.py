@@ -227,7 +227,15 @@ class Messages(Family):
     # ---- retention ----------------------------------------------------------------------------------
 
     def lineage(self):
-        return self._topic_lsn.values()  # each topic's newest TopicRecord: what truncation derives it from
+        """Each topic's newest TopicRecord (truncation derives the topic from it), and the record of
+        each queue's newest message: a queue's end is derived from its last index entry, so a queue
+        retention emptied would start again at 0 after a restart, below where its consumers stand."""
+        needed = set(self._topic_lsn.values())
+        for prefix in list(self.queue_ends):
+            last = last_item_with_prefix(self._db.cq, prefix)
+            if last is not None:
+                needed.add(keys.cq_run_decode(last[1])[0])
+        return needed
 
     def forget(self, lsn: int, record: Record, wb: "WriteBatch", p=None) -> None:
         if type(record) is NormalRecord:
