@@ -14,14 +14,17 @@ import random
 from txbroker.protocol.admin import Replication
 from txbroker.client.connection import Connection, ConnectionLost
 from txbroker.client.errors import ClientError, RequestTimeout
+from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.security import Credentials, authenticate
 from txbroker.lifecycle import stop_task
+from txbroker.store.db import StoreError
 from txbroker.protocol.bodies import ErrorBody, ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
 from txbroker.protocol.framing import Frame
 from txbroker.broker.replication.leader import SILENT_HEARTBEATS
 
 log = logging.getLogger(__name__)
+_warnings = RepeatedWarnings(log)
 
 _records = decoder(ReplicaRecords)
 _welcome = decoder(ReplicaWelcome)
@@ -61,6 +64,10 @@ class ReplicationFollower:
             except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout) as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.info("replication from %s: %s; retrying", self.master, self.last_error)
+            except StoreError as e:  # its log cannot be cut back to its master's: a copy of the master's data is needed
+                self.last_error = str(e)
+                _warnings.warning("cannot rejoin", "replication from %s: %s", self.master, e)
+                delay = 5.0
             except ClientError as e:  # refused credentials, TLS: say so loudly, keep trying (they may be fixed)
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.error("replication from %s: %s; retrying", self.master, self.last_error)
