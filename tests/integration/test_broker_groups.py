@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import run_cli
+from conftest import metric, run_cli
 from support.groups import FLAGS, start_cluster
 from support.waiting import wait_until
 from support import txload
@@ -528,7 +528,6 @@ def test_a_participant_whose_home_lost_the_transaction_is_parked_and_shown(tmp_p
         admin = AdminClient(g1.master.admin_url)
         wait_until(lambda: admin.transaction("span-lost").state == "PARKED", 30, what="the participant parked")
         assert "span-lost" in run_cli("tx", "list", "--state", "parked", "--admin", g1.master.admin_url).stdout
-        from conftest import metric
         assert metric(g1.master, "txbroker_parked_transactions") == 1
         assert txload.visible(g1.master.address) == {}
     finally:

@@ -85,7 +85,7 @@ class GroupCommit:
         (memory may hold part of that record's effects)."""
         if self._open is b:
             self._open = None
-        self._written(b, error)
+        self._written(b, error, "a record could not be applied: its batch is not written")
 
     @property
     def open_future(self) -> asyncio.Future | None:
@@ -102,10 +102,10 @@ class GroupCommit:
         if self._observe is not None:
             self._observe(b.records, time.perf_counter() - t0)
 
-    def _written(self, b: Batch, error: BaseException | None) -> None:
+    def _written(self, b: Batch, error: BaseException | None, what: str = "RocksDB write failed") -> None:
         if error is not None:
             self._failed = error
-            log.critical("a batch could not be written; stopping the broker so it recovers from disk", exc_info=error)
+            log.critical("%s; stopping the broker so it recovers from disk", what, exc_info=error)
             if not b.future.done():
                 b.future.set_exception(error)
             b.future.exception()  # mark retrieved
