@@ -450,3 +450,47 @@ def test_a_decision_once_published_is_reported_with_its_members_ends(broker_fact
         wait_until(lambda: c.describe(job.job_id).resolved, what="the decision and the member's end published")
         assert c.describe(job.job_id).state == "COMMITTED"
     assert bodies(m.address) == {"kept": 1}
+
+
+def test_a_committed_jobs_members_become_readable_in_one_step(broker):
+    """Read whole (DESIGN, coordinated transactions): the broker ends a job's members slice by slice,
+    so readers saw part of a committed job. While a committed job's members are being ended, each
+    queue they go to is readable only up to where the first of them went (Kafka's last stable
+    offset), until the last end is published: a reader sees none of the job, then all of it. ASYNC
+    flush and no slave: nothing here waits on replication."""
+    import threading
+
+    from txbroker.client import PullConsumer
+
+    n = 6_000  # six of the broker's resolution slices
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch():
+        with PullConsumer(broker.address) as c:
+            while not stop.is_set():
+                seen.append(c.pull("Whole", 0, 0, 1).max_offset)
+
+    async def main():
+        async with AsyncJobCoordinator(GROUP, broker.address) as c:
+            job = await c.open(timeout=300)
+            sem = asyncio.Semaphore(256)
+
+            async def one(i):
+                async with sem:
+                    return await c.send(job.job_id, Message("Whole", f"w{i}".encode(), queue_id=0), f"w-{i}")
+
+            members = await asyncio.gather(*(one(i) for i in range(n)))
+            t = threading.Thread(target=watch, daemon=True)
+            t.start()
+            await c.commit(job.job_id, members)
+            while not (await c.describe(job.job_id)).resolved:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            stop.set()
+            t.join(10)
+
+    run_cli("topic", "create", "Whole", "--queues", "1", "--admin", broker.admin_url)
+    asyncio.run(main())
+    assert seen and set(seen) <= {0, n}, sorted(set(seen))[:10]
+    assert seen[-1] == n

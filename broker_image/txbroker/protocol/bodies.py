@@ -279,8 +279,14 @@ class OpenJobRequest(Struct, array_like=True, omit_defaults=True):
     (a rerun or a replayed micro-batch finds it); after an abort a new one is opened."""
 
     producer_group: str
-    timeout_ms: int  # the deadline, from now
+    timeout_ms: int  # the deadline, from now (of an OPEN job: a PREPARED one has prepared_timeout_ms)
     name: str = ""
+    # a job spanning broker groups: at its home, the other groups that will hold members ...
+    groups: list[str] = []
+    # ... and on each of those, the job's entry there: the home's job id and the home group
+    job_id: str = ""
+    home: str = ""
+    prepared_timeout_ms: int = 0  # how long a PREPARED job waits for its decision (0: 24 h)
 
 
 class PrepareJobRequest(Struct, array_like=True):
@@ -289,6 +295,7 @@ class PrepareJobRequest(Struct, array_like=True):
     producer_group: str
     job_id: str
     members: list[str]
+    remote: dict[str, list[str]] = {}  # a job spanning groups: the members on each other group
 
 
 class DecideJobRequest(Struct, array_like=True, omit_defaults=True):
@@ -299,6 +306,9 @@ class DecideJobRequest(Struct, array_like=True, omit_defaults=True):
     job_id: str
     state: int  # TransactionState.COMMIT | ROLLBACK
     members: list[str] | None = None
+    # a job spanning groups: the members kept on each other group (sent to a group that is not the
+    # job's home, DECIDE_JOB makes it ask the home now, and answers as it then stands)
+    remote: dict[str, list[str]] | None = None
 
 
 class QueryJobRequest(Struct, array_like=True, omit_defaults=True):
@@ -328,7 +338,26 @@ class JobInfo(Struct, array_like=True, omit_defaults=True):
     decided_ms: int = 0
     by: str = ""  # who decided: client | deadline | admin
     already: bool = False  # this request changed nothing: the job was already so
-    resolved: bool = False  # decided, and every member's end written and published: the decision took effect
+    resolved: bool = False  # decided, and every member's end written and published (at the home: on every group)
+    home: str = ""  # a job spanning groups, on a group that holds members: the group that decides it
+    groups: list[str] = []  # at the home: the other groups that hold members
+    prepared_deadline_ms: int = 0  # a PREPARED job: when the broker aborts it, undecided
+    unresolved_groups: list[str] = []  # at the home: groups whose members have not yet all ended as decided
+
+
+class JobMembersRequest(Struct, array_like=True):
+    """QUERY_JOB_MEMBERS: a group holding members of a job that spans groups asks the job's home how
+    its decision treats them (answered by the home's master, as published)."""
+
+    producer_group: str
+    job_id: str
+    group: str  # the asking group
+    transaction_ids: list[str]
+
+
+class JobMembersResponse(Struct, array_like=True):
+    state: str  # the job at the home, as published: OPEN | PREPARED | COMMITTED | ABORTED | UNKNOWN (no such job)
+    kept: list[bool]  # COMMITTED: per id, whether the decision keeps it
 
 
 class SaslRequest(Struct, array_like=True):

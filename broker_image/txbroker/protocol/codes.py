@@ -41,6 +41,8 @@ class RequestCode(IntEnum):
     PREPARE_JOB = 921
     DECIDE_JOB = 922
     QUERY_JOB = 923
+    # a job's members on another group ask its home how the job's decision treats them
+    QUERY_JOB_MEMBERS = 924
     # Broker groups (protocol/cluster.py): a participant of a transaction that spans groups asks the
     # group that decides it (its home) how it ended.
     QUERY_TRANSACTION_STATES = 930

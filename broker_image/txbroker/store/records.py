@@ -118,15 +118,19 @@ class JobOpenRecord(Struct, tag="J", array_like=True, omit_defaults=True):
     open_ms: int
     deadline_ms: int
     name: str = ""  # opening by name finds the newest job of that name (replays, reruns)
+    home: str = ""  # a job spanning groups, on a group that holds members: the group that decides it
+    groups: list[str] = field(default_factory=list)  # at the home: the other groups that hold members
+    prepared_timeout_ms: int = 0  # how long it waits for its decision once PREPARED (0: the default)
 
 
-class JobPrepareRecord(Struct, tag="Q", array_like=True):
+class JobPrepareRecord(Struct, tag="Q", array_like=True, omit_defaults=True):
     """The job's member list is fixed (two-phase commit's prepare): no new members; COMMIT without
     a list commits exactly these."""
 
     job_id: str
     members: list[str]
     prepare_ms: int
+    remote: dict[str, list[str]] = field(default_factory=dict)  # the members on each other group
 
 
 class JobDecisionRecord(Struct, tag="D", array_like=True, omit_defaults=True):
@@ -137,15 +141,17 @@ class JobDecisionRecord(Struct, tag="D", array_like=True, omit_defaults=True):
     state: int  # TransactionState.COMMIT | ROLLBACK
     decided_ms: int
     members: list[str] = field(default_factory=list)
-    by: str = "client"  # client | deadline | admin
+    by: str = "client"  # client | deadline | admin | home (a group following the job's home)
+    remote: dict[str, list[str]] = field(default_factory=dict)  # COMMIT: the members kept on each other group
 
 
-class ReleaseRecord(Struct, tag="L", array_like=True):
+class ReleaseRecord(Struct, tag="L", array_like=True, omit_defaults=True):
     """The home's spanning transactions whose participants have all ended: their decisions may now
     expire with the log (until then retention keeps them: a participant may still ask)."""
 
     transaction_ids: list[str]
     release_ms: int
+    job_ids: list[str] = field(default_factory=list)  # jobs whose every group has ended its members
 
 
 class TopicRecord(Struct, tag="T", array_like=True):
@@ -240,6 +246,16 @@ class JobState(Struct, array_like=True, omit_defaults=True):
     prepare_lsn: int = 0
     ended_lsn: int = 0  # the end of its last member (0: members still pending, or none yet)
     previous: str = ""  # the job its name named before this one opened (a truncation goes back to it)
+    home: str = ""  # a job spanning groups, on a group that holds members: the group that decides it
+    groups: list[str] = field(default_factory=list)  # at the home: the other groups that hold members
+    remote: dict[str, list[str]] = field(default_factory=dict)  # the members on other groups (prepared, kept)
+    prepared_timeout_ms: int = 0
+    prepared_deadline_ms: int = 0  # a PREPARED job: aborted undecided from then on
+    released_lsn: int = 0  # every other group has ended its members: the decision may expire
+
+    @property
+    def spans(self) -> bool:
+        return bool(self.groups)
 
     @property
     def decided(self) -> bool:

@@ -54,6 +54,25 @@ EPOCH_PREFIX = b"epoch/"
 MAX_UNPUBLISHED = 1024
 
 
+def _dispatch(tables: list[dict[type, Callable]]) -> dict[type, Callable]:
+    """One applier per record type: the family's own, or one calling each family that derives from
+    it, in the families' order."""
+    by_type: dict[type, list[Callable]] = {}
+    for table in tables:
+        for kind, fn in table.items():
+            by_type.setdefault(kind, []).append(fn)
+    out = {}
+    for kind, fns in by_type.items():
+        if len(fns) == 1:
+            out[kind] = fns[0]
+        else:
+            def each(record, lsn, b, fns=tuple(fns)):
+                for fn in fns:
+                    fn(record, lsn, b)
+            out[kind] = each
+    return out
+
+
 class ApplyError(RuntimeError):
     """A record could not be applied: the batch holding it is not written, and the store stops."""
 
@@ -89,20 +108,17 @@ class StateMachine:
 
         # the families of derived state, in the order truncation cuts them back
         self.messages = Messages(self.db)
-        self.jobs_family = Jobs(self.db, job_retention_ms)
+        self.jobs_family = Jobs(self.db, self.messages, job_retention_ms)
         self.transactions = Transactions(self.db, self.messages, self.jobs_family)
-        self.jobs_family.pending_source = self.transactions.pending.values
+        self.jobs_family.transactions = self.transactions
         self.offsets = Offsets(self.db, lambda: self.durable_lsn)
         self.settings = Settings(self.db)
         self.marks = Marks(self.db)
         self.families: tuple[Family, ...] = (self.messages, self.transactions, self.jobs_family, self.offsets,
                                              self.settings, self.marks)
-        self._appliers = {EpochRecord: self._apply_epoch}
-        for family in self.families:
-            self._appliers.update(family.appliers())
+        self._appliers = _dispatch([{EpochRecord: self._apply_epoch}] + [f.appliers() for f in self.families])
         # the families' state the broker reads directly (live views, never replaced)
         self.topics = self.messages.topics
-        self.visible_end = self.messages.visible_end
         self.jobs = self.jobs_family.jobs
         self.job_members = self.jobs_family.job_members
         self.group_settings = self.settings.groups
@@ -289,6 +305,7 @@ class StateMachine:
             publish(visible)
         if lsn > self.durable_lsn and lsn <= self.local_durable_lsn:
             self.durable_lsn = lsn
+        self.messages.published_through(self.durable_lsn)
 
     def publish_all(self) -> None:
         """The whole local log is published (this broker leads without SYNC replication, or its
@@ -448,6 +465,7 @@ class StateMachine:
         self.db.close()
         # Column-family handles keep RocksDB (and its LOCK) open until they are gone: the families hold some.
         self._h_log = self._h_meta = None
+        self.jobs_family.transactions = None  # the one cycle between families
         self.families = ()
         self._appliers = {}
         self.messages = self.transactions = self.jobs_family = self.offsets = self.settings = self.marks = None

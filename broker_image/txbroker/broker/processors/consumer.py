@@ -84,7 +84,7 @@ class QueryOffsetsProcessor:
             if off is not None:
                 committed[q] = off
             wait = max(wait, lsn)
-        maxima = {q: state.visible_end.get(keys.queue_prefix(req.topic, q), 0) for q in range(count)}
+        maxima = {q: state.readable_end(req.topic, q) for q in range(count)}
         return ok(QueryOffsetsResponse(committed, maxima), state.published_future(wait) if wait else None)
 
 

@@ -16,14 +16,14 @@ whose last member's end was dropped is resolving again.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys
 from txbroker.store.derived.family import Family, RetentionPass
 from txbroker.store.records import (
     JOB_ABORTED, JOB_COMMITTED, JOB_PREPARED, EndRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
-    JobState, PendingTx, decode_finished, decode_job, decode_record, encode,
+    JobState, ReleaseRecord, decode_finished, decode_job, decode_record, encode,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 DECIDED_PREFIX = b"decided/"
 JOB_RETENTION_MS = 7 * 24 * 3600 * 1000
+PREPARED_TIMEOUT_MS = 24 * 3600 * 1000  # a PREPARED job's bound, unless its opener said otherwise
 _MS = struct.Struct(">Q")
 _JOB_RECORDS = (JobOpenRecord, JobPrepareRecord, JobDecisionRecord)
 
@@ -43,19 +44,20 @@ def _decided_key(j: JobState) -> bytes:
 
 
 class Jobs(Family):
-    def __init__(self, db: "Database", job_retention_ms: int = JOB_RETENTION_MS):
+    def __init__(self, db: "Database", messages, job_retention_ms: int = JOB_RETENTION_MS):
         self._db = db
+        self._messages = messages  # the messages family: a committed job holds readers back (read whole)
         self._h_jobs = db.handles["jobs"]
         self.job_retention_ms = job_retention_ms
         self.jobs: dict[str, JobState] = {}  # the undecided ones
         self.job_members: dict[str, set[str]] = {}  # each job's members still pending
         self._writing: dict[bytes, JobState | str] = {}  # entries of the batch not yet on disk
-        self.pending_source: Callable[[], Iterable[PendingTx]] = lambda: ()  # the transactions family's
+        self.transactions = None  # the transactions family (set by the state machine): members' destinations
         self._replaying: dict[str, str] | None = None  # during a truncation: job id -> its `previous`
 
     def appliers(self):
         return {JobOpenRecord: self.apply_open, JobPrepareRecord: self.apply_prepare,
-                JobDecisionRecord: self.apply_decision}
+                JobDecisionRecord: self.apply_decision, ReleaseRecord: self.apply_release}
 
     # ---- memory -----------------------------------------------------------------------------------
 
@@ -63,13 +65,34 @@ class Jobs(Family):
         self.jobs.clear()
         self.job_members.clear()
         self._writing.clear()
-        for p in self.pending_source():
+        for p in self.transactions.pending.values():
             if p.job_id:
                 self.job_members.setdefault(p.job_id, set()).add(p.transaction_id)
         for j in self._stored():
             if not j.decided:
                 self.jobs[j.job_id] = j
                 self.job_members.setdefault(j.job_id, set())
+            elif j.state == JOB_COMMITTED and self.job_members.get(j.job_id):
+                self._hold_again(j)
+
+    def _hold_again(self, j: JobState) -> None:
+        """After a restart: a committed job still being resolved holds its queues where its first
+        kept member went (ended ones from their offsets, pending ones from their queues' ends)."""
+        pending, finished = self.transactions.pending, self.transactions.finished
+        queues = set()
+        for txid in j.members:
+            p = pending.get(txid)
+            if p is not None:
+                queues.update(p.destinations)
+                continue
+            f = finished(txid)
+            if f is None or not f.queue_offsets:
+                continue
+            half = decode_record(self._db.log[keys.lsn_key(f.half_lsn)])
+            for m, offset in zip(half.messages, f.queue_offsets):
+                self._messages.hold_at(j.job_id, keys.queue_prefix(m.topic, m.queue_id), offset)
+        if queues:
+            self._messages.hold(j.job_id, queues)
 
     def _stored(self):
         for k, v in self._db.jobs.items(from_key=keys.JOB_ID_PREFIX):
@@ -129,7 +152,8 @@ class Jobs(Family):
         else:
             newest = self.job_named(r.name) if r.name else None
             previous = newest.job_id if newest is not None else ""
-        j = JobState(r.job_id, r.producer_group, r.open_ms, r.deadline_ms, lsn, r.name, previous=previous)
+        j = JobState(r.job_id, r.producer_group, r.open_ms, r.deadline_ms, lsn, r.name, previous=previous,
+                     home=r.home, groups=r.groups, prepared_timeout_ms=r.prepared_timeout_ms)
         self.jobs[j.job_id] = j
         self.job_members.setdefault(j.job_id, set())
         self._put(b, j)
@@ -140,7 +164,9 @@ class Jobs(Family):
         j = self.job(r.job_id)
         j.state = JOB_PREPARED
         j.members = r.members
+        j.remote = r.remote
         j.prepare_lsn = lsn
+        j.prepared_deadline_ms = r.prepare_ms + (j.prepared_timeout_ms or PREPARED_TIMEOUT_MS)
         self._put(b, j)
 
     def apply_decision(self, r: JobDecisionRecord, lsn: int, b: "Batch") -> None:
@@ -148,11 +174,25 @@ class Jobs(Family):
         self.jobs.pop(j.job_id, None)
         j.state = JOB_COMMITTED if r.state == TransactionState.COMMIT else JOB_ABORTED
         j.members = r.members
+        j.remote = r.remote
         j.decided_ms, j.by, j.decision_lsn = r.decided_ms, r.by, lsn
-        if not self.job_members.get(j.job_id):
+        pending = self.job_members.get(j.job_id)
+        if not pending:
             self.job_members.pop(j.job_id, None)
+        elif j.state == JOB_COMMITTED:  # read whole: its queues stop where its first member goes
+            members = self.transactions.pending
+            queues = {dest for txid in r.members if (p := members.get(txid)) is not None for dest in p.destinations}
+            if queues:
+                self._messages.hold(j.job_id, queues)
         self._put(b, j)
         b.wb.put(_decided_key(j), b"", self._h_jobs)
+
+    def apply_release(self, r: ReleaseRecord, lsn: int, b: "Batch") -> None:
+        for job_id in r.job_ids:
+            j = self.job(job_id)
+            if j is not None and not j.released_lsn:
+                j.released_lsn = lsn
+                self._put(b, j)
 
     def member_prepared(self, job_id: str, txid: str) -> None:
         self.job_members.setdefault(job_id, set()).add(txid)
@@ -168,11 +208,12 @@ class Jobs(Family):
             if j is not None:
                 j.ended_lsn = lsn
                 self._put(b, j)
+            self._messages.release_when_published(job_id, lsn)
 
     # ---- retention -------------------------------------------------------------------------------------
 
     def lineage(self):
-        for j in self.jobs.values():
+        for j in self.jobs.values():  # undecided (here: a job spanning groups until it followed its home)
             yield j.open_lsn
             if j.prepare_lsn:
                 yield j.prepare_lsn
@@ -186,8 +227,9 @@ class Jobs(Family):
                 break
             job_id = k[len(DECIDED_PREFIX) + _MS.size:].decode()
             j = self.job(job_id)
-            if j is not None and (j.decision_lsn >= rp.cutoff_lsn or job_id in self.job_members):
-                continue  # its decision is still in the log, or members are still being ended
+            if j is not None and (j.decision_lsn >= rp.cutoff_lsn or job_id in self.job_members
+                                  or (j.spans and not (j.released_lsn and j.released_lsn < rp.cutoff_lsn))):
+                continue  # its decision is still in the log, members are still being ended, or asked about
             wb.delete(k, h)
             if j is None:
                 continue

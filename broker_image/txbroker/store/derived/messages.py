@@ -10,6 +10,7 @@ readers only when their batch is published (`publish`); `readable_end` never pas
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,11 @@ class Messages(Family):
         self._queue_start: dict[bytes, int] = {}  # first stored offset (retention deletes from the front)
         self._waiters: dict[bytes, list[asyncio.Future]] = {}
         self._unwritten_send_backs: dict[bytes, int] = {}  # of the open batch: key -> LSN
+        # Read whole: while a committed job's members are being ended, each queue they go to is
+        # readable only up to where the first of them goes (Kafka's last stable offset), until the
+        # last one's end is published: queue prefix -> {job id: that offset}.
+        self._holds: dict[bytes, dict[str, int]] = {}
+        self._releases: list[tuple[int, str]] = []  # (LSN of a job's last member end, job id), a heap
 
     def appliers(self):
         return {NormalRecord: self.apply_normal, TopicRecord: self.apply_topic}
@@ -57,6 +63,8 @@ class Messages(Family):
     # ---- memory --------------------------------------------------------------------------------
 
     def load(self) -> None:
+        self._holds.clear()
+        self._releases.clear()
         self.topics.clear()
         self._topic_lsn.clear()
         self.queue_ends.clear()
@@ -159,13 +167,56 @@ class Messages(Family):
         return end if end is not None else self._load_queue_end(prefix)
 
     def readable_end(self, topic: str, queue_id: int) -> int:
-        """Offsets below this are published: readers may see them."""
+        """Offsets below this are published, and no job being resolved holds them: readers may see them."""
         prefix = keys.queue_prefix(topic, queue_id)
         end = self.visible_end.get(prefix)
         if end is None:
             self.queue_end(topic, queue_id)
             end = self.visible_end.get(prefix, 0)
+        held = self._holds.get(prefix)
+        if held:
+            return min(end, min(held.values()))
         return end
+
+    # ---- read whole: jobs being resolved --------------------------------------------------------
+
+    def hold(self, job_id: str, queues: set[tuple[str, int]]) -> None:
+        """A committed job's members go to these queues: readers stop where the first of them goes
+        until `release_when_published`'s LSN is published (one job becomes readable in one step)."""
+        for dest in queues:
+            prefix = keys.queue_prefix(*dest)
+            start = self.queue_ends.get(prefix)
+            if start is None:
+                start = self._load_queue_end(prefix)
+            self._holds.setdefault(prefix, {})[job_id] = start
+
+    def hold_at(self, job_id: str, prefix: bytes, offset: int) -> None:
+        """As `hold`, at a known offset (a restart holds where the job's first ended member went)."""
+        held = self._holds.setdefault(prefix, {})
+        held[job_id] = min(offset, held.get(job_id, offset))
+
+    def release_when_published(self, job_id: str, lsn: int) -> None:
+        heapq.heappush(self._releases, (lsn, job_id))
+
+    def published_through(self, durable_lsn: int) -> None:
+        releases = self._releases
+        while releases and releases[0][0] <= durable_lsn:
+            _lsn, job_id = heapq.heappop(releases)
+            self._release(job_id)
+
+    def _release(self, job_id: str) -> None:
+        waiters = self._waiters
+        for prefix in [p for p, held in self._holds.items() if job_id in held]:
+            held = self._holds[prefix]
+            del held[job_id]
+            if not held:
+                del self._holds[prefix]
+            for w in waiters.pop(prefix, ()):
+                if not w.done():
+                    w.set_result(None)
+
+    def holds(self) -> dict[bytes, dict[str, int]]:
+        return self._holds
 
     def queue_start(self, topic: str, queue_id: int) -> int:
         """The first offset of a queue still stored (retention deletes from the front)."""
