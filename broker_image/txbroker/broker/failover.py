@@ -45,6 +45,7 @@ class RoleChanges:
         self._b.leader.attach()
         self._b.check_service.start()
         self._b.jobs.start()
+        self._b.job_groups.start()
         self._b.participants.start()
         self._b.home_decisions.start()
         self._b.schedule.start()
@@ -61,6 +62,7 @@ class RoleChanges:
         self._step_down(f"demoted: the master is {master} at epoch {epoch}")
         await self._b.check_service.stop()
         await self._b.jobs.stop()
+        await self._b.job_groups.stop()
         await self._b.participants.stop()
         await self._b.home_decisions.stop()
         await self._b.schedule.stop()
@@ -113,6 +115,7 @@ class RoleChanges:
         self._b.role.fenced_by = epoch
         asyncio.ensure_future(self._b.check_service.stop())
         asyncio.ensure_future(self._b.jobs.stop())
+        asyncio.ensure_future(self._b.job_groups.stop())
         asyncio.ensure_future(self._b.participants.stop())
         asyncio.ensure_future(self._b.home_decisions.stop())
         asyncio.ensure_future(self._b.schedule.stop())

@@ -20,6 +20,7 @@ from txbroker.broker.connection import BrokerConnection
 from txbroker.broker.consumers import ConsumerRegistry
 from txbroker.broker.failover import RoleChanges
 from txbroker.broker.file_watch import FileWatcher
+from txbroker.broker.transaction.job_groups import JobGroups
 from txbroker.broker.transaction.jobs import JobService
 from txbroker.broker.limits import UnackedBudget
 from txbroker.broker.listener import TlsOnlyListener, admin_tls_listener, data_tls_listener
@@ -78,7 +79,9 @@ class Broker:
         self.participants = Participants(self.state, self.transactions, self.cluster, self.settings, self.role)
         self.transactions.participant_end = self.participants.end
         self.home_decisions = HomeDecisions(self.state, self.cluster, self.settings, self.role)
-        self.jobs = JobService(self.state, self.transactions, self.role, self.metrics)
+        self.jobs = JobService(self.state, self.transactions, self.role, self.metrics, self.cluster)
+        self.job_groups = self.jobs.groups = JobGroups(self.state, self.jobs, self.transactions, self.cluster,
+                                                       self.settings, self.role)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
         self.leader = ReplicationLeader(self)
@@ -118,6 +121,7 @@ class Broker:
             self.leader.attach()
             self.check_service.start()
             self.jobs.start()
+            self.job_groups.start()
             self.participants.start()
             self.home_decisions.start()
             self.schedule.start()
@@ -220,6 +224,7 @@ class Broker:
         await self._watcher.stop()
         await self.check_service.stop()
         await self.jobs.stop()
+        await self.job_groups.stop()
         await self.participants.stop()
         await self.home_decisions.stop()
         await self.cluster.close()

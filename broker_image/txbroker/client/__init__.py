@@ -24,8 +24,8 @@ from txbroker.client.transaction_session import (
 )
 from txbroker.protocol.bodies import Message, MessageExt
 from txbroker.client.cluster import (  # noqa: E402 - built on the single-group clients above
-    AsyncClusterProducer, AsyncClusterPushConsumer, AsyncClusterTransactionProducer, ClusterProducer,
-    ClusterPushConsumer, ClusterTransactionProducer,
+    AsyncClusterJobCoordinator, AsyncClusterProducer, AsyncClusterPushConsumer, AsyncClusterTransactionProducer,
+    ClusterJob, ClusterJobCoordinator, ClusterProducer, ClusterPushConsumer, ClusterTransactionProducer,
 )
 
 __all__ = [
@@ -38,4 +38,5 @@ __all__ = [
     "Prepared", "TransactionSession",
     "AsyncClusterProducer", "AsyncClusterPushConsumer", "AsyncClusterTransactionProducer", "ClusterProducer",
     "ClusterPushConsumer", "ClusterTransactionProducer",
+    "AsyncClusterJobCoordinator", "ClusterJob", "ClusterJobCoordinator",
 ]

@@ -45,23 +45,33 @@ class AsyncJobCoordinator:
         self.client = BrokerClient(brokers, request_timeout=request_timeout, credentials=credentials, tls=tls)
         self.session = TransactionSession(self.client, group)  # the members' half messages and their ends
 
-    async def open(self, timeout: float, name: str = "") -> JobInfo:
-        """A job the broker aborts unless decided within `timeout` seconds. With `name`: the newest
-        job of that name if it is not aborted (its state says whether it was already committed)."""
-        return await self._call(RequestCode.OPEN_JOB, OpenJobRequest(self.group, int(timeout * 1000), name))
+    async def open(self, timeout: float, name: str = "", *, prepared_timeout: float = 0, groups=(),
+                   home: str = "", job_id: str = "") -> JobInfo:
+        """A job the broker aborts unless decided within `timeout` seconds (once PREPARED, within
+        `prepared_timeout`: 24 h if 0). With `name`: the newest job of that name if it is not
+        aborted (its state says whether it was already committed). A job spanning broker groups is
+        opened at its home naming the other `groups`, then on each of them with `home` and the
+        home's `job_id` (client/cluster/jobs.py does both)."""
+        return await self._call(RequestCode.OPEN_JOB, OpenJobRequest(
+            self.group, int(timeout * 1000), name, list(groups), job_id, home, int(prepared_timeout * 1000)))
 
     async def send(self, job_id: str, msg_or_msgs, transaction_id: str | None = None) -> str:
         """Store messages as one half message joining the job; returns its transaction id."""
         return (await self.session.prepare(as_list(msg_or_msgs), transaction_id, job_id)).transaction_id
 
-    async def prepare(self, job_id: str, members: list[str]) -> JobInfo:
-        """Fix the member list (no new members); `commit(job_id)` then keeps exactly these."""
-        return await self._decide(RequestCode.PREPARE_JOB, PrepareJobRequest(self.group, job_id, list(members)))
+    async def prepare(self, job_id: str, members: list[str], remote: dict[str, list[str]] | None = None) -> JobInfo:
+        """Fix the member list (no new members); `commit(job_id)` then keeps exactly these (`remote`:
+        a job spanning groups, its members on each other group)."""
+        return await self._decide(RequestCode.PREPARE_JOB, PrepareJobRequest(self.group, job_id, list(members),
+                                                                             dict(remote or {})))
 
-    async def commit(self, job_id: str, members: list[str] | None = None) -> JobInfo:
-        """COMMIT keeping exactly `members` (None: the prepared list); every other member rolls back."""
+    async def commit(self, job_id: str, members: list[str] | None = None,
+                     remote: dict[str, list[str]] | None = None) -> JobInfo:
+        """COMMIT keeping exactly `members` (None: the prepared list; `remote`: those kept on each
+        other group of a job spanning groups); every other member rolls back."""
         return await self._decide(RequestCode.DECIDE_JOB, DecideJobRequest(
-            self.group, job_id, int(TransactionState.COMMIT), None if members is None else list(members)))
+            self.group, job_id, int(TransactionState.COMMIT), None if members is None else list(members),
+            None if remote is None else dict(remote)))
 
     async def abort(self, job_id: str) -> JobInfo:
         return await self._decide(RequestCode.DECIDE_JOB, DecideJobRequest(self.group, job_id,
@@ -108,17 +118,18 @@ class JobCoordinator:
     def __init__(self, group: str, brokers, **kwargs):
         self.aio = AsyncJobCoordinator(group, brokers, **kwargs)
 
-    def open(self, timeout: float, name: str = "") -> JobInfo:
-        return background.run(self.aio.open(timeout, name))
+    def open(self, timeout: float, name: str = "", **kwargs) -> JobInfo:
+        return background.run(self.aio.open(timeout, name, **kwargs))
 
     def send(self, job_id: str, msg_or_msgs, transaction_id: str | None = None) -> str:
         return background.run(self.aio.send(job_id, msg_or_msgs, transaction_id))
 
-    def prepare(self, job_id: str, members: list[str]) -> JobInfo:
-        return background.run(self.aio.prepare(job_id, members))
+    def prepare(self, job_id: str, members: list[str], remote: dict[str, list[str]] | None = None) -> JobInfo:
+        return background.run(self.aio.prepare(job_id, members, remote))
 
-    def commit(self, job_id: str, members: list[str] | None = None) -> JobInfo:
-        return background.run(self.aio.commit(job_id, members))
+    def commit(self, job_id: str, members: list[str] | None = None,
+               remote: dict[str, list[str]] | None = None) -> JobInfo:
+        return background.run(self.aio.commit(job_id, members, remote))
 
     def abort(self, job_id: str) -> JobInfo:
         return background.run(self.aio.abort(job_id))

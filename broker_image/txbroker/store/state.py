@@ -405,6 +405,10 @@ class StateMachine:
     def job(self, job_id: str) -> JobState | None:
         return self.jobs_family.job(job_id)
 
+    def unreleased_jobs(self) -> set[str]:
+        """Decided jobs spanning groups that some group may still ask about (a live view)."""
+        return self.jobs_family.unreleased
+
     def job_named(self, name: str) -> JobState | None:
         return self.jobs_family.job_named(name)
 

@@ -57,11 +57,14 @@ def check_job_id(job_id: str) -> None:
 
 
 class JobService:
-    def __init__(self, state: StateMachine, transactions: TransactionService, role: RoleState, metrics: BrokerMetrics):
+    def __init__(self, state: StateMachine, transactions: TransactionService, role: RoleState, metrics: BrokerMetrics,
+                 cluster=None):
         self._state = state
         self._tx = transactions
         self._role = role
         self._metrics = metrics
+        self._cluster = cluster  # broker/cluster.py: the groups a job may span
+        self.groups = None  # job_groups.JobGroups: jobs spanning broker groups (set by the broker)
         self._task: asyncio.Task | None = None
         self._resolving: dict[str, asyncio.Task] = {}
 
@@ -71,9 +74,17 @@ class JobService:
         self._role.require_master()
         if not req.producer_group:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a job needs a producer group")
+        if req.home:
+            return self._open_on_member_group(req)
         if not MIN_TIMEOUT_MS <= req.timeout_ms <= MAX_TIMEOUT_MS:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                f"job timeout {req.timeout_ms} ms out of range: {MIN_TIMEOUT_MS}..{MAX_TIMEOUT_MS} ms")
+        if req.prepared_timeout_ms and not MIN_TIMEOUT_MS <= req.prepared_timeout_ms <= MAX_TIMEOUT_MS:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"prepared job timeout {req.prepared_timeout_ms} ms out "
+                                                             f"of range: {MIN_TIMEOUT_MS}..{MAX_TIMEOUT_MS} ms")
+        groups = list(dict.fromkeys(req.groups))
+        for group in groups:
+            self._require_cluster().check_other_group(group, "member")
         if req.name:
             if not JOB_NAME.fullmatch(req.name):
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
@@ -85,24 +96,74 @@ class JobService:
                     self._abort_expired(newest)
                 elif newest.state != JOB_ABORTED:
                     return self._answer(newest, already=True)
+        if self._cluster is not None and self._cluster.draining:  # no new work on a group that is leaving
+            self._cluster.refuse_draining()
         t = now_ms()
-        job_id = f"{req.name or 'job'}.e{self._state.epoch}.{self._state.next_lsn}"
-        _lsn, durable = self._state.append(JobOpenRecord(job_id, req.producer_group, t, t + req.timeout_ms, req.name))
+        group = self._cluster.group if self._cluster is not None and self._cluster.route is not None else ""
+        # unique in the cluster: a job spanning groups has an entry of this id on each of them
+        job_id = f"{req.name or 'job'}.{group + '.' if group else ''}e{self._state.epoch}.{self._state.next_lsn}"
+        _lsn, durable = self._state.append(JobOpenRecord(job_id, req.producer_group, t, t + req.timeout_ms, req.name,
+                                                         groups=groups, prepared_timeout_ms=req.prepared_timeout_ms))
         self._metrics.jobs_opened.inc()
         return self._when_published(self._state.jobs[job_id], durable)
+
+    def _open_on_member_group(self, req: OpenJobRequest) -> Reply:
+        """The entry of a job spanning groups on a group that holds members (not its home): members
+        join it here; it has no deadline of its own and ends as the home decides (job_groups.py)."""
+        self._require_cluster().check_home(req.home)
+        check_job_id(req.job_id)
+        if req.name:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"job {req.job_id}: a name belongs to the job at its home "
+                                                             f"group {req.home}, not to its entry here")
+        j = self._state.job(req.job_id)
+        if j is not None:
+            self._same_group(j, req.producer_group)
+            if j.home != req.home:
+                raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                                   f"job {j.job_id} is here already, " + (f"decided by group {j.home}" if j.home else
+                                                                         "as a job of this group"))
+            return self._answer(j, already=True)
+        _lsn, durable = self._state.append(JobOpenRecord(req.job_id, req.producer_group, now_ms(), 0, home=req.home))
+        self._metrics.jobs_opened.inc()
+        return self._when_published(self._state.jobs[req.job_id], durable)
+
+    def _require_cluster(self):
+        if self._cluster is None or self._cluster.route is None:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "this broker belongs to no cluster of broker groups "
+                                                             "(no --cluster-file): a job cannot span groups here")
+        return self._cluster
 
     def prepare(self, req: PrepareJobRequest) -> Reply:
         self._role.require_master()
         j = self._find(req.job_id, req.producer_group)
+        self._not_on_member_group(j, "PREPARE_JOB")
         members = list(dict.fromkeys(req.members))
+        remote = self._remote(j, req.remote)
         if j.state == JOB_PREPARED or j.decided:
-            if j.state in (JOB_PREPARED, JOB_COMMITTED) and members == j.members:
+            if j.state in (JOB_PREPARED, JOB_COMMITTED) and members == j.members and remote == j.remote:
                 return self._answer(j, already=True)
             return self._refuse_decided(j, f"prepare {len(members)} members")
         self._deadline_passed(j)
         self._check_members(j, members)
-        _lsn, durable = self._state.append(JobPrepareRecord(j.job_id, members, now_ms()))
+        _lsn, durable = self._state.append(JobPrepareRecord(j.job_id, members, now_ms(), remote))
         return self._when_published(j, durable)
+
+    def _not_on_member_group(self, j: JobState, what: str) -> None:
+        if j.home:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"job {j.job_id} is decided by its home group {j.home}: "
+                                                               f"send {what} there")
+
+    def _remote(self, j: JobState, remote: dict[str, list[str]] | None) -> dict[str, list[str]]:
+        """Members on other groups, each group one the job was opened with; not checked here (their
+        groups hold them), only counted."""
+        out = {g: list(dict.fromkeys(ids)) for g, ids in (remote or {}).items() if ids}
+        for g in out:
+            if g not in j.groups:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"job {j.job_id}: members named on group {g[:64]!r}, "
+                                   f"which the job was not opened with (its groups: {', '.join(j.groups) or 'none'})")
+        if sum(len(ids) for ids in out.values()) > MAX_MEMBERS:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"more than {MAX_MEMBERS} members on other groups")
+        return out
 
     def decide(self, req: DecideJobRequest, by: str = "client") -> Reply:
         self._role.require_master()
@@ -113,29 +174,36 @@ class JobService:
         if wanted == TransactionState.UNKNOWN:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"a job's decision is 1 COMMIT or 2 ABORT, not {req.state}")
         j = self._find(req.job_id, req.producer_group, any_group=by == "admin")
+        if j.home:  # a member group's entry: it ends as the home decided; asked now
+            return self.groups.follow_now(j)
         commit = wanted == TransactionState.COMMIT
+        remote: dict[str, list[str]] = {}
         if commit:
             members = list(dict.fromkeys(req.members)) if req.members is not None else None
             if members is None:
-                if j.state == JOB_OPEN and by != "admin":
+                if j.state == JOB_OPEN and (by != "admin" or j.spans):
                     raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                        f"job {j.job_id} is OPEN: COMMIT needs the list of member transactions to keep "
-                                       "(or PREPARE_JOB it first)")
+                                       + ("on every group it spans " if j.spans else "") + "(or PREPARE_JOB it first)")
                 members = list(j.members) if j.state != JOB_OPEN else sorted(self._state.job_members.get(j.job_id, ()))
+                remote = dict(j.remote)
+            else:
+                remote = self._remote(j, req.remote)
         else:
             members = []
         if j.decided:
-            if (j.state == JOB_COMMITTED) == commit and (not commit or members == j.members):
+            if (j.state == JOB_COMMITTED) == commit and (not commit or (members, remote) == (j.members, j.remote)):
                 return self._answer(j, already=True)
             return self._refuse_decided(j, "COMMIT" if commit else "ABORT")
         if commit:
             self._deadline_passed(j)
-            if j.state == JOB_PREPARED and members != j.members:
+            if j.state == JOB_PREPARED and (members, remote) != (j.members, j.remote):
                 raise RequestError(ResponseCode.ILLEGAL_OPERATION,
-                                   f"job {j.job_id} was prepared with {len(j.members)} members; COMMIT must keep "
-                                   f"exactly those (got {len(members)})")
+                                   f"job {j.job_id} was prepared with {len(j.members)} members"
+                                   + (f" here and {sum(map(len, j.remote.values()))} on other groups" if j.spans else "")
+                                   + f"; COMMIT must keep exactly those (got {len(members)})")
             self._check_members(j, members)
-        _lsn, durable = self._state.append(JobDecisionRecord(j.job_id, int(wanted), now_ms(), members, by))
+        _lsn, durable = self._state.append(JobDecisionRecord(j.job_id, int(wanted), now_ms(), members, by, remote))
         self._decided(j, by)
         return self._when_published(j, durable)
 
@@ -144,8 +212,10 @@ class JobService:
             j = self._state.job_named(req.name)
             if j is None:
                 return error(ResponseCode.QUERY_NOT_FOUND, f"no job named {req.name!r} on this broker")
+            if req.producer_group:  # (the admin plane asks for none: any group's)
+                self._same_group(j, req.producer_group)
         else:
-            j = self._find(req.job_id, "", any_group=True)
+            j = self._find(req.job_id, req.producer_group, any_group=not req.producer_group)
         return ok(self.info(j))
 
     def info(self, j: JobState, already: bool = False) -> JobInfo:
@@ -161,8 +231,12 @@ class JobService:
             state, members = JOB_OPEN, 0
         pending = self._pending(j)
         resolved = state in (JOB_COMMITTED, JOB_ABORTED) and not pending and max(j.decision_lsn, j.ended_lsn) <= durable
+        unresolved = self.groups.unresolved(j) if j.spans and state in (JOB_COMMITTED, JOB_ABORTED) else list(j.groups)
+        if j.spans:  # at the home: resolved once every group has ended its members as decided
+            resolved = resolved and not unresolved
         return JobInfo(j.job_id, j.producer_group, state, j.open_ms, j.deadline_ms, j.name, members, pending,
-                       decided_ms, by, already, resolved)
+                       decided_ms, by, already, resolved, j.home, j.groups,
+                       j.prepared_deadline_ms if state == JOB_PREPARED else 0, unresolved)
 
     async def _when_published(self, j: JobState, written: asyncio.Future | None, already: bool = False) -> Reply:
         """The answer to a change of `j` (or a repeat of one): once it is published, as it then stands.
@@ -170,6 +244,10 @@ class JobService:
         if written is not None:
             await written
         return ok(self.info(j, already))
+
+    async def answer_published(self, j: JobState) -> Reply:
+        """`j` as it stands, once what it records is published."""
+        return await self._when_published(j, self._published(j))
 
     def _published(self, j: JobState) -> asyncio.Future | None:
         """None if what `j` records is published; else a future for it."""
@@ -194,7 +272,12 @@ class JobService:
 
     @staticmethod
     def _expired(j: JobState) -> bool:
-        return not j.decided and now_ms() >= j.deadline_ms
+        """Past its bound undecided: an OPEN job's deadline, a PREPARED one's longer bound (a slow
+        coordinator never loses prepared work to the OPEN deadline). A member group's entry has none:
+        its home decides."""
+        if j.decided or j.home:
+            return False
+        return now_ms() >= (j.prepared_deadline_ms if j.state == JOB_PREPARED else j.deadline_ms)
 
     def _deadline_passed(self, j: JobState) -> None:
         """A decision after the deadline: the deadline's ABORT is recorded (first decision wins) and
@@ -277,17 +360,20 @@ class JobService:
         """ABORT every undecided job past its deadline; returns how many."""
         if not self._role.is_master:
             return 0
-        now = now_ms()
-        late = [j for j in self._state.jobs.values() if now >= j.deadline_ms]
+        late = [j for j in self._state.jobs.values() if self._expired(j)]
         for j in late:
             self._abort_expired(j)
         return len(late)
 
     def _abort_expired(self, j: JobState) -> None:
-        log.warning("job %s of group %s passed its deadline undecided: ABORT, rolling back its %d members",
-                    j.job_id, j.producer_group, self._pending(j))
+        log.warning("job %s of group %s passed its %s undecided: ABORT, rolling back its %d members", j.job_id,
+                    j.producer_group, "prepared bound" if j.state == JOB_PREPARED else "deadline", self._pending(j))
         self._state.append(JobDecisionRecord(j.job_id, int(TransactionState.ROLLBACK), now_ms(), [], "deadline"))
         self._decided(j, "deadline")
+
+    def decided(self, j: JobState, by: str) -> None:
+        """A decision was just appended (here, or followed from the home): end the members."""
+        self._decided(j, by)
 
     def _decided(self, j: JobState, by: str) -> None:
         self._metrics.jobs_decided.labels("commit" if j.state == JOB_COMMITTED else "abort", by).inc()

@@ -119,7 +119,7 @@ class TransactionService:
                                f"not {req.producer_group!r}")
         if j.state != JOB_OPEN:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"job {j.job_id} is {j.state}: it takes no new members")
-        if now_ms() >= j.deadline_ms:
+        if not j.home and now_ms() >= j.deadline_ms:  # (a member group's entry: its home keeps the deadline)
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"job {j.job_id} passed its deadline; it is being aborted")
 
@@ -174,7 +174,7 @@ class TransactionService:
                                    f"group {p.home} decides it, and it ends as the home's ends (this broker asks "
                                    f"{p.home}'s master itself). Ending it here by hand tears the transaction unless "
                                    f"{p.home} ends the same way; force it to do so anyway")
-        if p.job_id:
+        if p.job_id and not (by == "admin" and p.state == PARKED):  # (parked: nobody will decide it but an operator)
             refusal = self._member_end_refusal(p, wanted)
             if refusal is not None:
                 return refusal

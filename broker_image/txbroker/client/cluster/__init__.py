@@ -13,13 +13,16 @@ Where each part lives:
     placement.py    which group and queue a send's messages go to
     producer.py     AsyncClusterProducer, ClusterProducer
     transaction.py  AsyncClusterTransactionProducer, ClusterTransactionProducer (transactions that span groups)
+    jobs.py         AsyncClusterJobCoordinator, ClusterJobCoordinator (jobs that span groups)
     consumer.py     AsyncClusterPushConsumer, ClusterPushConsumer
 """
 
 from txbroker.client.cluster.consumer import AsyncClusterPushConsumer, ClusterPushConsumer
+from txbroker.client.cluster.jobs import AsyncClusterJobCoordinator, ClusterJob, ClusterJobCoordinator
 from txbroker.client.cluster.producer import AsyncClusterProducer, ClusterProducer
 from txbroker.client.cluster.route import RouteBook
 from txbroker.client.cluster.transaction import AsyncClusterTransactionProducer, ClusterTransactionProducer
 
-__all__ = ["AsyncClusterProducer", "AsyncClusterPushConsumer", "AsyncClusterTransactionProducer", "ClusterProducer",
+__all__ = ["AsyncClusterJobCoordinator", "AsyncClusterProducer", "AsyncClusterPushConsumer", "ClusterJob",
+           "ClusterJobCoordinator", "AsyncClusterTransactionProducer", "ClusterProducer",
            "ClusterPushConsumer", "ClusterTransactionProducer", "RouteBook"]

@@ -50,6 +50,7 @@ class Jobs(Family):
         self._h_jobs = db.handles["jobs"]
         self.job_retention_ms = job_retention_ms
         self.jobs: dict[str, JobState] = {}  # the undecided ones
+        self.unreleased: set[str] = set()  # decided jobs spanning groups, some group not yet done with them
         self.job_members: dict[str, set[str]] = {}  # each job's members still pending
         self._writing: dict[bytes, JobState | str] = {}  # entries of the batch not yet on disk
         self.transactions = None  # the transactions family (set by the state machine): members' destinations
@@ -64,6 +65,7 @@ class Jobs(Family):
     def load(self) -> None:
         self.jobs.clear()
         self.job_members.clear()
+        self.unreleased.clear()
         self._writing.clear()
         for p in self.transactions.pending.values():
             if p.job_id:
@@ -72,8 +74,11 @@ class Jobs(Family):
             if not j.decided:
                 self.jobs[j.job_id] = j
                 self.job_members.setdefault(j.job_id, set())
-            elif j.state == JOB_COMMITTED and self.job_members.get(j.job_id):
-                self._hold_again(j)
+            else:
+                if j.state == JOB_COMMITTED and self.job_members.get(j.job_id):
+                    self._hold_again(j)
+                if j.spans and not j.released_lsn:
+                    self.unreleased.add(j.job_id)
 
     def _hold_again(self, j: JobState) -> None:
         """After a restart: a committed job still being resolved holds its queues where its first
@@ -186,9 +191,12 @@ class Jobs(Family):
                 self._messages.hold(j.job_id, queues)
         self._put(b, j)
         b.wb.put(_decided_key(j), b"", self._h_jobs)
+        if j.spans:
+            self.unreleased.add(j.job_id)
 
     def apply_release(self, r: ReleaseRecord, lsn: int, b: "Batch") -> None:
         for job_id in r.job_ids:
+            self.unreleased.discard(job_id)
             j = self.job(job_id)
             if j is not None and not j.released_lsn:
                 j.released_lsn = lsn
@@ -247,22 +255,28 @@ class Jobs(Family):
         db, wb, h = self._db, scratch.wb, self._h_jobs
         touched: set[str] = set()
         first_open: dict[str, str] = {}  # name -> the first job a dropped record opened under it
-        ended: set[str] = set()
+        undone: dict[str, JobState] = {}  # decided jobs a dropped member end or release changed
         for _lsn, r in dropped:
             kind = type(r)
-            if kind in _JOB_RECORDS:
+            if kind is ReleaseRecord:
+                for job_id in r.job_ids:
+                    undone.setdefault(job_id, self.job(job_id))
+            elif kind in _JOB_RECORDS:
                 touched.add(r.job_id)
                 if kind is JobOpenRecord and r.name:
                     first_open.setdefault(r.name, r.job_id)
             elif kind is EndRecord:
                 stored = db.tx.get(r.transaction_id.encode())
                 if stored is not None and (job_id := decode_finished(stored).job_id):
-                    ended.add(job_id)
-        for job_id in ended - touched:  # its last member's end dropped: resolving again
-            j = self.job(job_id)
-            if j is not None and j.ended_lsn > last_kept:
+                    undone.setdefault(job_id, self.job(job_id))
+        for job_id, j in undone.items():
+            if j is None or job_id in touched:
+                continue
+            if j.ended_lsn > last_kept:  # its last member's end dropped: resolving again
                 j.ended_lsn = 0
-                wb.put(keys.JOB_ID_PREFIX + job_id.encode(), encode(j), h)
+            if j.released_lsn > last_kept:  # its release dropped: some group is not done with it after all
+                j.released_lsn = 0
+            wb.put(keys.JOB_ID_PREFIX + job_id.encode(), encode(j), h)
         previous = {name: getattr(self.job(job_id), "previous", "") for name, job_id in first_open.items()}
         if touched:
             self._derive_again(touched, last_kept, scratch)

@@ -1,0 +1,174 @@
+"""Jobs that span broker groups, on real brokers (two groups, each a SYNC master and its slave, one
+cluster file): one decision at the job's home, the members on the other group ending only as it
+decided, whichever master is killed and whenever; read whole on each group; a deadline at the home
+reaching every group; bad input refused naming what was wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from conftest import run_cli
+from support.groups import FLAGS, start_cluster
+from support.waiting import wait_until
+from support import txload
+from txbroker.client import (
+    AsyncClusterJobCoordinator, BrokerError, ClusterJobCoordinator, JobCoordinator, Message,
+)
+from txbroker.client.admin import AdminClient
+
+GROUP = "span-jobs-pg"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = start_cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def visible(c, topic="Out") -> dict:
+    seen: dict[str, int] = {}
+    for g in c.groups:
+        try:
+            for body, n in txload.visible(g.master.address, topic).items():
+                seen[body] = seen.get(body, 0) + n
+        except BrokerError as e:  # a group nothing was sent to has no such topic
+            if e.code_name != "TOPIC_NOT_EXIST":
+                raise
+    return seen
+
+
+def job_at(c, group: str, job_id: str) -> dict:
+    return AdminClient(c.group(group).master.admin_url).get(f"/api/v1/jobs/{job_id}")
+
+
+def test_a_job_spans_both_groups_and_commits_exactly_its_kept_members_everywhere(cluster):
+    with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:
+        job = c.open(timeout=60, name="nightly")
+        assert set(job.all_groups) == {"g0", "g1"} and job.info.state == "OPEN"
+        other = job.groups[0]
+        kept = {job.home: [c.send(job, job.home, Message("Out", f"h{i}".encode())) for i in range(3)],
+                other: [c.send(job, other, Message("Out", f"o{i}".encode())) for i in range(3)]}
+        dropped = c.send(job, other, Message("Out", b"a discarded attempt"))
+        assert visible(cluster) == {}
+        info = c.commit(job, kept)
+        assert info.state == "COMMITTED" and info.members == 3
+        info = c.wait_resolved(job, 30)
+        assert info.resolved and info.unresolved_groups == []
+    assert visible(cluster) == {**{f"h{i}": 1 for i in range(3)}, **{f"o{i}": 1 for i in range(3)}}
+    entry = job_at(cluster, other, job.job_id)  # the member group's entry follows its home
+    assert (entry["state"], entry["home"], entry["by"]) == ("COMMITTED", job.home, "home")
+    assert AdminClient(cluster.group(other).master.admin_url).transaction(dropped).state == "ROLLED_BACK"
+    at_home = job_at(cluster, job.home, job.job_id)
+    assert at_home["groups"] == [other] and at_home["resolved"]
+    with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:  # a re-run by name finds it, on its home
+        again = c.open(timeout=60, name="nightly")
+        assert (again.job_id, again.info.state, again.info.already) == (job.job_id, "COMMITTED", True)
+
+
+def test_a_member_group_not_told_follows_its_home_by_itself(cluster):
+    """The coordinator dies right after the home's decision: the other group asks its home itself."""
+    async def main():
+        async with AsyncClusterJobCoordinator(GROUP, cluster.bootstrap) as c:
+            job = await c.open(timeout=60)
+            other = job.groups[0]
+            t = await c.send(job, other, Message("Out", b"told by nobody"))
+            await c.groups.members[job.home].commit(job.job_id, [], {other: [t]})  # the home only
+            return job, other
+
+    job, other = asyncio.run(main())
+    wait_until(lambda: job_at(cluster, other, job.job_id)["state"] == "COMMITTED", 10,
+               what="the member group to follow its home")
+    wait_until(lambda: job_at(cluster, job.home, job.job_id)["resolved"], 10, what="the home to see it resolved")
+    assert visible(cluster) == {"told by nobody": 1}
+
+
+def test_the_homes_deadline_aborts_the_job_on_every_group(cluster):
+    with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:
+        job = c.open(timeout=2)
+        members = {g: [c.send(job, g, Message("Out", f"{g}-late".encode()))] for g in job.all_groups}
+        wait_until(lambda: c.describe(job).state == "ABORTED", 15, what="the home to abort at the deadline")
+        wait_until(lambda: c.describe(job).resolved, 15, what="every group to roll its members back")
+    for g, (t,) in members.items():
+        assert AdminClient(cluster.group(g).master.admin_url).transaction(t).state == "ROLLED_BACK"
+    assert visible(cluster) == {}
+
+
+@pytest.mark.parametrize("when", ["before the decision", "between the decision and visibility"])
+@pytest.mark.parametrize("victim", ["home", "member group"])
+def test_a_job_spanning_groups_survives_a_master_killed_midway(cluster, victim, when):
+    async def main():
+        async with AsyncClusterJobCoordinator(GROUP, cluster.bootstrap, request_timeout=20) as c:
+            job = await c.open(timeout=120)
+            other = job.groups[0]
+            members = {g: [await c.send(job, g, Message("Out", f"{g}-{i}".encode())) for i in range(4)]
+                       for g in job.all_groups}
+            g = cluster.group(job.home if victim == "home" else other)
+
+            def kill_and_fail_over():
+                g.master.kill(signal.SIGKILL)
+                cluster.promote(g, 1, epoch=2)
+                cluster.rejoin(g, 0)
+
+            if when == "before the decision":
+                await asyncio.to_thread(kill_and_fail_over)
+                await c.commit(job, members)
+            else:
+                await c.groups.members[job.home].commit(job.job_id, members[job.home], {other: members[other]})
+                await asyncio.to_thread(kill_and_fail_over)
+            return await c.wait_resolved(job, 30)
+
+    info = asyncio.run(main())
+    assert info.state == "COMMITTED" and info.resolved, info
+    assert visible(cluster) == {f"{g}-{i}": 1 for g in ("g0", "g1") for i in range(4)}
+
+
+def test_bad_input_is_refused_naming_what_was_wrong(cluster):
+    g0, g1 = cluster.group("g0").master, cluster.group("g1").master
+    with JobCoordinator(GROUP, g0.address) as home, JobCoordinator(GROUP, g1.address) as member:
+        job = home.open(timeout=60, groups=["g1"])
+        member.open(60, home="g0", job_id=job.job_id)
+
+        def refused(call, code, *words):
+            with pytest.raises(BrokerError) as e:
+                call()
+            assert e.value.code_name == code, e.value
+            for w in words:
+                assert w in e.value.remark, e.value.remark
+
+        refused(lambda: home.open(timeout=60, groups=["g7"]), "MESSAGE_ILLEGAL", "unknown member group 'g7'")
+        refused(lambda: member.open(60, home="g9", job_id=job.job_id), "MESSAGE_ILLEGAL", "unknown home group 'g9'")
+        refused(lambda: member.prepare(job.job_id, []), "ILLEGAL_OPERATION", "home group g0")
+        refused(lambda: member.commit(job.job_id, []), "ILLEGAL_OPERATION", "not decided yet")
+        refused(lambda: home.commit(job.job_id, [], {"g7": ["x"]}), "MESSAGE_ILLEGAL", "g7", "not opened with")
+        refused(lambda: home.commit(job.job_id), "MESSAGE_ILLEGAL", "every group it spans")
+        with JobCoordinator("another-pg", g1.address) as stranger:
+            refused(lambda: stranger.describe(job.job_id), "TRANSACTION_STATE_GROUP_WRONG", GROUP)
+        assert home.describe(job.job_id).state == "OPEN"  # nothing changed
+        home.abort(job.job_id)
+
+
+def test_a_member_group_whose_home_lost_the_job_parks_its_members(tmp_path):
+    """An ASYNC failover of the home lost the job (its slave, promoted, never had it): the members on
+    the other group would wait forever; after a few UNKNOWN answers they are parked, for an operator."""
+    at = FLAGS.index("--replication-mode")
+    c = start_cluster(tmp_path, flags=(*FLAGS[:at], "--replication-mode", "ASYNC", *FLAGS[at + 2:]))
+    try:
+        g0, g1 = c.group("g0"), c.group("g1")
+        g0.brokers[1].kill()  # the home's slave misses what comes next
+        with JobCoordinator(GROUP, g0.master.address) as home, JobCoordinator(GROUP, g1.master.address) as member:
+            job = home.open(timeout=60, groups=["g1"])
+            member.open(60, home="g0", job_id=job.job_id)
+            orphan = member.send(job.job_id, Message("Out", b"orphan"))
+        g0.master.kill()
+        g0.brokers[1].start()
+        c.promote(g0, 1, epoch=2)
+        admin = AdminClient(g1.master.admin_url)
+        wait_until(lambda: admin.transaction(orphan).state == "PARKED", 20, what="the member parked")
+        assert orphan in run_cli("tx", "list", "--state", "parked", "--admin", g1.master.admin_url).stdout
+        assert admin.post(f"/api/v1/transactions/{orphan}/rollback")["state"] == "ROLLED_BACK"  # an operator decides
+    finally:
+        c.stop()
