@@ -494,3 +494,25 @@ def test_a_committed_jobs_members_become_readable_in_one_step(broker):
     asyncio.run(main())
     assert seen and set(seen) <= {0, n}, sorted(set(seen))[:10]
     assert seen[-1] == n
+
+
+def test_a_prepared_job_has_its_own_longer_bound(broker_factory):
+    """An OPEN job aborts at its deadline; a PREPARED one (deferred commit, an external coordinator)
+    waits for its decision until its own bound, so a slow coordinator never loses prepared work to
+    the OPEN deadline (Flink's KafkaSink loses it past Kafka's transaction timeout)."""
+    import time
+
+    b = broker_factory(*FAST_CHECKS)
+    with JobCoordinator(GROUP, b.address) as c:
+        job = c.open(timeout=1, prepared_timeout=4)
+        t = c.send(job.job_id, Message("Orders", b"prepared"))
+        prepared = c.prepare(job.job_id, [t])
+        assert prepared.state == "PREPARED" and prepared.prepared_deadline_ms > job.deadline_ms + 2000
+        wait_until(lambda: time.time() * 1000 > job.deadline_ms + 1000, what="the OPEN deadline to pass")
+        assert c.describe(job.job_id).state == "PREPARED"  # kept past the OPEN deadline
+        late = c.open(timeout=1, prepared_timeout=1)  # the same bound for a slow coordinator's other job
+        c.prepare(late.job_id, [c.send(late.job_id, Message("Orders", b"too slow"))])
+        wait_until(lambda: c.describe(late.job_id).state == "ABORTED", 15, what="the prepared bound to abort it")
+        assert "prepared bound" in b.log()
+        assert c.commit(job.job_id).state == "COMMITTED"  # within its bound: the decision still lands
+    wait_until(lambda: bodies(b.address) == {"prepared": 1}, what="the prepared member visible")
