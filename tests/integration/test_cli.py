@@ -2,13 +2,19 @@
 
 import argparse
 import json
+import time
+import urllib.request
 
 import pytest
 
 from conftest import run_cli
 from support.waiting import wait_until
-from txbroker.client import LocalTransactionState as S, Message, TransactionListener, TransactionProducer
+from txbroker.client import (
+    JobCoordinator, LocalTransactionState as S, Message, TransactionListener, TransactionProducer,
+)
+from txbroker.cli.job_cmd import bound_ms, duration, where
 from txbroker.cli.main import build_parser
+from txbroker.protocol.admin import Job
 from txbroker.client.admin import AdminClient
 
 
@@ -44,6 +50,10 @@ HELP_NAMES = {
     "tx commit": ("transaction_id", "--admin"),
     "tx rollback": ("transaction_id", "--admin"),
     "tx resume": ("transaction_id", "--admin"),
+    "job list": ("--state", "BOUND IN", "HOME/GROUPS", "PREPARED", "prepared bound"),
+    "job show": ("job_id", "--name", "prepared_deadline_ms", "home", "remote_member_ids"),
+    "job commit": ("job_id", "--admin"),
+    "job abort": ("job_id", "--admin"),
     "auth hash": ("--iterations",),
     "auth add-user": ("access_key", "--file", "--topic"),
     "auth remove-user": ("access_key", "--file"),
@@ -169,3 +179,54 @@ def test_metrics_and_broker_info(broker):
     assert "txbroker_request_latency_seconds_bucket" in text
     wait_until(lambda: "txbroker_pending_half_messages 0.0" in
                urllib.request.urlopen(broker.admin_url + "/metrics").read().decode(), what="pending gauge")
+
+
+def test_job_columns_read_as_an_operator_needs():
+    now = 1_800_000_000_000
+    job = Job("j.e1.2", "pg", "OPEN", now, now + 600_000)
+    assert bound_ms(job) == now + 600_000 and where(job) == "-"
+    prepared = Job("j.e1.2", "pg", "PREPARED", now, now + 600_000, prepared_deadline_ms=now + 86_400_000, groups=["g1"])
+    assert bound_ms(prepared) == now + 86_400_000 and where(prepared) == "g1"  # its own bound, not the OPEN deadline
+    entry = Job("j.g0.e1.2", "pg", "OPEN", now, 0, home="g0")
+    assert bound_ms(entry) == 0 and where(entry) == "home g0"
+    assert bound_ms(Job("j", "pg", "COMMITTED", now, now + 1)) == 0
+    assert [duration(s) for s in (42, 750, 86_400, -3)] == ["42s", "12m30s", "24h00m", "-3s"]
+
+
+def test_job_show_by_name_finds_its_newest_job_and_list_shows_the_prepared_bound(broker):
+    admin = ["--admin", broker.admin_url]
+
+    def metric() -> list[str]:
+        text = urllib.request.urlopen(broker.admin_url + "/metrics").read().decode()
+        return [line for line in text.splitlines() if line.startswith("txbroker_jobs_prepared_nearest_bound_seconds")]
+
+    with JobCoordinator("cli-jobs", broker.address) as c:
+        first = c.open(timeout=60, name="nightly")
+        c.abort(first.job_id)
+        newest = c.open(timeout=60, name="nightly", prepared_timeout=7200)  # the name's first job was aborted
+        assert newest.job_id != first.job_id
+        member = c.send(newest.job_id, Message("Nightly", b"run 2"))
+        assert metric() == []  # nothing prepared: no bound to alert on
+        c.prepare(newest.job_id, [member])
+        later = c.open(timeout=60, name="hourly")  # the newest job of all is another name's
+
+    shown = json.loads(run_cli("job", "show", "--name", "nightly", *admin).stdout)
+    assert (shown["job_id"], shown["state"], shown["member_ids"]) == (newest.job_id, "PREPARED", [member])
+    assert shown["prepared_deadline_ms"] - time.time() * 1000 > 7100_000  # its own bound, past the OPEN deadline
+    assert shown["prepared_deadline_ms"] > shown["deadline_ms"]
+    assert shown["home"] == "" and shown["groups"] == [] and shown["remote_member_ids"] == {}
+    assert json.loads(run_cli("job", "show", first.job_id, *admin).stdout)["state"] == "ABORTED"
+    (gauge,) = metric()
+    assert 7000 < float(gauge.split()[1]) <= 7200
+
+    listing = run_cli("job", "list", "--state", "prepared", *admin).stdout.splitlines()
+    assert listing[0].split()[6:9] == ["BOUND", "IN", "HOME/GROUPS"]
+    (row,) = [line for line in listing if newest.job_id in line]
+    assert row.split()[2] == "PREPARED" and row.split()[6] in ("1h59m", "2h00m")  # the prepared bound, not 60 s
+    assert first.job_id not in "\n".join(listing) and later.job_id not in "\n".join(listing)
+    assert listing[-1] == "1 jobs"
+
+    r = run_cli("job", "show", "--name", "weekly", *admin, check=False)
+    assert r.returncode == 1 and "no job named 'weekly'" in r.stderr
+    assert "COMMITTED" in run_cli("job", "commit", newest.job_id, *admin).stdout
+    assert metric() == []

@@ -2,7 +2,11 @@
 Playwright) against a real master with authentication on: a transaction left UNKNOWN until parked is
 found on the transactions page and resumed through the confirmation, then seen committed; a message
 its consumer group fails until it lands in %DLQ% is re-sent through the page and consumed; an
-unauthenticated request is refused; a read-only (monitor) user sees no action and cannot act.
+unauthenticated request is refused; a read-only (monitor) user sees no action and cannot act; a job
+(coordinated transaction) with a member is listed on the Jobs page, its page shows the member, and
+it is committed through the confirmation. Over two broker groups (plain HTTP, no browser): a job
+spanning them, its entry on the other group naming its home, the broker's refusal of a commit that
+lacks the member list, and the commit once it is prepared.
 
 Screenshots go to the test's tmp dir and to ${TXBROKER_ARTIFACTS:-/tmp/txbroker-artifacts}/console/.
 Chromium comes from testbed/browser.sh (apt); without it this fails, naming the script."""
@@ -10,6 +14,7 @@ Chromium comes from testbed/browser.sh (apt); without it this fails, naming the 
 from __future__ import annotations
 
 import base64
+import html
 import os
 import re
 import shutil
@@ -23,10 +28,11 @@ from pathlib import Path
 import pytest
 
 from conftest import TXBROKER, free_port, write_credentials
+from support.groups import start_cluster
 from support.waiting import wait_until
 from txbroker.client import (
-    ConsumeStatus, Credentials, LocalTransactionState as S, Message, Producer, PullConsumer, PushConsumer,
-    TransactionListener, TransactionProducer,
+    ClusterJobCoordinator, ConsumeStatus, Credentials, JobCoordinator, LocalTransactionState as S, Message, Producer,
+    PullConsumer, PushConsumer, TransactionListener, TransactionProducer,
 )
 from txbroker.client.admin import AdminClient
 
@@ -281,3 +287,114 @@ def test_console_help():
     assert r.returncode == 0
     for name in ("--admin", "--listen", "--access-key", "--tls-ca", "HTTP Basic", "monitor"):
         assert name in text
+
+
+def test_console_lists_a_job_shows_its_member_and_commits_it(setup, browser_context_factory, shots):
+    b, console = setup
+    admin = AdminClient(b.admin_url, credentials=creds("admin"))
+    with JobCoordinator("nightly-pg", b.address, credentials=creds("app")) as c:
+        job = c.open(timeout=600, name="nightly-console")
+        member = c.send(job.job_id, Message("Nightly", b"job member", keys="run-1"))
+        other = c.open(timeout=600, name="left-open")  # stays undecided: the read-only user sees it
+        other_member = c.send(other.job_id, Message("Nightly", b"other member"))
+
+    page = browser_context_factory("admin")
+    page.goto(console.url + "/jobs?state=undecided")
+    row = page.locator("table.jobs tr", has_text=job.job_id)
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1:6] == ["nightly-console", "nightly-pg", "OPEN", "0", "1"], cells
+    assert re.fullmatch(r"deadline \S+ \S+ UTC \(in (9|10) min \d+ s\)", cells[7]), cells
+    assert page.locator("table.jobs tr", has_text=other.job_id).get_by_role("link", name="Abort…").count() == 1
+    shots(page, "jobs")
+
+    row.get_by_role("link", name=job.job_id).click()
+    assert page.locator("h1").inner_text() == f"Job {job.job_id}"
+    assert member in page.locator("table.members").inner_text()
+    assert "Undecided: members may still join" in page.locator("p.decision").inner_text()
+    shots(page, "job-before-commit")
+    page.get_by_role("link", name="Commit…").click()
+    assert page.locator("h1").inner_text() == f"Commit job {job.job_id}"
+    assert "every member stored so far (1, listed below) is kept" in page.locator("main").inner_text()
+    shots(page, "confirm-job-commit")
+    page.get_by_role("button", name="Yes, commit").click()
+    assert "Commit: done; the job is now COMMITTED" in page.locator(".flash").inner_text()
+    assert "COMMITTED" in page.locator("table.job").inner_text()
+    assert page.get_by_role("link", name=re.compile("Commit|Abort")).count() == 0  # decided: nothing left to do
+    shots(page, "job-after-commit")
+    assert (admin.job(job.job_id).state, admin.job(job.job_id).by) == ("COMMITTED", "admin")
+    with PullConsumer(b.address, credentials=creds("app")) as consumer:
+        wait_until(lambda: [m.body for m in consumer.read_all("Nightly")] == [b"job member"], 30,
+                   what="the committed member visible, the other job's not")
+    page.goto(console.url + "/jobs?state=committed")
+    assert "admin, " in page.locator("table.jobs tr", has_text=job.job_id).inner_text()
+
+    # a read-only user sees the undecided job and its member, and no action; its requests are refused
+    watcher = browser_context_factory("watcher")
+    watcher.goto(console.url + "/jobs")
+    assert "OPEN" in watcher.locator("table.jobs tr", has_text=other.job_id).inner_text()
+    assert watcher.get_by_role("link", name=re.compile("Commit|Abort")).count() == 0
+    watcher.goto(f"{console.url}/jobs/{other.job_id}")
+    assert other_member in watcher.locator("table.members").inner_text()
+    assert watcher.get_by_role("link", name=re.compile("Commit|Abort")).count() == 0
+    assert "read-only" in watcher.locator("header").inner_text()
+    shots(watcher, "read-only-job")
+    assert watcher.goto(f"{console.url}/jobs/{other.job_id}/abort").status == 403
+    status, _ = console.request(f"/jobs/{other.job_id}/abort", key="watcher", data={"confirm": "yes"})
+    assert status == 403
+    assert admin.job(other.job_id).state == "OPEN"
+
+
+def shown(body: str) -> str:
+    """The text a reader sees of a page: tags dropped, entities decoded, spaces collapsed."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+def test_console_jobs_spanning_broker_groups(tmp_path):
+    cluster = start_cluster(tmp_path, groups=2, slaves=0, flags=("--check-interval-ms", "300"))
+    console = None
+    try:
+        console = Console([g.master.admin_url for g in cluster.groups], tmp_path / "console.log")
+        with ClusterJobCoordinator("span-pg", cluster.bootstrap) as c:
+            job = c.open(timeout=600, name="spanning")
+            other = job.groups[0]
+            members = {g: [c.send(job, g, Message("Out", f"{g}-1".encode()))] for g in job.all_groups}
+
+            status, body = console.request("/jobs")
+            assert status == 200 and "Broker group: g0 g1" in shown(body)
+            status, body = console.request(f"/jobs?at={job.home}")
+            assert f"spans {other}" in shown(body) and f"broker group {job.home}" in shown(body)
+
+            # its entry on the other group: names its home, links there ("decided there"), offers no action
+            status, body = console.request(f"/jobs/{job.job_id}?at={other}")
+            assert status == 200 and f"Decided by its home group {job.home}" in shown(body)
+            assert f'<a href="/jobs/{job.job_id}?at={job.home}">See the job at its home: decided there</a>' in body
+            assert members[other][0] in shown(body) and "Commit…" not in body and "Abort…" not in body
+            status, body = console.request(f"/jobs/{job.job_id}/commit?at={other}")
+            assert status == 409 and f"decided by its home group {job.home}: decide it there" in shown(body)
+
+            # OPEN and spanning: the confirmation says the broker needs the member list, and the broker refuses
+            status, body = console.request(f"/jobs/{job.job_id}/commit?at={job.home}")
+            assert status == 200 and "the broker commits it only with the list of members to keep on every group, " \
+                                     "which only its coordinator knows" in shown(body)
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', body).group(1)
+            form = {"csrf": csrf, "confirm": "yes", "at": job.home}
+            status, body = console.request(f"/jobs/{job.job_id}/commit", data=form)
+            assert status == 400 and f"The broker refused to commit job {job.job_id}" in shown(body)
+            assert "COMMIT needs the list of member transactions to keep on every group it spans" in shown(body)
+            assert AdminClient(cluster.group(job.home).master.admin_url).job(job.job_id).state == "OPEN"
+
+            # prepared by its coordinator: the home lists the members per group, and the console commits it
+            c.prepare(job, members)
+            status, body = console.request(f"/jobs/{job.job_id}?at={job.home}")
+            assert f"{job.home} (home) 1 {members[job.home][0]} {other} 1 {members[other][0]}" in shown(body)
+            status, body = console.request(f"/jobs/{job.job_id}/commit", data=form)
+            assert status == 200 and "Commit: done; the job is now COMMITTED" in shown(body)
+
+        def followed() -> bool:
+            return f"{job.home} decided: COMMITTED" in shown(console.request(f"/jobs/{job.job_id}?at={other}")[1])
+
+        wait_until(followed, 30, what="the entry on the other group to follow its home's decision")
+    finally:
+        if console is not None:
+            console.stop()
+        cluster.stop()

@@ -65,3 +65,22 @@ def test_every_alert_has_a_runbook_section():
         assert url.split("#")[1] in anchors, f"{a['alert']}: no section #{url.split('#')[1]} in docs/runbook.md"
         assert {"summary", "description"} <= set(a["annotations"]), a["alert"]
         assert a["labels"]["severity"] in ("warning", "critical"), a["alert"]
+
+
+def test_the_prepared_bound_gauge_is_absent_while_no_job_is_prepared():
+    """TxBrokerPreparedJobNearItsBound fires on a value under an hour: with no job prepared the broker
+    exports no sample at all (a 0 would fire it, a +Inf would mean nothing)."""
+    from txbroker.broker.metrics import BrokerMetrics
+
+    name = "txbroker_jobs_prepared_nearest_bound_seconds"
+    assert name in RULES.read_text()
+    m = BrokerMetrics()
+
+    def samples() -> list[str]:
+        return [line for line in m.render().decode().splitlines() if line.startswith(name)]
+
+    assert samples() == []
+    m.jobs_prepared_nearest_bound.set(1800.0)
+    assert samples() == [f"{name} 1800.0"]
+    m.jobs_prepared_nearest_bound.set(None)
+    assert samples() == []

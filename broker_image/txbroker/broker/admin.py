@@ -17,6 +17,7 @@ import binascii
 import inspect
 import json
 import logging
+import time
 
 import msgspec
 from aiohttp import web
@@ -30,7 +31,7 @@ from txbroker.broker.replies import Reply, RequestError
 from txbroker.protocol.bodies import DecideJobRequest, EndTransactionRequest, QueryJobRequest
 from txbroker.protocol.codes import ResponseCode, TransactionState
 from txbroker.store import keys
-from txbroker.store.records import PARKED, PREPARED
+from txbroker.store.records import JOB_OPEN, JOB_PREPARED, PARKED, PREPARED
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,11 @@ class AdminApp:
         jobs = self.b.jobs.counts()
         for state in ("open", "prepared"):
             self.b.metrics.jobs_undecided.labels(state).set(jobs[state])
+        # a PREPARED job at its home is aborted at its own bound unless decided (a member group's entry has none)
+        bounds = [j.prepared_deadline_ms for j in self.b.state.jobs.values()
+                  if j.state == JOB_PREPARED and not j.home and j.prepared_deadline_ms]
+        self.b.metrics.jobs_prepared_nearest_bound.set(
+            max(0.0, (min(bounds) - time.time() * 1000) / 1000) if bounds else None)
         return web.Response(body=self.b.metrics.render(), content_type="text/plain", charset="utf-8")
 
     def info(self) -> answers.BrokerInfo:
@@ -366,9 +372,11 @@ class AdminApp:
         return _from_reply(reply, answers.TransactionAction(txid, state_name, already, warning))
 
     async def list_jobs(self, request):
-        """Jobs, newest first: ?state=open|prepared|committed|aborted|undecided|all, ?group=, ?limit= (100)."""
+        """Jobs, newest first: ?state=open|prepared|committed|aborted|undecided|all, ?group=, ?name= (the jobs
+        of that name: the first is its newest), ?limit= (100)."""
         want = request.query.get("state", "all").upper()
         group = request.query.get("group")
+        name = request.query.get("name")
         limit = int(request.query.get("limit", "100"))
         states = {"ALL": None, "UNDECIDED": ("OPEN", "PREPARED")}.get(want, (want,))
         if states is not None and not set(states) <= {"OPEN", "PREPARED", "COMMITTED", "ABORTED"}:
@@ -376,7 +384,7 @@ class AdminApp:
                                f"{want.lower()!r}", "MALFORMED")
         # as published (JobService.info): a decision no slave holds yet lists as the state before it
         shown = [(j.open_lsn, self.b.jobs.info(j)) for j in self.b.state.iter_jobs()
-                 if group is None or j.producer_group == group]
+                 if (group is None or j.producer_group == group) and (name is None or j.name == name)]
         items = [info for _lsn, info in sorted(shown, key=lambda x: x[0], reverse=True)
                  if states is None or info.state in states]
         return _answer(answers.JobList(len(items), [_job(info) for info in items[:limit]]))
@@ -387,7 +395,10 @@ class AdminApp:
             return _from_reply(reply)
         j = self.b.state.job(reply.body.job_id)
         members = list(j.members) if j.members else sorted(self.b.state.job_members.get(j.job_id, ()))
-        return _answer(answers.JobDetail(**msgspec.structs.asdict(reply.body), member_ids=members))
+        # at the home: the members on other groups, as prepared or decided (as published, like the state)
+        remote = {g: list(ids) for g, ids in j.remote.items()} if reply.body.state != JOB_OPEN else {}
+        return _answer(answers.JobDetail(**msgspec.structs.asdict(reply.body), member_ids=members,
+                                         remote_member_ids=remote))
 
     async def decide_job(self, request):
         """An operator's decision: commit keeps the prepared list (or, for an OPEN job, every member

@@ -11,6 +11,7 @@ group "_other" (see BoundedLabels)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 MAX_GROUP_LABELS = 100  # producer groups with series of their own; the rest count as OTHER
 OTHER = "_other"
@@ -42,6 +43,29 @@ class BoundedLabels:
         return child
 
 
+class OptionalGauge:
+    """A gauge for a quantity that does not always exist (the nearest bound while no job is
+    prepared): while unset (None) its family has no sample, as the collector's families that may be
+    empty (state_metrics.py), so an alert on it sees nothing, never a 0 or +Inf standing in."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry):
+        self._name, self._doc = name, documentation
+        self.value: float | None = None
+        registry.register(self)
+
+    def set(self, value: float | None) -> None:
+        self.value = value
+
+    def describe(self):
+        return [GaugeMetricFamily(self._name, self._doc)]
+
+    def collect(self):
+        family = GaugeMetricFamily(self._name, self._doc)
+        if self.value is not None:
+            family.add_metric([], self.value)
+        yield family
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -67,6 +91,9 @@ class BrokerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self.jobs_undecided = Gauge("txbroker_jobs_undecided", "Jobs open or prepared, not yet decided", ["state"],
                                     registry=r)
+        self.jobs_prepared_nearest_bound = OptionalGauge(
+            "txbroker_jobs_prepared_nearest_bound_seconds", "Seconds until the nearest bound of a PREPARED job (the "
+            "broker aborts it then unless decided); absent while no job is prepared", r)
         # Per producer group (bounded: BoundedLabels): messages stored, transactions ended.
         group_sent = Counter("txbroker_group_messages_sent", "Messages stored, by producer group and kind (at most "
                              f"{MAX_GROUP_LABELS} groups by name, the rest as {OTHER})", ["producer_group", "kind"],

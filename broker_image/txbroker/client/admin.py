@@ -154,6 +154,19 @@ class AdminClient:
     def job(self, job_id: str) -> answers.JobDetail:
         return self.answer("GET", f"/api/v1/jobs/{_quote(job_id)}", answers.JobDetail)
 
+    def job_named(self, name: str) -> answers.JobDetail:
+        """The newest job of this name on the broker (a name belongs to a job at its home group), or
+        AdminError 404 QUERY_NOT_FOUND."""
+        found = self.answer("GET", "/api/v1/jobs?" + urllib.parse.urlencode({"name": name, "limit": 1}),
+                            answers.JobList)
+        if not found.jobs:
+            raise AdminError(404, "QUERY_NOT_FOUND", f"no job named {name!r} at {self.url}")
+        return self.job(found.jobs[0].job_id)
+
+    def cluster_info(self) -> answers.ClusterInfo:
+        """The broker's group and the cluster route it serves ("" and none outside a cluster of groups)."""
+        return self.answer("GET", "/api/v1/cluster", answers.ClusterInfo)
+
     def decide_job(self, job_id: str, action: str, members: list[str] | None = None) -> answers.Job:
         """`action`: commit (the prepared list, or `members`) or abort."""
         return self.answer("POST", f"/api/v1/jobs/{_quote(job_id)}/{action}", answers.Job,

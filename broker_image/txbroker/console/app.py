@@ -1,6 +1,8 @@
 """The console's routes. Views are GETs; every action (a transaction's commit, roll-back or resume, a
-dead letter's re-send) is a confirmation page (GET) whose form POSTs, with a CSRF token, to the same
-path; the POST acts on the master with the visitor's own credentials and redirects to the result."""
+job's commit or abort, a dead letter's re-send) is a confirmation page (GET) whose form POSTs, with a
+CSRF token, to the same path; the POST acts on the master with the visitor's own credentials and
+redirects to the result. `?at=GROUP` (a form's hidden `at`) reads and acts on that broker group's
+master, for a console given the brokers of several groups (jobs spanning them)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,12 @@ from aiohttp import web
 from txbroker import __version__
 from txbroker.client.admin import AdminError
 from txbroker.client.errors import ClientError
-from txbroker.console.brokers import Cluster, is_system_topic
+from txbroker.console.brokers import BrokerStatus, Cluster, is_system_topic
 from txbroker.console.events import OperatorEvents
+from txbroker.console.jobs import (
+    JOB_ACTIONS, JOB_STATES, UNDECIDED, action_links, can_decide, consequence, decision, job_fields, job_href,
+    jobs_table, members,
+)
 from txbroker.console.pages import Html, esc, flash, join, link, ms_time, page, post_form, seg, table, tag, url
 from txbroker.console.security import Gate, Refused, Visitor
 
@@ -58,6 +64,10 @@ class Console:
         r.add_get("/transactions/{txid}", self.transaction)
         r.add_get("/transactions/{txid}/{action:commit|rollback|resume}", self.confirm_tx)
         r.add_post("/transactions/{txid}/{action:commit|rollback|resume}", self.act_tx)
+        r.add_get("/jobs", self.jobs)
+        r.add_get("/jobs/{job_id}", self.job)
+        r.add_get("/jobs/{job_id}/{action:commit|abort}", self.confirm_job)
+        r.add_post("/jobs/{job_id}/{action:commit|abort}", self.act_job)
         r.add_get("/events", self.events_page)
 
     # ---- middlewares ------------------------------------------------------------------------------
@@ -317,7 +327,7 @@ class Console:
 
     async def _transaction_table(self, request, txid: str):
         creds = self.reads(request)
-        master = await self.cluster.master(creds)
+        master = await self.cluster.master(creds, request.query.get("at") or None)
         t = await self.cluster.call(master.url, creds, "transaction", txid)
         rows = [["transaction id", t.transaction_id], ["producer group", t.producer_group],
                 ["state", tag("span", t.state, class_=f"state-{t.state}")], ["messages", t.messages],
@@ -339,10 +349,11 @@ class Console:
         txid = request.match_info["txid"]
         v: Visitor = request["visitor"]
         t, details = await self._transaction_table(request, txid)
+        at = request.query.get("at", "")
         actions = ""
         if v.can_write and t.state in ("PREPARED", "PARKED"):
             names = ["resume", "commit", "rollback"] if t.state == "PARKED" else ["commit", "rollback"]
-            actions = join([tag("h2", "Actions")] + [join([link(f"/transactions/{seg(txid)}/{a}",
+            actions = join([tag("h2", "Actions")] + [join([link(url(f"/transactions/{seg(txid)}/{a}", at=at),
                                                                      TX_ACTIONS[a][0] + "…"), " "]) for a in names])
         note = None
         done = request.query.get("done")
@@ -360,7 +371,7 @@ class Console:
         if not v.can_write:
             return self._page(request, f"{label} transaction", join([details, flash("err", "read-only user")]),
                               active="/transactions", status=403)
-        fields = {"confirm": "yes"}
+        fields = {"confirm": "yes", **({"at": request.query["at"]} if request.query.get("at") else {})}
         tears = ""
         if t.home and action in ("commit", "rollback"):  # the broker refuses unless forced: say what it tears
             fields["force"] = "yes"
@@ -372,7 +383,7 @@ class Console:
                                   + (f" <strong>{esc(tears)}</strong>" if tears else ""))),
                     post_form(request.path, self.csrf(request), f"Yes, {label.lower()}" + (" by force" if tears else ""),
                               cls, fields),
-                    " ", link(f"/transactions/{seg(txid)}", "Cancel")])
+                    " ", link(url(f"/transactions/{seg(txid)}", at=request.query.get("at")), "Cancel")])
         return self._page(request, f"{label} transaction", join([details, ask]), active="/transactions")
 
     async def act_tx(self, request):
@@ -381,11 +392,121 @@ class Console:
         if form.get("confirm") != "yes":
             raise web.HTTPSeeOther(f"/transactions/{seg(txid)}/{action}")
         creds = self.writes(request)
-        master = await self.cluster.master(creds)
+        master = await self.cluster.master(creds, form.get("at") or None)
         r = await self.cluster.call(master.url, creds, "act_on_transaction", txid, action, form.get("force") == "yes")
         log.info("console: %s %s transaction %s: %s", request["visitor"].label, action, txid, r.state)
-        raise web.HTTPSeeOther(url(f"/transactions/{seg(txid)}", done=action, state=r.state,
+        raise web.HTTPSeeOther(url(f"/transactions/{seg(txid)}", at=form.get("at"), done=action, state=r.state,
                                    already="1" if r.already else None))
+
+    # ---- jobs (coordinated transactions) -----------------------------------------------------------
+
+    async def _jobs_master(self, creds, at: str) -> tuple[BrokerStatus, str, list[str]]:
+        """The master a jobs page reads or acts on: broker group `at`'s, else the live master; with
+        its broker group ("" outside a cluster of groups) and every group the console's brokers serve."""
+        masters = await self.cluster.masters_by_group(creds)
+        if at:
+            master = self.cluster.group_master(masters, at)
+        elif masters:
+            master = max(masters.values(), key=lambda s: s.info.epoch)
+        else:
+            master = await self.cluster.master(creds)  # raises NoMaster, naming the brokers
+        here = next((g for g, s in masters.items() if s is master), "")
+        return master, here, sorted(masters)
+
+    async def jobs(self, request):
+        creds = self.reads(request)
+        v: Visitor = request["visitor"]
+        state = request.query.get("state", "all")
+        group = request.query.get("group") or None
+        master, here, groups = await self._jobs_master(creds, request.query.get("at", ""))
+        r = await self.cluster.call(master.url, creds, "jobs", state, group, 500)
+        filters = Html('<form method="get" action="/jobs">'
+                       + join(join([tag("a", s, href=url("/jobs", state=s, group=group, at=here)), " "])
+                              for s in JOB_STATES)
+                       + f' <label>Producer group <input type="text" name="group" value="{esc(group or "")}"></label>'
+                       f'<input type="hidden" name="state" value="{esc(state)}">'
+                       + (f'<input type="hidden" name="at" value="{esc(here)}">' if here else "")
+                       + ' <button type="submit">Filter</button></form>')
+        parts = [filters]
+        if len(groups) > 1:
+            parts.append(tag("p", join(["Broker group: "] + [
+                join([tag("strong", g) if g == here else link(url("/jobs", state=state, group=group, at=g), g), " "])
+                for g in groups])))
+        parts += [tag("p", f"{r.total} jobs ({state}) on master {master.info.broker_name} (epoch {master.info.epoch}"
+                           + (f", broker group {here}" if here else "") + ")"),
+                  jobs_table(r.jobs, time.time() * 1000, here, v.can_write),
+                  tag("p", "A job is OPEN while members join it (aborted at its deadline unless decided), PREPARED "
+                           "once its coordinator fixed its members (aborted at its own, longer bound unless decided), "
+                           "then COMMITTED or ABORTED. A job spanning broker groups is decided at its home; its entry "
+                           "on another group only follows it.", class_="note")]
+        return self._page(request, "Jobs", join(parts), active="/jobs")
+
+    async def _job(self, creds, job_id: str, at: str):
+        master, here, _groups = await self._jobs_master(creds, at)
+        return await self.cluster.call(master.url, creds, "job", job_id), here
+
+    def _job_body(self, j, here: str, *extra) -> Html:
+        now = time.time() * 1000
+        return join([job_fields(j, now, here), tag("h2", "Decision"), decision(j, now), tag("h2", "Members"),
+                     members(j, here, here), *extra, tag("p", link(url("/jobs", at=here), "All jobs"))])
+
+    async def job(self, request):
+        job_id = request.match_info["job_id"]
+        v: Visitor = request["visitor"]
+        j, here = await self._job(self.reads(request), job_id, request.query.get("at", ""))
+        actions = ""
+        if v.can_write and can_decide(j):
+            actions = join([tag("h2", "Actions"), action_links(j, here)])
+        note = None
+        done = request.query.get("done")
+        if done in JOB_ACTIONS:
+            note = flash("ok", f"{JOB_ACTIONS[done][0]}: done; the job is now {request.query.get('state', j.state)}"
+                               + (" (it already was)" if request.query.get("already") else ""))
+        return self._page(request, f"Job {job_id}", self._job_body(j, here, actions), active="/jobs", note=note)
+
+    async def confirm_job(self, request):
+        job_id, action = request.match_info["job_id"], request.match_info["action"]
+        v: Visitor = request["visitor"]
+        j, here = await self._job(self.reads(request), job_id, request.query.get("at", ""))
+        label, cls = JOB_ACTIONS[action]
+        title = f"{label} job"
+        if not v.can_write:
+            return self._page(request, title, self._job_body(j, here), active="/jobs", status=403,
+                              note=flash("err", "read-only user"))
+        if j.home:
+            return self._page(request, title, self._job_body(j, here), active="/jobs", status=409, note=flash(
+                "err", f"job {job_id} here is the entry of a job decided by its home group {j.home}: decide it there"))
+        if j.state not in UNDECIDED:
+            return self._page(request, title, self._job_body(j, here), active="/jobs", status=409,
+                              note=flash("err", f"job {job_id} is already {j.state}: nothing to decide"))
+        what, refusal = consequence(j, action)
+        ask = join([flash("err", refusal) if refusal else "",
+                    tag("p", Html(f"<strong>{esc(label)}</strong> job {esc(job_id)} of producer group "
+                                  f"{esc(j.producer_group)} (now {esc(j.state)})? {esc(what)}")),
+                    post_form(request.path, self.csrf(request),
+                              "Ask the broker anyway" if refusal else f"Yes, {action}", cls,
+                              {"confirm": "yes", **({"at": here} if here else {})}),
+                    " ", link(job_href(job_id, here), "Cancel")])
+        return self._page(request, f"{title} {job_id}", join([ask, self._job_body(j, here)]), active="/jobs")
+
+    async def act_job(self, request):
+        job_id, action = request.match_info["job_id"], request.match_info["action"]
+        form = await request.post()
+        at = form.get("at", "")
+        if form.get("confirm") != "yes":
+            raise web.HTTPSeeOther(job_href(job_id, at, action))
+        creds = self.writes(request)
+        master = await self.cluster.master(creds, at or None)
+        try:
+            r = await self.cluster.call(master.url, creds, "decide_job", job_id, action)
+        except AdminError as e:  # shown with the job, as it stands: the refusal names why
+            log.warning("console: %s %s job %s refused: %s", request["visitor"].label, action, job_id, e)
+            j, here = await self._job(self.reads(request), job_id, at)
+            return self._page(request, f"{JOB_ACTIONS[action][0]} job {job_id}: refused", self._job_body(j, here),
+                              active="/jobs", status=e.status if 400 <= e.status < 500 else 502,
+                              note=flash("err", f"The broker refused to {action} job {job_id}: {e}"))
+        log.info("console: %s %s job %s: %s", request["visitor"].label, action, job_id, r.state)
+        raise web.HTTPSeeOther(job_href(job_id, at, done=action, state=r.state, already="1" if r.already else None))
 
     # ---- operator events --------------------------------------------------------------------------
 

@@ -95,11 +95,35 @@ class Cluster:
                 return BrokerStatus(url, error=str(e))
         return list(await asyncio.gather(*(one(u) for u in self.admin_urls)))
 
-    async def master(self, credentials) -> BrokerStatus:
+    async def master(self, credentials, group: str | None = None) -> BrokerStatus:
+        """The live master (the highest epoch answering as an unfenced master); with `group`, the live
+        master of that broker group (a console given the brokers of several groups: jobs spanning them)."""
+        if group:
+            return self.group_master(await self.masters_by_group(credentials), group)
         masters = [s for s in await self.statuses(credentials) if s.is_master]
         if not masters:
             raise NoMaster("no broker of " + ", ".join(self.admin_urls) + " answers as a live master")
         return max(masters, key=lambda s: s.info.epoch)
+
+    def group_master(self, masters: dict[str, BrokerStatus], group: str) -> BrokerStatus:
+        """Of masters_by_group's answer, group `group`'s master (NoMaster naming the groups there are)."""
+        if group not in masters:
+            raise NoMaster(f"no broker of {', '.join(self.admin_urls)} answers as the live master of broker group "
+                           f"{group!r} (the console's brokers serve: "
+                           f"{', '.join(sorted(g or '(no group)' for g in masters)) or 'none'}); open the console "
+                           f"of group {group}'s brokers")
+        return masters[group]
+
+    async def masters_by_group(self, credentials) -> dict[str, BrokerStatus]:
+        """The live master of each broker group among the console's brokers ("" outside a cluster of
+        groups), asked each master's group (GET /api/v1/cluster)."""
+        masters = [s for s in await self.statuses(credentials) if s.is_master]
+        groups = await asyncio.gather(*(self.call(s.url, credentials, "cluster_info") for s in masters))
+        out: dict[str, BrokerStatus] = {}
+        for s, c in zip(masters, groups):
+            if c.group not in out or s.info.epoch > out[c.group].info.epoch:
+                out[c.group] = s
+        return out
 
     async def data_address(self, master: BrokerStatus, credentials) -> str:
         if self.data_addresses:

@@ -68,7 +68,7 @@ def post_form(action: str, csrf: str, button: str, cls: str = "", fields: dict |
 
 
 NAV = (("/", "Brokers"), ("/topics", "Topics"), ("/messages", "Messages"), ("/groups", "Consumer groups"),
-       ("/transactions", "Transactions"), ("/events", "Operator events"))
+       ("/transactions", "Transactions"), ("/jobs", "Jobs"), ("/events", "Operator events"))
 
 _LAYOUT = Template("""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>$title · txbroker console</title>
@@ -87,7 +87,8 @@ th{background:#e8ecf1}td.empty{color:#777;font-style:italic}
 form.inline{display:inline;margin:0 2px}button{cursor:pointer;padding:3px 10px}
 button.danger{background:#c0392b;color:#fff;border:1px solid #922}button.go{background:#1e7a3c;color:#fff;border:1px solid #155}
 .state-PARKED{color:#b35900;font-weight:bold}.state-PREPARED{color:#1f3a5f;font-weight:bold}
-.state-COMMITTED{color:#1e7a3c;font-weight:bold}.state-ROLLED_BACK{color:#922;font-weight:bold}
+.state-COMMITTED{color:#1e7a3c;font-weight:bold}.state-ROLLED_BACK,.state-ABORTED{color:#922;font-weight:bold}
+.state-OPEN{color:#5b4a00;font-weight:bold}
 .role-master{font-weight:bold;color:#1e7a3c}pre{background:#fff;border:1px solid #d5d9de;padding:8px;white-space:pre-wrap}
 input[type=text]{padding:3px 6px}
 </style></head>

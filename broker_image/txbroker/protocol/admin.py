@@ -234,9 +234,12 @@ class Job(JobInfo, array_like=False, omit_defaults=False):
 
 
 class JobDetail(Job, kw_only=True):
-    """GET /api/v1/jobs/{id}: the job and its member transaction ids."""
+    """GET /api/v1/jobs/{id}: the job and its member transaction ids: `member_ids` on this group;
+    at the home of a job spanning groups, `remote_member_ids` the members on each other group it was
+    prepared (or committed) with (an OPEN job's are known to their own group only: its entry there)."""
 
     member_ids: list[str] = field(default_factory=list)
+    remote_member_ids: dict[str, list[str]] = field(default_factory=dict)
 
 
 class JobList(Struct):
