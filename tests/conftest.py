@@ -3,95 +3,16 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from support.waiting import wait_until
+from support.brokers import TXBROKER, BrokerProcess, free_port  # noqa: F401 - re-exported to the tests
 
 REPO = Path(__file__).resolve().parent.parent
-TXBROKER = str(Path(sys.executable).parent / "txbroker")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class BrokerProcess:
-    """A `txbroker broker` subprocess with its own data dir; can be killed and restarted on it."""
-
-    def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str],
-                 admin_tls: ssl.SSLContext | None = None):
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.extra_args = extra_args
-        self.admin_tls = admin_tls  # given: the admin API is HTTPS, checked with this context
-        self.port = free_port()
-        self.admin_port = free_port()
-        self.proc: subprocess.Popen | None = None
-        self._started = False
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"{'https' if self.admin_tls else 'http'}://127.0.0.1:{self.admin_port}"
-
-    def start(self) -> "BrokerProcess":
-        # free_port() cannot reserve a port: another test's process may take it before the broker
-        # binds. On a first start that is no fault of the broker's: take new ports and start again.
-        # A restart keeps its ports (clients know the address).
-        for attempt in range(3):
-            log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(
-                [TXBROKER, "broker", "--data-dir", str(self.data_dir), "--listen", self.address,
-                 "--admin-listen", f"127.0.0.1:{self.admin_port}", *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT)
-            log.close()
-            try:
-                wait_until(self._ready, 20, what=f"broker on {self.address} to be ready (log: {self.log_path})")
-            except AssertionError:
-                if self._started or attempt == 2 or "address already in use" not in self.log()[-2000:]:
-                    raise
-                self.port, self.admin_port = free_port(), free_port()
-                continue
-            self._started = True
-            return self
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"broker exited with {self.proc.returncode}: {self.log()[-2000:]}")
-        try:
-            with urllib.request.urlopen(self.admin_url + "/readyz", timeout=1, context=self.admin_tls) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def kill(self, sig: int = signal.SIGKILL) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(20)
-
-    def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        return self.kill(signal.SIGTERM)
-
-    def restart(self) -> "BrokerProcess":
-        self.stop()
-        return self.start()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 @pytest.fixture

@@ -53,7 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--partitions", type=int, default=4, help="partitions of the publishing stage")
     p.add_argument("--batch-size", type=int, default=500, help="events per transaction")
     p.add_argument("--deadline-seconds", type=float, default=600.0,
-                   help="the broker aborts the job if it is still undecided this long after it started")
+                   help="the broker aborts the job if it is still undecided this long after it started (once "
+                        "prepared, this long after the prepare: this job decides right after its dataset is written)")
     p.add_argument("--fail-partition", type=int, default=None,
                    help="inject a failure: the first attempt of this partition fails after sending its half messages")
     p.add_argument("--fail-mode", choices=["crash", "raise"], default="crash",
@@ -236,6 +237,7 @@ def main(argv=None) -> int:
               .option("jobId", job).option("commit", "deferred")
               .option("keyColumn", "order_id").option("tagsColumn", "status")
               .option("batchSize", args.batch_size).option("deadlineSeconds", args.deadline_seconds)
+              .option("preparedDeadlineSeconds", args.deadline_seconds)
               .options(**options_from_args(args)))  # credentials and TLS flags; absent: the environment
     if args.fail_partition is not None:
         writer = writer.option("inject.failPartition", args.fail_partition).option("inject.failMode", args.fail_mode)

@@ -1,31 +1,39 @@
-"""A batch write (`df.write.format("txbroker")...save()`), Spark's BatchWrite: one broker job per write.
+"""A batch write (`df.write.format("txbroker")...save()`), Spark's BatchWrite: one broker job per write,
+spanning every active broker group of the TxBroker.
 
-  driver, planning   checks the options (fails fast naming the option), probes the brokers, opens the
-                     job by name (option jobId, else a new name) with the deadline deadlineSeconds;
-                     the broker's answer to OPEN_JOB is also the check that the credentials may act
-                     for the producer group.
-  each task attempt  sends its rows as half messages joining the job, `batchSize` rows per
-                     transaction, with ids `<job>-p<partition>-t<task attempt id>-c<n>` (unique to the
-                     attempt); returns the ids in its commit message (data_writer.py).
-  driver, commit()   one DECIDE_JOB: COMMIT with exactly the ids of the attempts Spark kept (commit.py).
-                     The broker ends every member itself: the kept ones become visible, the
-                     transactions of attempts Spark discarded (failed, retried, speculative losers,
-                     lost executors) are rolled back. commit=deferred records the member list instead
-                     (PREPARE_JOB) and leaves the decision to the application (deferred.py).
-  driver, abort()    ABORT: the broker rolls back every member.
-  driver lost        before its decision, the broker aborts the job at its deadline; after it, the
-                     broker has already everything it needs.
+  driver, planning   checks the options (fails fast naming the option), probes the brokers, learns
+                     the cluster's route (cluster.py: the groups, the topic's queues on each), opens
+                     the job by name (option jobId, else a new name) with the deadline
+                     deadlineSeconds: at its home group, with an entry on every other active group.
+                     A job of that name an earlier run left OPEN (its driver died) is joined: its
+                     members are not this run's and are rolled back by the decision; one it left
+                     PREPARED is aborted and a new one opened; a COMMITTED one is refused.
+  each task attempt  places its rows on the groups (by keyColumn: one key, one queue; else evenly),
+                     `batchSize` rows per transaction, with ids `<job>-r<run>-p<partition>-t<task
+                     attempt id>-<group>-c<n>`: unique to this run (a re-run's attempts start their
+                     ids again, and must never take a dead run's members for their own) and to the
+                     attempt; returns the ids, by group, in its commit message (data_writer.py).
+  driver, commit()   one DECIDE_JOB at the home: COMMIT with exactly the ids of the attempts Spark kept,
+                     by group (commit.py); every group ends its members as the home decided: the kept
+                     ones become visible, every other member (discarded attempts, a dead run's) is
+                     rolled back. commit=deferred records the member lists instead (PREPARE_JOB) and
+                     leaves the decision to the application (deferred.py).
+  driver, abort()    ABORT: every group rolls back every member.
+  driver lost        before its decision, the home aborts the job at its deadline (every group follows);
+                     after it, the brokers have everything they need.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 
 from pyspark.sql.datasource import DataSourceArrowWriter
 
+from txbroker_spark.cluster import WriteRoute, learn_route
 from txbroker_spark.commit import Kept, abort_job, decide_commit, jobs_for
 from txbroker_spark.data_writer import DataWriter, TaskAttempt, TxCommitMessage
-from txbroker_spark.jobs import OPEN, check_name, new_job_id
+from txbroker_spark.jobs import COMMITTED, OPEN, PREPARED, check_name, new_job_id
 from txbroker_spark.logs import log, setup_logging
 from txbroker_spark.options import P_JOB, P_KIND, OptionError, WriteOptions
 from txbroker_spark.probe import probe_brokers
@@ -37,21 +45,41 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         self.o = o
         probe_brokers(o.brokers, o.topic, security=o.security)
         self.name = check_name("jobId", o.job_id or new_job_id())
+        self.run = uuid.uuid4().hex[:8]  # this run of the application: its members' ids are its own
+        route = learn_route(o.brokers, o.topic, o.security, o.request_timeout)
         with jobs_for(o) as jobs:
-            info = jobs.open(self.name, o.deadline_ms / 1000)
-        if info.state != OPEN:
-            raise OptionError("jobId", f"job {self.name} is already {info.state} on the broker (job id "
-                                       f"{info.job_id}); use a new id")
-        self.job = info.job_id
-        log.info("job %s: publishing to %s as group %s (broker job %s, deadline in %.0fs; %s)", self.name, o.topic,
-                 o.group, self.job, (info.deadline_ms - time.time() * 1000) / 1000, o.security.describe())
+            job = jobs.open(self.name, o.deadline_ms / 1000, o.prepared_deadline_ms / 1000)
+            if job.info.state == PREPARED:  # a dead run prepared it: abort it, and this run opens its own
+                log.warning("job %s: an earlier run left job %s PREPARED (its driver died before deciding); "
+                            "aborting it: this run publishes its own rows", self.name, job.job_id)
+                jobs.abort(job)
+                job = jobs.open(self.name, o.deadline_ms / 1000, o.prepared_deadline_ms / 1000)
+        if job.info.state == COMMITTED:
+            raise OptionError("jobId", f"job {self.name} is already COMMITTED on the broker (job id {job.job_id}): "
+                                       "its rows were published; use a new id to publish again")
+        if job.info.state != OPEN:
+            raise OptionError("jobId", f"job {self.name} is already {job.info.state} on the broker (job id "
+                                       f"{job.job_id}); use a new id")
+        if job.info.already:
+            log.warning("job %s: an earlier run's job %s is still OPEN (its driver died?): joined; only this run's "
+                        "rows are kept, the earlier run's members are rolled back at the decision", self.name,
+                        job.job_id)
+        self.job = job
+        self.route: WriteRoute = route.only(job.all_groups)
+        missing = set(job.all_groups) - set(self.route.names)
+        if missing:
+            raise OptionError("brokers", f"job {self.name} spans groups {', '.join(sorted(missing))} that the "
+                                         f"cluster route no longer lists as active")
+        log.info("job %s: publishing to %s as group %s on %s (broker job %s at home %s, deadline in %.0fs; %s)",
+                 self.name, o.topic, o.group, ", ".join(self.route.names), job.job_id, job.home,
+                 (job.info.deadline_ms - time.time() * 1000) / 1000, o.security.describe())
 
     def write(self, iterator) -> TxCommitMessage:
         setup_logging()
-        job, attempt = self.job, TaskAttempt.current()
-        prefix = f"{job}-p{attempt.partition}-t{attempt.task_attempt_id}"
-        writer = DataWriter(self.o, job, attempt, {P_KIND: "batch", P_JOB: job}, lambda n, msgs: f"{prefix}-c{n}",
-                            f"job {job}")
+        job, attempt = self.job.job_id, TaskAttempt.current()
+        prefix = f"{job}-r{self.run}-p{attempt.partition}-t{attempt.task_attempt_id}"
+        writer = DataWriter(self.o, job, attempt, {P_KIND: "batch", P_JOB: job},
+                            lambda group, n, msgs: f"{prefix}-{group}-c{n}", f"job {job}", self.route)
         return writer.run(lambda w: w.write_arrow(iterator))
 
     def commit(self, messages) -> None:
@@ -59,9 +87,9 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         o, kept = self.o, Kept.of(messages)
         with jobs_for(o) as jobs:
             if o.commit == "deferred":
-                jobs.prepare(self.job, kept.txids)
+                jobs.prepare(self.job, kept.members)
                 log.info("job %s: %d rows in %d half transactions prepared; the application decides (deferred "
-                         "commit)", self.name, kept.rows, len(kept.txids))
+                         "commit)", self.name, kept.rows, kept.count)
                 return
             decide_commit(o, jobs, self.job, f"job {self.name}", kept)
 

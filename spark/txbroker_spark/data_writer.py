@@ -16,6 +16,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from txbroker.protocol.names import PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS
 
+from txbroker_spark.cluster import RowPlacement, WriteRoute
 from txbroker_spark.logs import log
 from txbroker_spark.messages import MessageBuilder
 from txbroker_spark.options import P_ATTEMPT, P_PARTITION, WriteOptions
@@ -30,7 +31,7 @@ class TxCommitMessage(WriterCommitMessage):
     partition: int
     task_attempt_id: int
     attempt_number: int
-    txids: list[str] = field(default_factory=list)
+    txids: dict[str, list[str]] = field(default_factory=dict)  # by broker group
     rows: int = 0
     duplicates: int = 0  # prepares the broker already had (a streaming replay): nothing new stored
     query: str = ""
@@ -61,45 +62,63 @@ class TaskAttempt:
 
 
 class DataWriter:
-    """Sends one task attempt's rows as half messages joining `job`: `props` on every message (with
-    the partition and the attempt), `txid_for(chunk number, messages)` naming each transaction, `what`
-    naming the write in logs."""
+    """Sends one task attempt's rows as half messages joining `job` on the groups of `route` (each row
+    where cluster.RowPlacement puts it): `props` on every message (with the partition and the
+    attempt), `txid_for(group, chunk number, messages)` naming each transaction, `what` naming the
+    write in logs."""
 
     def __init__(self, o: WriteOptions, job: str, attempt: TaskAttempt, props: dict[str, str], txid_for, what: str,
-                 query: str = ""):
+                 route: WriteRoute, query: str = ""):
         self.o, self.job, self.attempt, self.what, self.query = o, job, attempt, what, query
         props = {**props, P_PARTITION: str(attempt.partition), P_ATTEMPT: str(attempt.task_attempt_id)}
         if o.immunity_seconds:
             props[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(o.immunity_seconds)
         self.builder = MessageBuilder(o, props)
-        self.pub = TaskPublisher(o, txid_for, job_id=job)
+        self.route = route
+        self.placement = RowPlacement(route, o.key_column is not None, attempt.partition, o.batch_size)
+        self._txid_for = txid_for
+        self.pubs: dict[str, TaskPublisher] = {}
         self.row = 0
         self.t0 = time.monotonic()
         self._next_report = self.t0 + TASK_PROGRESS_SECONDS
 
+    def _pub(self, group: str) -> TaskPublisher:
+        pub = self.pubs.get(group)
+        if pub is None:
+            pub = self.pubs[group] = TaskPublisher(self.o, lambda n, msgs: self._txid_for(group, n, msgs),
+                                                   job_id=self.job, brokers=self.route.addresses(group),
+                                                   group_name=group)
+        return pub
+
+    def _send(self, msgs) -> None:
+        for group, part in self.placement.split(msgs).items():
+            self._pub(group).add(part)
+
     def run(self, feed) -> TxCommitMessage:
         """The whole attempt: `feed(self)` writes the rows; then every half message is awaited and
-        the commit message returned. On failure the prepares in flight are let go; the client
-        is closed either way."""
+        the commit message returned. On failure the prepares in flight are let go; the clients
+        are closed either way."""
         try:
             feed(self)
             return self.commit()
         except BaseException:
-            self.pub.abandon()
+            for pub in self.pubs.values():
+                pub.abandon()
             raise
         finally:
-            self.pub.close()
+            for pub in self.pubs.values():
+                pub.close()
 
     def write_arrow(self, batches) -> None:
         for batch in batches:
             if batch.num_rows:
-                self.pub.add(self.builder.from_arrow(batch, self.row))
+                self._send(self.builder.from_arrow(batch, self.row))
                 self._sent(batch.num_rows)
 
     def write_rows(self, rows) -> None:
         rows = iter(rows)
         while chunk := list(itertools.islice(rows, self.o.batch_size)):
-            self.pub.add(self.builder.from_rows(chunk, self.row))
+            self._send(self.builder.from_rows(chunk, self.row))
             self._sent(len(chunk))
 
     def _sent(self, n: int) -> None:
@@ -108,15 +127,19 @@ class DataWriter:
         if now >= self._next_report:
             self._next_report = now + TASK_PROGRESS_SECONDS
             log.info("%s partition %d attempt %d: %d rows sent in %d half transactions so far (%.0fs)", self.what,
-                     self.attempt.partition, self.attempt.task_attempt_id, self.pub.rows, len(self.pub.txids),
-                     now - self.t0)
+                     self.attempt.partition, self.attempt.task_attempt_id, sum(p.rows for p in self.pubs.values()),
+                     sum(len(p.txids) for p in self.pubs.values()), now - self.t0)
 
     def commit(self) -> TxCommitMessage:
-        pub, a = self.pub, self.attempt
-        pub.finish()
-        self.o.faults.after_send(a.partition, a.attempt_number, pub.txids)
-        log.info("%s partition %d attempt %d (#%d): %d rows in %d half transactions (%d duplicates) in %.2fs",
-                 self.what, a.partition, a.task_attempt_id, a.attempt_number, pub.rows, len(pub.txids),
-                 pub.duplicates, time.monotonic() - self.t0)
-        return TxCommitMessage(self.job, a.partition, a.task_attempt_id, a.attempt_number, pub.txids, pub.rows,
-                               pub.duplicates, self.query, a.batch_id)
+        a = self.attempt
+        for pub in self.pubs.values():
+            pub.finish()
+        txids = {g: pub.txids for g, pub in self.pubs.items() if pub.txids}
+        rows, dupes = sum(p.rows for p in self.pubs.values()), sum(p.duplicates for p in self.pubs.values())
+        self.o.faults.after_send(a.partition, a.attempt_number, [t for ids in txids.values() for t in ids])
+        log.info("%s partition %d attempt %d (#%d): %d rows in %d half transactions on %s (%d duplicates) in %.2fs",
+                 self.what, a.partition, a.task_attempt_id, a.attempt_number, rows,
+                 sum(len(ids) for ids in txids.values()), ", ".join(sorted(txids)) or "no group", dupes,
+                 time.monotonic() - self.t0)
+        return TxCommitMessage(self.job, a.partition, a.task_attempt_id, a.attempt_number, txids, rows, dupes,
+                               self.query, a.batch_id)

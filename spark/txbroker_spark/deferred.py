@@ -39,34 +39,41 @@ class DeferredJob:
     def __post_init__(self):
         self.jobs = Jobs(self.brokers, self.group, self.security, self.request_timeout)
 
-    def info(self) -> JobInfo | None:
-        """The job as the broker holds it (None: never opened)."""
+    def _job(self):
         return self.jobs.find(self.name)
 
-    def prepared(self) -> JobInfo:
-        info = self.info()
-        if info is None or info.state == OPEN:
+    def info(self) -> JobInfo | None:
+        """The job as the broker holds it, at its home (None: never opened)."""
+        job = self._job()
+        return None if job is None else job.info
+
+    def _prepared(self):
+        job = self._job()
+        if job is None or job.info.state == OPEN:
             raise RuntimeError(f"job {self.name} has no prepared member list on the broker: its write did not finish "
                                "(or did not use commit=deferred)")
-        return info
+        return job
+
+    def prepared(self) -> JobInfo:
+        return self._prepared().info
 
     def commit(self) -> JobInfo:
-        """The commit point: COMMIT the prepared members. Raises JobAborted if the job was aborted
-        first (its deadline passed, or a rerun took it over)."""
-        info = self.prepared()
-        if info.state == ABORTED:
-            raise JobAborted(f"job {self.name} ({info.job_id}) was ABORTED by {info.by or 'client'}")
-        return self.jobs.commit(info.job_id)
+        """The commit point: COMMIT the prepared members (on every group). Raises JobAborted if the job
+        was aborted first (its deadline or prepared bound passed, or a rerun took it over)."""
+        job = self._prepared()
+        if job.info.state == ABORTED:
+            raise JobAborted(f"job {self.name} ({job.job_id}) was ABORTED by {job.info.by or 'client'}")
+        return self.jobs.commit(job)
 
     def abort(self) -> JobInfo | None:
         """ABORT (the broker rolls back every member), unless already committed. None: never opened."""
-        info = self.info()
-        if info is None or info.state in (ABORTED, COMMITTED):
-            return info
-        return self.jobs.abort(info.job_id)
+        job = self._job()
+        if job is None or job.info.state in (ABORTED, COMMITTED):
+            return None if job is None else job.info
+        return self.jobs.abort(job)
 
     def wait_visible(self, timeout: float = 60.0) -> JobInfo:
-        return self.jobs.wait_resolved(self.prepared().job_id, timeout)
+        return self.jobs.wait_resolved(self._prepared(), timeout)
 
     def state(self) -> str:
         """The job's state for a rerun: COMMITTED (finish the local side), ABORTED (or never opened:

@@ -113,6 +113,7 @@ class WriteOptions:
     job_id: str | None = None
     commit: str = "auto"  # auto | deferred
     deadline_ms: int = 600_000
+    prepared_deadline_ms: int = 0  # commit=deferred: how long the prepared job waits for its decision (0: 24 h)
     request_timeout: float = 30.0
     immunity_seconds: int | None = None
     stream_id: str | None = None
@@ -190,6 +191,9 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     o.max_batch_bytes = _int(options, "maxBatchBytes", 1024 * 1024, 1024, MAX_TOTAL_BODY)
     o.max_inflight = _int(options, "maxInflight", 4, 1, 256)
     o.deadline_ms = int(_float(options, "deadlineSeconds", 600.0, 1.0, 7 * 86400.0) * 1000)
+    o.prepared_deadline_ms = int(_float(options, "preparedDeadlineSeconds", 0.0, 0.0, 7 * 86400.0) * 1000)
+    if o.prepared_deadline_ms and o.prepared_deadline_ms < 1000:
+        raise OptionError("preparedDeadlineSeconds", "must be at least 1 (or 0: the broker's 24 h)")
     o.request_timeout = _float(options, "requestTimeoutSeconds", 30.0, 0.5, 600.0)
     immunity = option_value(options, "checkImmunitySeconds")
     o.immunity_seconds = _int(options, "checkImmunitySeconds", 0, 1, 86400) if immunity else None

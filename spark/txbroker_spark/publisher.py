@@ -21,7 +21,7 @@ from txbroker.protocol.codes import ResponseCode
 from txbroker_spark.options import OptionError, WriteOptions
 
 
-def _refusal(e: BrokerError, o: WriteOptions) -> Exception:
+def _refusal(e: BrokerError, o: WriteOptions, group: str = "") -> Exception:
     named = o.security.refusal(e)
     if named is not None:  # credentials, rights, TLS
         return named
@@ -29,19 +29,22 @@ def _refusal(e: BrokerError, o: WriteOptions) -> Exception:
         return OptionError("topic", f"the broker refused: {e.remark} (create it, or enable auto_create_topic)")
     if e.code == ResponseCode.TRANSACTION_STATE_GROUP_WRONG:
         return OptionError("producerGroup", f"the broker refused: {e.remark}")
-    return RuntimeError(f"txbroker: the broker refused a half message for topic {o.topic!r}: {e}")
+    where = f" on broker group {group}" if group and group != "default" else ""
+    return RuntimeError(f"txbroker: the broker{where} refused a half message for topic {o.topic!r}: {e} (the task "
+                        "fails; nothing of the write is published unless its job commits)")
 
 
 class TaskPublisher:
     """Sends one task's messages as half messages, `batch_size` rows (or `max_batch_bytes`) per
     transaction, with up to `max_inflight` prepares in flight while the task reads more rows."""
 
-    def __init__(self, o: WriteOptions, txid_for, job_id: str):
+    def __init__(self, o: WriteOptions, txid_for, job_id: str, brokers: list[str], group_name: str = ""):
         self.o = o
         self.job_id = job_id
+        self.group_name = group_name  # the broker group `brokers` are (named in refusals)
         self._txid_for = txid_for  # (chunk number, messages) -> transaction id
         self._loop = background.loop()
-        self._client = BrokerClient(o.brokers, request_timeout=o.request_timeout, **o.security.client_kwargs())
+        self._client = BrokerClient(brokers, request_timeout=o.request_timeout, **o.security.client_kwargs())
         self._session = TransactionSession(self._client, o.group)
         self._inflight: deque = deque()
         self._pending: list[Message] = []
@@ -87,7 +90,7 @@ class TaskPublisher:
         try:
             return await self._session.prepare(msgs, txid, self.job_id)
         except BrokerError as e:
-            raise _refusal(e, self.o) from None
+            raise _refusal(e, self.o, self.group_name) from None
 
     def finish(self) -> None:
         """Send what is left and wait until every half message is acknowledged."""

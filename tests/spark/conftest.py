@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spark_helpers import GROUP, GROUP_SETTINGS, TxEnv, admin  # noqa: E402
+from spark_helpers import GROUP, GROUP_SETTINGS, ClusterEnv, TxEnv, admin  # noqa: E402
 
 _MISSING = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
 if shutil.which("java") is None:
@@ -46,3 +46,18 @@ def tx_env(broker_factory):
     broker = broker_factory("--check-interval-ms", "300", "--transaction-timeout-ms", "200")
     admin(broker.admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction", GROUP_SETTINGS)
     return TxEnv(broker=broker)
+
+
+@pytest.fixture
+def cluster_env(tmp_path):
+    """Two broker groups (each a SYNC master and its slave, one cluster file), the group's settings
+    on both."""
+    from support.groups import start_cluster
+
+    c = start_cluster(tmp_path)
+    try:
+        for g in c.groups:
+            admin(g.master.admin_url, "PUT", f"/api/v1/groups/{GROUP}/transaction", GROUP_SETTINGS)
+        yield ClusterEnv(c)
+    finally:
+        c.stop()

@@ -22,6 +22,7 @@ def main() -> int:
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True)
     p.add_argument("--rows", type=int, default=100)
+    p.add_argument("--payload", default="row-", help="each batch row's payload is this and its id")
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--input")
     p.add_argument("--checkpoint")
@@ -37,7 +38,8 @@ def main() -> int:
     opts = {"brokers": args.brokers, "topic": args.topic, "producerGroup": args.group, "batchSize": "10"}
     opts.update(dict(kv.split("=", 1) for kv in args.opt))
     if args.mode == "batch":
-        df = spark.range(args.rows, numPartitions=args.partitions).selectExpr("id", "concat('row-', id) AS payload")
+        df = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
+            "id", f"concat('{args.payload}', id) AS payload")
         df.write.format("txbroker").options(**opts).mode("append").save()
         print("BATCH DONE", flush=True)
     else:

@@ -201,3 +201,58 @@ def write_input_files(directory: Path, files: int, rows_per_file: int) -> list[i
         os.utime(tmp, (base + f, base + f))  # the file source takes files in modification order
         os.replace(tmp, directory / f"f{f:03d}.json")
     return ids
+
+
+@dataclass
+class ClusterEnv:
+    """A cluster of broker groups (tests/support/groups.py), the group's settings on every master."""
+
+    cluster: object  # support.groups.Cluster
+    group: str = GROUP
+
+    @property
+    def brokers(self) -> str:
+        return ",".join(self.cluster.bootstrap)
+
+    def options(self, topic: str, **extra) -> dict:
+        opts = {"brokers": self.brokers, "topic": topic, "producerGroup": self.group}
+        opts.update({k: str(v) for k, v in extra.items()})
+        return opts
+
+    def admin(self, group: str) -> AdminClient:
+        return AdminClient(self.cluster.group(group).master.admin_url)
+
+    def located(self, topic: str) -> list[tuple[str, object]]:
+        """What a consumer reads of `topic` on every group: (group, message)."""
+        from txbroker.client import PullConsumer
+
+        out = []
+        for g in self.cluster.groups:
+            with PullConsumer(g.master.address) as c:
+                try:
+                    out += [(g.name, m) for m in c.read_all(topic)]
+                except Exception as e:  # noqa: BLE001 - a topic nobody published to does not exist
+                    if "TOPIC_NOT_EXIST" not in str(e):
+                        raise
+        return out
+
+    def events(self, topic: str) -> list:
+        return [m for _g, m in self.located(topic)]
+
+    def jobs(self) -> list[dict]:
+        """Every group's jobs (a job spanning groups: its home's, and its entries elsewhere)."""
+        out = []
+        for g in self.cluster.groups:
+            for j in self.admin(g.name).get(f"/api/v1/jobs?group={self.group}&limit=1000")["jobs"]:
+                out.append({**self.admin(g.name).get(f"/api/v1/jobs/{j['job_id']}"), "at": g.name})
+        return out
+
+    def homes(self) -> list[dict]:
+        return [j for j in self.jobs() if not j["home"]]
+
+    def pending(self) -> list[dict]:
+        return [t for g in self.cluster.groups
+                for t in self.admin(g.name).get(f"/api/v1/transactions?group={self.group}&limit=100000")["transactions"]]
+
+    def wait_settled(self, timeout: float = 90.0) -> None:
+        wait_until(lambda: not self.pending(), timeout, "every half transaction to be committed or rolled back")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import BrokerProcess
+from support.brokers import BrokerProcess
 from support.waiting import wait_until
 from txbroker.client.admin import AdminClient
 

@@ -7,7 +7,7 @@ import time
 
 import msgspec
 
-from txbroker.cli.security_opts import add_arguments, admin_client
+from txbroker.cli.security_opts import add_arguments, admin_client, client_options
 
 STATES = ("A job is OPEN while members join it (the broker aborts it at its deadline unless decided), PREPARED "
           "once its coordinator fixed the member list and has yet to decide (aborted at its own, longer prepared "
@@ -45,8 +45,12 @@ def register(sub, default_admin: str) -> None:
     which = sh.add_mutually_exclusive_group(required=True)
     which.add_argument("job_id", nargs="?", help="the job's id (from job list, or what the coordinator's open "
                                                  "returned)")
-    which.add_argument("--name", help="the newest job of this name (the name its coordinator opened it with; "
-                                      "asked at the job's home group)")
+    which.add_argument("--name", help="the newest job of this name (the name its coordinator opened it with): "
+                                      "asked at --admin's broker, or with --broker on every group of its cluster")
+    sh.add_argument("--broker", help="with --name: any broker of the cluster (HOST:PORT, e.g. <txbroker>-master:10911); "
+                                     "the job is looked up on every group (its home has its name), as its producer "
+                                     "--group sees it")
+    sh.add_argument("--group", help="with --broker: the job's producer group (Spark's producerGroup)")
     sh.set_defaults(run=show)
     cmds = [ls, sh]
     for name, helptext, fn in (
@@ -107,9 +111,27 @@ def list_jobs(args) -> int:
 
 
 def show(args) -> int:
+    if args.broker:
+        return show_in_cluster(args)
     client = admin_client(args)
     job = client.job_named(args.name) if args.name else client.job(args.job_id)
     print(json.dumps(msgspec.to_builtins(job), indent=2))
+    return 0
+
+
+def show_in_cluster(args) -> int:
+    """--name with --broker: the job of that name wherever its home is (the data plane, as its
+    producer group; no member ids: those are the admin plane's)."""
+    from txbroker.client import ClusterJobCoordinator
+
+    if not args.name or not args.group:
+        raise SystemExit("txbroker job show: --broker needs --name and --group (the job's producer group)")
+    with ClusterJobCoordinator(args.group, args.broker, **client_options(args)) as c:
+        job = c.find(args.name)
+    if job is None:
+        raise SystemExit(f"txbroker job show: no job named {args.name!r} of producer group {args.group!r} on any group "
+                         f"of the cluster {args.broker} belongs to (never opened, or expired)")
+    print(json.dumps({**msgspec.to_builtins(job.info), "at": job.home}, indent=2))
     return 0
 
 

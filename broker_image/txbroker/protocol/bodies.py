@@ -355,6 +355,16 @@ class JobMembersRequest(Struct, array_like=True):
     transaction_ids: list[str]
 
 
+class JobsSettledRequest(Struct, array_like=True):
+    """QUERY_JOBS_SETTLED (to a group's master): a reader across groups plans its end offsets where no
+    job spanning groups is visible on some of them and not on others."""
+
+
+class JobsSettledResponse(Struct, array_like=True):
+    newest_decision_lsn: int  # the newest decision of a job spanning groups decided here (its home), published
+    unsettled: list[str]  # jobs decided here, published, not yet resolved (visible) on every group they span
+
+
 class JobMembersResponse(Struct, array_like=True):
     state: str  # the job at the home, as published: OPEN | PREPARED | COMMITTED | ABORTED | UNKNOWN (no such job)
     kept: list[bool]  # COMMITTED: per id, whether the decision keeps it

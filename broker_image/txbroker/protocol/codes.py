@@ -43,6 +43,8 @@ class RequestCode(IntEnum):
     QUERY_JOB = 923
     # a job's members on another group ask its home how the job's decision treats them
     QUERY_JOB_MEMBERS = 924
+    # a reader across groups: which jobs spanning groups are decided here but not yet visible everywhere
+    QUERY_JOBS_SETTLED = 925
     # Broker groups (protocol/cluster.py): a participant of a transaction that spans groups asks the
     # group that decides it (its home) how it ended.
     QUERY_TRANSACTION_STATES = 930

@@ -409,6 +409,11 @@ class StateMachine:
         """Decided jobs spanning groups that some group may still ask about (a live view)."""
         return self.jobs_family.unreleased
 
+    @property
+    def newest_spanning_decision(self) -> int:
+        """LSN of the newest decision recorded here of a job spanning groups."""
+        return self.jobs_family.newest_spanning_decision
+
     def job_named(self, name: str) -> JobState | None:
         return self.jobs_family.job_named(name)
 

@@ -38,6 +38,7 @@ def handlers(broker) -> dict[int, object]:
         RequestCode.DECIDE_JOB: job.JobProcessor(broker, "decide"),
         RequestCode.QUERY_JOB: job.JobProcessor(broker, "query"),
         RequestCode.QUERY_JOB_MEMBERS: job.JobMembersProcessor(broker),
+        RequestCode.QUERY_JOBS_SETTLED: job.JobsSettledProcessor(broker),
         RequestCode.GET_BROKER_CLUSTER_INFO: cluster.ClusterRouteProcessor(broker),
         RequestCode.QUERY_TRANSACTION_STATES: cluster.TransactionStatesProcessor(broker),
     }

@@ -3,9 +3,10 @@ QUERY_JOB_MEMBERS: a group holding members of a job that spans groups asks its h
 (broker/transaction/job_groups.py). Each acts for a producer group, so each needs the right to it; the
 questions one group's broker asks another's may come with the replication right instead."""
 
-from txbroker.broker.replies import Reply, RequestError
+from txbroker.broker.replies import Reply, RequestError, ok
 from txbroker.protocol.bodies import (
-    DecideJobRequest, JobMembersRequest, OpenJobRequest, PrepareJobRequest, QueryJobRequest, decoder,
+    DecideJobRequest, JobMembersRequest, JobsSettledRequest, OpenJobRequest, PrepareJobRequest, QueryJobRequest,
+    decoder,
 )
 
 
@@ -44,3 +45,15 @@ class JobMembersProcessor:
         req = self._decode(body)
         require_group_or_peer(conn, req.producer_group)
         return self._groups.members(req)
+
+
+class JobsSettledProcessor:
+    """Job ids and an LSN only (no message data): any client that may connect may ask."""
+
+    def __init__(self, broker):
+        self._decode = decoder(JobsSettledRequest).decode
+        self._groups = broker.job_groups
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        self._decode(body)
+        return ok(self._groups.settled())

@@ -27,14 +27,16 @@ import asyncio
 import logging
 
 from txbroker.broker.cluster import ClusterMembership
-from txbroker.broker.replies import Reply, RequestError, error, ok
+from txbroker.broker.replies import Reply, error, ok
 from txbroker.broker.role import RoleState
 from txbroker.broker.transaction.service import TransactionService, now_ms
 from txbroker.broker.transaction.settings import SettingsBook
 from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.lifecycle import stop_task
-from txbroker.protocol.bodies import JobInfo, JobMembersRequest, JobMembersResponse, QueryJobRequest
+from txbroker.protocol.bodies import (
+    JobInfo, JobMembersRequest, JobMembersResponse, JobsSettledResponse, QueryJobRequest,
+)
 from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
 from txbroker.store.records import (
     JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, PREPARED, JobDecisionRecord, JobState, ReleaseRecord,
@@ -96,6 +98,25 @@ class JobGroups:
             return ok(JobMembersResponse(state, []))
         kept = set(j.remote.get(req.group, ()))
         return ok(JobMembersResponse(state, [t in kept for t in req.transaction_ids]))
+
+    def settled(self) -> JobsSettledResponse:
+        """QUERY_JOBS_SETTLED: the newest published decision of a job spanning groups decided here,
+        and the decided ones not yet visible on every group (here included). A reader across groups
+        whose end offsets lie between two equal answers with nothing unsettled sees each such job
+        whole or not at all (spark reader.py)."""
+        self._role.require_master()
+        state = self._state
+        durable = state.durable_lsn
+        newest = state.newest_spanning_decision
+        unsettled = ["(a decision not yet published)"] if newest > durable else []
+        for job_id in sorted(state.unreleased_jobs()):
+            j = state.job(job_id)
+            if j is None or j.decision_lsn > durable:
+                continue
+            info = self._jobs.info(j)
+            if not info.resolved:
+                unsettled.append(job_id)
+        return JobsSettledResponse(min(newest, durable), unsettled)
 
     def unresolved(self, j: JobState) -> list[str]:
         """At the home: the member groups not yet known to have resolved a decided job."""

@@ -29,6 +29,7 @@ from txbroker.client.errors import BrokerError, BrokerUnavailable, ClientError
 from txbroker.client.job import AsyncJobCoordinator
 from txbroker.client.producer import as_list
 from txbroker.protocol.bodies import JOB_ABORTED, JOB_COMMITTED, JobInfo
+from txbroker.protocol.cluster import ClusterRoute
 from txbroker.protocol.codes import ResponseCode
 
 __all__ = ["AsyncClusterJobCoordinator", "ClusterJob", "ClusterJobCoordinator"]
@@ -49,20 +50,32 @@ class ClusterJob:
 
 
 class AsyncClusterJobCoordinator:
-    def __init__(self, group: str, bootstrap, *, request_timeout: float = 30.0, route_refresh: float = 10.0,
-                 credentials=None, tls=None):
+    def __init__(self, group: str, bootstrap=None, *, request_timeout: float = 30.0, route_refresh: float = 10.0,
+                 credentials=None, tls=None, route: ClusterRoute | None = None):
+        """`bootstrap`: any broker of the cluster, whose route is followed; or `route`: a route taken
+        earlier, kept as is (the tasks of one Spark write all place by the route its driver saw)."""
         if not group:
             raise ValueError("a job needs a producer group")
         self.group = group
         self._kwargs = dict(request_timeout=request_timeout, credentials=credentials, tls=tls)
-        self.routes = RouteBook(bootstrap, refresh=route_refresh, request_timeout=request_timeout,
-                                credentials=credentials, tls=tls)
         self.groups = PerGroup(lambda g: AsyncJobCoordinator(group, g.addresses, **self._kwargs), _nothing,
                                lambda c: c.close())
-        self.routes.on_change(self.groups.follow)
+        self._fixed = route
+        self.routes = None
+        if route is None:
+            self.routes = RouteBook(bootstrap, refresh=route_refresh, request_timeout=request_timeout,
+                                    credentials=credentials, tls=tls)
+            self.routes.on_change(self.groups.follow)
+
+    @property
+    def route(self) -> ClusterRoute:
+        return self._fixed if self.routes is None else self.routes.route
 
     async def start(self) -> "AsyncClusterJobCoordinator":
-        await self.routes.start()
+        if self.routes is None:
+            await self.groups.follow(self._fixed)
+        else:
+            await self.routes.start()
         return self
 
     def _at(self, group: str) -> AsyncJobCoordinator:
@@ -178,7 +191,8 @@ class AsyncClusterJobCoordinator:
 
     async def close(self) -> None:
         await self.groups.close()
-        await self.routes.close()
+        if self.routes is not None:
+            await self.routes.close()
 
     async def __aenter__(self):
         return await self.start()
@@ -200,6 +214,10 @@ class ClusterJobCoordinator(background.Blocking):
     @property
     def active(self) -> list[str]:
         return list(self._async.groups.active)
+
+    @property
+    def route(self) -> ClusterRoute:
+        return self._async.route
 
     def open(self, timeout: float, name: str = "", **kwargs) -> ClusterJob:
         return background.run(self._async.open(timeout, name, **kwargs))

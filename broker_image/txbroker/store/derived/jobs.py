@@ -51,6 +51,7 @@ class Jobs(Family):
         self.job_retention_ms = job_retention_ms
         self.jobs: dict[str, JobState] = {}  # the undecided ones
         self.unreleased: set[str] = set()  # decided jobs spanning groups, some group not yet done with them
+        self.newest_spanning_decision = 0  # LSN of the newest decision of a job spanning groups (at its home)
         self.job_members: dict[str, set[str]] = {}  # each job's members still pending
         self._writing: dict[bytes, JobState | str] = {}  # entries of the batch not yet on disk
         self.transactions = None  # the transactions family (set by the state machine): members' destinations
@@ -66,6 +67,7 @@ class Jobs(Family):
         self.jobs.clear()
         self.job_members.clear()
         self.unreleased.clear()
+        self.newest_spanning_decision = 0
         self._writing.clear()
         for p in self.transactions.pending.values():
             if p.job_id:
@@ -77,8 +79,10 @@ class Jobs(Family):
             else:
                 if j.state == JOB_COMMITTED and self.job_members.get(j.job_id):
                     self._hold_again(j)
-                if j.spans and not j.released_lsn:
-                    self.unreleased.add(j.job_id)
+                if j.spans:
+                    self.newest_spanning_decision = max(self.newest_spanning_decision, j.decision_lsn)
+                    if not j.released_lsn:
+                        self.unreleased.add(j.job_id)
 
     def _hold_again(self, j: JobState) -> None:
         """After a restart: a committed job still being resolved holds its queues where its first
@@ -193,6 +197,7 @@ class Jobs(Family):
         b.wb.put(_decided_key(j), b"", self._h_jobs)
         if j.spans:
             self.unreleased.add(j.job_id)
+            self.newest_spanning_decision = lsn
 
     def apply_release(self, r: ReleaseRecord, lsn: int, b: "Batch") -> None:
         for job_id in r.job_ids:

@@ -1,0 +1,183 @@
+"""Spark at cluster scale (real brokers, Spark local mode): a write spreads over every broker group
+as one job, atomic across groups; a key lands on one queue across runs; a re-run with the same
+jobId never commits a mix of two runs; a read never holds part of a job; a group's master killed
+mid-write leaves every row once; bad input named."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+
+from spark_helpers import GROUP, kill_group, run_driver, spawn_driver, wait_marker
+from support.waiting import wait_until
+
+pytest.importorskip("pyspark.sql.datasource")
+pytestmark = pytest.mark.timeout(600)
+
+ROWS = 200
+
+
+def rows(spark, n=ROWS, partitions=4, payload="row-"):
+    return spark.range(n, numPartitions=partitions).selectExpr(
+        "id", f"concat('{payload}', id) AS payload", "concat('customer-', id % 17) AS customer")
+
+
+def save(df, env, topic, **opts):
+    df.write.format("txbroker").options(**env.options(topic, **opts)).mode("append").save()
+
+
+def by_id(events) -> Counter:
+    return Counter(json.loads(m.body)["id"] for m in events)
+
+
+def test_a_write_spreads_over_every_group_as_one_job(spark, cluster_env):
+    save(rows(spark), cluster_env, "Spread", batchSize=10, jobId="spread-1")
+    located = cluster_env.located("Spread")
+    events = [m for _g, m in located]
+    assert by_id(events) == Counter(range(ROWS))  # every row once
+    per_group = Counter(g for g, _m in located)
+    assert set(per_group) == {"g0", "g1"} and min(per_group.values()) >= ROWS // 4, per_group
+    (home,) = cluster_env.homes()
+    assert (home["name"], home["state"], home["resolved"]) == ("spread-1", "COMMITTED", True)
+    other = "g1" if home["at"] == "g0" else "g0"
+    assert home["groups"] == [other] and set(home["remote_member_ids"][other])
+    entry = next(j for j in cluster_env.jobs() if j["home"])
+    assert (entry["at"], entry["state"], entry["by"]) == (other, "COMMITTED", "home")
+    assert {m.transaction_id for g, m in located if g == other} == set(entry["member_ids"])
+    cluster_env.wait_settled()
+
+
+def test_one_key_lands_on_one_queue_across_runs(spark, cluster_env):
+    """keyColumn: the cluster's key placement (crc32 of the key over every queue of the topic on the
+    groups, in route order), so a key goes to one queue, whatever the run."""
+    save(rows(spark), cluster_env, "Keyed", keyColumn="customer", batchSize=10)
+    save(rows(spark, payload="second-"), cluster_env, "Keyed", keyColumn="customer", batchSize=10)
+    located = cluster_env.located("Keyed")
+    assert len(located) == 2 * ROWS
+    places: dict[str, set] = {}
+    for g, m in located:
+        places.setdefault(m.keys, set()).add((g, m.queue_id))
+    assert all(len(p) == 1 for p in places.values()), places
+    assert {g for p in places.values() for g, _q in p} == {"g0", "g1"}
+    from txbroker.client import key_selector  # the cluster producers' placement puts a key there too
+    from txbroker.protocol.bodies import Message
+
+    counts = [(g.name, cluster_env.admin(g.name).get("/api/v1/topics/Keyed")["queues"]) for g in cluster_env.cluster.groups]
+    total = sum(len(q) for _n, q in counts)
+    for key, (place,) in places.items():
+        index = key_selector(total, Message("Keyed", b"x", keys=key), None)
+        for name, queues in counts:
+            if index < len(queues):
+                assert place == (name, index), (key, place)
+                break
+            index -= len(queues)
+
+
+def test_a_rerun_with_the_same_job_id_and_changed_input_commits_only_its_own_rows(tx_env, tmp_path):
+    """The second review's Spark defect: a save() whose driver was killed before its decision, re-run
+    with the same jobId on input that changed meanwhile, committed a MIX of both runs: the dead run's
+    transaction ids (<job>-p<partition>-t<task attempt>-c<n>) were the new run's too (task attempt ids
+    start again at 0), so its sends were taken for duplicates and the decision kept the dead run's
+    bodies. Ids are unique per run now: the dead run's members are rolled back."""
+    marker, log = tmp_path / "hook.json", tmp_path / "first.log"
+    first = spawn_driver("batch", "--brokers", tx_env.brokers, "--topic", "Rerun", "--group", tx_env.group,
+                         "--rows", "200", "--partitions", "4", "--payload", "old-", "--opt", "jobId=orders-0042",
+                         "--opt", "inject.hangAt=before-decision", "--opt", f"inject.markerFile={marker}",
+                         log_path=log)
+    try:
+        wait_marker(marker, first, log)
+    finally:
+        kill_group(first)  # the driver dies before its decision; the job stays OPEN
+    run_driver("batch", "--brokers", tx_env.brokers, "--topic", "Rerun", "--group", tx_env.group, "--rows", "200",
+               "--partitions", "4", "--payload", "new-", "--opt", "jobId=orders-0042", log_path=tmp_path / "rerun.log")
+    tx_env.wait_settled()
+    events = tx_env.events("Rerun")
+    assert_published_once_with(events, range(200), "new-")
+    assert "an earlier run's job" in (tmp_path / "rerun.log").read_text()
+
+
+def assert_published_once_with(events, ids, payload: str) -> None:
+    bodies = sorted((json.loads(m.body) for m in events), key=lambda b: b["id"])
+    assert by_id(events) == Counter(ids), by_id(events) - Counter(ids)
+    mixed = [b for b in bodies if b["payload"] != f"{payload}{b['id']}"]
+    assert not mixed, f"{len(mixed)} rows of another run: {mixed[:3]}"
+
+
+def test_a_read_never_holds_part_of_a_job_spanning_groups(spark, cluster_env):
+    """The member group follows its home up to a second after the decision (its coordinator told only
+    the home): a read planned in between would see the home's half of the job. The reader plans its
+    end offsets where every job spanning groups is visible on all of its groups or none."""
+    from txbroker.client import AsyncClusterJobCoordinator, Message
+
+    async def commit_at_home_only(n):
+        async with AsyncClusterJobCoordinator(GROUP, cluster_env.cluster.bootstrap) as c:
+            job = await c.open(timeout=60)
+            members = {g: [await c.send(job, g, Message("Whole", json.dumps({"id": n, "g": g}).encode()))]
+                       for g in job.all_groups}
+            await c.groups.members[job.home].commit(job.job_id, members[job.home],
+                                                    {g: ids for g, ids in members.items() if g != job.home})
+
+    for n in range(4):
+        asyncio.run(commit_at_home_only(n))
+        read = spark.read.format("txbroker").options(brokers=cluster_env.brokers, topic="Whole").load().collect()
+        seen = Counter(json.loads(r.body)["id"] for r in read)
+        assert all(c == 2 for c in seen.values()), f"job {n}: read {seen}: part of a job"
+        assert set(seen) <= set(range(n + 1))
+
+
+def test_a_groups_master_killed_mid_write_leaves_every_row_once(cluster_env, tmp_path):
+    marker, log = tmp_path / "slow.json", tmp_path / "driver.log"
+    proc = spawn_driver("batch", "--brokers", cluster_env.brokers, "--topic", "Killed", "--group", GROUP,
+                        "--rows", "300", "--partitions", "3", "--opt", "inject.slowPartition=0",
+                        "--opt", "inject.slowSeconds=8", "--opt", f"inject.markerFile={marker}", log_path=log)
+    try:
+        wait_marker(marker, proc, log)  # partition 0 sent and is sleeping; others still sending
+        g1 = cluster_env.cluster.group("g1")
+        g1.master.kill()
+        cluster_env.cluster.promote(g1, 1, epoch=2)
+        cluster_env.cluster.rejoin(g1, 0)
+        assert proc.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        kill_group(proc)
+    cluster_env.wait_settled()
+    assert by_id(cluster_env.events("Killed")) == Counter(range(300))
+
+
+def test_bad_input_is_refused_naming_what_was_wrong(spark, cluster_env):
+    from txbroker.client import ClusterJobCoordinator
+
+    with ClusterJobCoordinator("another-pg", cluster_env.cluster.bootstrap) as c:
+        c.open(timeout=60, name="taken-by-another-group")
+    with pytest.raises(Exception) as e:  # a jobId reused across producer groups
+        save(rows(spark, 20), cluster_env, "Bad", jobId="taken-by-another-group")
+    assert "producerGroup" in str(e.value) and "another-pg" in str(e.value), str(e.value)[:2000]
+
+    assert cluster_env.events("Bad") == []
+    c = cluster_env.cluster  # a route that lists no active group: the brokers refuse it, naming why,
+    c.states.update(g0="draining", g1="draining")  # and keep the one in force
+    c.version += 1
+    c.write()
+    master = c.group("g0").master
+    wait_until(lambda: "every group is draining" in master.log(), what="the broker to refuse the route")
+    assert cluster_env.admin("g0").get("/api/v1/cluster")["route"]["version"] == c.version - 1
+    save(rows(spark, 20), cluster_env, "Bad", jobId="on-the-route-in-force")
+    assert by_id(cluster_env.events("Bad")) == Counter(range(20))
+
+
+def test_a_group_that_refuses_a_member_fails_the_write_and_publishes_nothing(spark, cluster_env):
+    g1 = cluster_env.cluster.group("g1")
+    g1.master.extra_args += ["--max-message-size", "1024"]  # g1 refuses what g0 takes
+    g1.master.restart()
+    wait_until(lambda: any(x.in_sync for x in cluster_env.admin("g1").broker_info().replication.slaves),
+               what="g1's master back, its slave in sync")
+    big = spark.range(40, numPartitions=2).selectExpr("id", "repeat('x', 2000) AS payload")
+    with pytest.raises(Exception) as e:
+        save(big, cluster_env, "Refused", batchSize=5)
+    assert "broker group g1 refused" in str(e.value) and "max_message_size" in str(e.value), str(e.value)[:3000]
+    cluster_env.wait_settled()
+    assert cluster_env.events("Refused") == []  # g0 took its part, and rolled it back with the job
+    (home,) = cluster_env.homes()
+    assert home["state"] == "ABORTED"
