@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import write_credentials
+from support.credentials import write_credentials
 from txbroker.client import Credentials
 from txbroker.client.admin import AdminClient, AdminError
 

@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from conftest import metric, run_cli
+from support.cli import run_cli
+from support.metrics import metric
 from support.groups import FLAGS, start_cluster
 from support.waiting import wait_until
 from support import txload

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.waiting import wait_until
 from txbroker.client import (
     JobCoordinator, LocalTransactionState as S, Message, TransactionListener, TransactionProducer,

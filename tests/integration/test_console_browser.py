@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TXBROKER, free_port, write_credentials
+from support.brokers import TXBROKER, free_port
+from support.credentials import write_credentials
 from support.groups import start_cluster
 from support.waiting import wait_until
 from txbroker.client import (

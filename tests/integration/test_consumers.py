@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.waiting import wait_until
 from txbroker.client import (
     BrokerError, ConsumeFrom, ConsumeOrderlyStatus, ConsumeStatus, LocalTransactionState as S, Message,

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (

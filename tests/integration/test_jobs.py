@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from conftest import metric, run_cli
+from support.cli import run_cli
+from support.metrics import metric
 from support.pairs import restart_as_master, sync_pair, with_short_retention
 from support.waiting import wait_until
 from support import txload

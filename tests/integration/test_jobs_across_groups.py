@@ -10,7 +10,8 @@ import signal
 
 import pytest
 
-from conftest import run_cli
+from support.cli import run_cli
+from support.metrics import metric
 from support.groups import FLAGS, start_cluster
 from support.waiting import wait_until
 from support import txload
@@ -64,6 +65,9 @@ def test_a_job_spans_both_groups_and_commits_exactly_its_kept_members_everywhere
     assert AdminClient(cluster.group(other).master.admin_url).transaction(dropped).state == "ROLLED_BACK"
     at_home = job_at(cluster, job.home, job.job_id)
     assert at_home["groups"] == [other] and at_home["resolved"]
+    home_master = cluster.group(job.home).master  # the window a consumer of both groups could see half of it
+    wait_until(lambda: metric(home_master, "txbroker_job_groups_visible_seconds_count") == 1,
+               what="the home to count how long the job took to be visible everywhere")
     with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:  # a re-run by name finds it, on its home
         again = c.open(timeout=60, name="nightly")
         assert (again.job_id, again.info.state, again.info.already) == (job.job_id, "COMMITTED", True)

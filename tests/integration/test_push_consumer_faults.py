@@ -6,7 +6,8 @@ import asyncio
 import logging
 import threading
 
-from conftest import metric, write_credentials
+from support.credentials import write_credentials
+from support.metrics import metric
 from support.waiting import wait_until
 from txbroker.client import (
     AsyncPushConsumer, ConsumeOrderlyStatus, ConsumeStatus, Credentials, Message, Producer, PushConsumer,

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import run_cli
+from support.cli import run_cli
 from support.waiting import wait_until
 from support import txload
 from support.txload import Ledger, invariant_violations, run_load

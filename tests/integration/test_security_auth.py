@@ -14,7 +14,9 @@ import threading
 import pytest
 from scramp import ScramClient
 
-from conftest import metric, run_cli, write_credentials
+from support.cli import run_cli
+from support.credentials import write_credentials
+from support.metrics import metric
 from support.waiting import wait_until
 from txbroker.client import (
     AuthenticationError, BrokerError, Credentials, LocalTransactionState as S, Message, Producer, PullConsumer,

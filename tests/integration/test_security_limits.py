@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from conftest import metric
+from support.metrics import metric
 from support.waiting import wait_until
 from txbroker.client import (
     BrokerError, BrokerUnavailable, LocalTransactionState as S, Message, Producer, PullConsumer, TransactionListener,

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 import trustme
 
-from conftest import metric, write_credentials
+from support.credentials import write_credentials
+from support.metrics import metric
 from support.waiting import wait_until
 from txbroker.client import (
     Credentials, LocalTransactionState as S, Message, Producer, PullConsumer, TlsConfig, TlsHandshakeError,

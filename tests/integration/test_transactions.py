@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from conftest import metric
+from support.metrics import metric
 from support.waiting import wait_until
 from support.listeners import Decided
 from txbroker.client import (

@@ -89,6 +89,11 @@ class BrokerMetrics:
         self.job_decision_to_visible = Histogram(
             "txbroker_job_decision_to_visible_seconds", "From a job's decision to its last member ended and published",
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.job_groups_visible = Histogram(
+            "txbroker_job_groups_visible_seconds", "At a job's home: from its decision to every group it spans having "
+            "made its kept members visible, as the home learns it (checked every second): how long a consumer of "
+            "several groups may see the job on some groups and not yet on others",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300), registry=r)
         self.jobs_undecided = Gauge("txbroker_jobs_undecided", "Jobs open or prepared, not yet decided", ["state"],
                                     registry=r)
         self.jobs_prepared_nearest_bound = OptionalGauge(

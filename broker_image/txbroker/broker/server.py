@@ -81,7 +81,8 @@ class Broker:
         self.home_decisions = HomeDecisions(self.state, self.cluster, self.settings, self.role)
         self.jobs = JobService(self.state, self.transactions, self.role, self.metrics, self.cluster)
         self.job_groups = self.jobs.groups = JobGroups(self.state, self.jobs, self.transactions, self.cluster,
-                                                       self.settings, self.role)
+                                                       self.settings, self.role,
+                                                       self.metrics.job_groups_visible.observe)
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
         self.leader = ReplicationLeader(self)

@@ -131,7 +131,7 @@ def show_in_cluster(args) -> int:
     if job is None:
         raise SystemExit(f"txbroker job show: no job named {args.name!r} of producer group {args.group!r} on any group "
                          f"of the cluster {args.broker} belongs to (never opened, or expired)")
-    print(json.dumps({**msgspec.to_builtins(job.info), "at": job.home}, indent=2))
+    print(json.dumps({**msgspec.structs.asdict(job.info), "at": job.home}, indent=2))
     return 0
 
 

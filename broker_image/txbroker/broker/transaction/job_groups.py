@@ -54,13 +54,14 @@ TICK_S = 1.0
 
 class JobGroups:
     def __init__(self, state: StateMachine, jobs, transactions: TransactionService, cluster: ClusterMembership,
-                 settings: SettingsBook, role: RoleState):
+                 settings: SettingsBook, role: RoleState, observe_visible=lambda seconds: None):
         self._state = state
         self._jobs = jobs  # jobs.JobService: its published answers and the ending of members
         self._tx = transactions
         self._cluster = cluster
         self._settings = settings
         self._role = role
+        self._observe = observe_visible  # decision to visible on every group (a metric)
         self._resolved_on: dict[str, set[str]] = {}  # at the home: job -> groups that said they resolved it
         self._unknown: dict[str, int] = {}  # at a member group: job -> UNKNOWN answers from its home
         self._following: dict[str, asyncio.Future] = {}  # asks in flight, one per job
@@ -148,6 +149,7 @@ class JobGroups:
                     done.add(group)
             if done >= set(j.groups):
                 released.append(job_id)
+                self._observe(max(now_ms() - j.decided_ms, 0) / 1000)
         if released and self._role.is_master:
             state.append(ReleaseRecord([], now_ms(), released))
             for job_id in released:

@@ -1,0 +1,96 @@
+"""spark/README.md's "After the driver dies", each row of its table followed as written: the
+command it gives tells the state, and what it says to do gives exactly one run's rows, once (two
+broker groups, a SYNC master and slave each)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from support.cli import run_cli
+from spark_helpers import GROUP, kill_group, run_driver, spawn_driver, wait_marker
+
+pytest.importorskip("pyspark.sql.datasource")
+pytestmark = pytest.mark.timeout(900)
+
+README_COMMAND = "txbroker job show --name {name} --broker {broker} --group {group}"
+
+
+def job_show(env, name: str, check: bool = True):
+    """The README's command, as written."""
+    args = README_COMMAND.format(name=name, broker=env.cluster.bootstrap[0], group=GROUP).split()[1:]
+    r = run_cli(*args, check=check)
+    return json.loads(r.stdout) if r.returncode == 0 else r
+
+
+def driver(env, tmp_path, name: str, payload: str, *opts: str, hang: str | None = None, tag: str = "run"):
+    extra = [a for o in opts for a in ("--opt", o)]
+    args = ["batch", "--brokers", env.brokers, "--topic", "Recipe", "--group", GROUP, "--rows", "120",
+            "--partitions", "3", "--payload", payload, "--opt", f"jobId={name}", *extra]
+    log = tmp_path / f"{tag}.log"
+    if hang is None:
+        run_driver(*args, log_path=log)
+        return log
+    marker = tmp_path / f"{tag}.hook.json"
+    proc = spawn_driver(*args, "--opt", f"inject.hangAt={hang}", "--opt", f"inject.markerFile={marker}", log_path=log)
+    try:
+        wait_marker(marker, proc, log)
+    finally:
+        kill_group(proc)  # the driver dies at its hook
+    return log
+
+
+def published(env) -> Counter:
+    return Counter((json.loads(m.body)["id"], json.loads(m.body)["payload"]) for m in env.events("Recipe"))
+
+
+def only(env, payload: str) -> bool:
+    return published(env) == Counter((i, f"{payload}{i}") for i in range(120))
+
+
+def test_no_job_then_open_then_rerun_then_committed(cluster_env, tmp_path):
+    env, name = cluster_env, "orders-2026-11-26"
+    r = job_show(env, name, check=False)
+    assert r.returncode != 0 and "no job named" in r.stderr  # row 1: never opened: run it again
+    driver(env, tmp_path, name, "dead-", hang="before-decision", tag="dead")
+    assert job_show(env, name)["state"] == "OPEN"  # row 2: run again with the same jobId
+    driver(env, tmp_path, name, "rerun-", tag="rerun")
+    shown = job_show(env, name)
+    assert (shown["state"], shown["resolved"]) == ("COMMITTED", True)  # row 4: nothing to do
+    env.wait_settled()
+    assert only(env, "rerun-")
+    with pytest.raises(AssertionError) as refused:  # a re-run with that jobId is refused
+        driver(env, tmp_path, name, "again-", tag="again")
+    assert "already COMMITTED" in str(refused.value)
+    assert only(env, "rerun-")
+
+
+def test_prepared_then_committed_by_hand(cluster_env, tmp_path):
+    env, name = cluster_env, "orders-2026-11-27"
+    driver(env, tmp_path, name, "deferred-", "commit=deferred")  # the application dies before deciding
+    shown = job_show(env, name)
+    assert shown["state"] == "PREPARED"  # row 3: its local transaction finished: commit it on "at"'s group
+    home = env.cluster.group(shown["at"]).master
+    out = run_cli("job", "commit", shown["job_id"], "--admin", home.admin_url).stdout
+    assert "COMMITTED" in out
+    env.wait_settled()
+    assert only(env, "deferred-")
+
+
+def test_aborted_then_rerun_opens_a_new_job(cluster_env, tmp_path):
+    env, name = cluster_env, "orders-2026-11-28"
+    driver(env, tmp_path, name, "dead-", "deadlineSeconds=3", hang="before-decision", tag="dead")
+    shown = job_show(env, name)
+    home = env.cluster.group(shown["at"]).master
+    from support.waiting import wait_until
+
+    wait_until(lambda: job_show(env, name)["state"] == "ABORTED", 30, what="the deadline to abort the job")  # row 5
+    driver(env, tmp_path, name, "fresh-", tag="fresh")
+    again = job_show(env, name)
+    assert again["state"] == "COMMITTED" and again["job_id"] != shown["job_id"]
+    env.wait_settled()
+    assert only(env, "fresh-")
+    assert re.search(r"ABORTED", run_cli("job", "show", shown["job_id"], "--admin", home.admin_url).stdout)
