@@ -52,6 +52,10 @@ REQUEST_BODIES: dict[int, type] = {
     RequestCode.PREPARE_JOB: bodies.PrepareJobRequest,
     RequestCode.DECIDE_JOB: bodies.DecideJobRequest,
     RequestCode.QUERY_JOB: bodies.QueryJobRequest,
+    RequestCode.QUERY_JOB_MEMBERS: bodies.JobMembersRequest,
+    RequestCode.QUERY_JOBS_SETTLED: bodies.JobsSettledRequest,
+    RequestCode.QUERY_TRANSACTION_STATES: bodies.TransactionStatesRequest,
+    RequestCode.REPLICATION_SNAPSHOT: bodies.SnapshotRequest,
 }
 ALL_BODY_TYPES = sorted({t for t in vars(bodies).values()
                          if isinstance(t, type) and issubclass(t, msgspec.Struct) and t is not msgspec.Struct},

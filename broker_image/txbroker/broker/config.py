@@ -49,6 +49,9 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     # until its decision left the log: a replay by its name within it finds it (Kafka's
     # transactional.id.expiration.ms, 7 days).
     job_retention_ms: int = 7 * 24 * 3_600_000
+    # Every record of the store read back (checksums checked) soon after the start, then this often;
+    # a damaged file stops the broker (a slave is seeded from its master). 0: never.
+    scrub_interval_ms: int = 24 * 3_600_000
     auto_create_topic: bool = True
     default_queue_count: int = 4
     max_message_size: int = 4 * 1024 * 1024
@@ -99,6 +102,8 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"retention_ms must be at least 1, got {self.retention_ms}")
         if self.retention_bytes < 0:
             raise ConfigError(f"retention_bytes must be 0 (no size limit) or more, got {self.retention_bytes}")
+        if self.scrub_interval_ms < 0:
+            raise ConfigError(f"scrub_interval_ms must be 0 (never) or more, got {self.scrub_interval_ms}")
         if self.job_retention_ms < 1:
             raise ConfigError(f"job_retention_ms must be at least 1, got {self.job_retention_ms}")
         if self.retention_check_interval_ms < 10:

@@ -9,9 +9,11 @@ import sys
 
 from txbroker.broker.auth import CredentialsError
 from txbroker.broker.config import BrokerConfig, ConfigError
+from txbroker.broker.replication.seed import seed_from_master
 from txbroker.broker.server import Broker
-from txbroker.broker.tls import TlsError
-from txbroker.store.db import StoreError
+from txbroker.broker.tls import BrokerTls, TlsError
+from txbroker.store import seed
+from txbroker.store.db import StoreCorrupt, StoreError
 
 log = logging.getLogger("txbroker.broker")
 
@@ -30,7 +32,7 @@ def _event_loop_policy() -> None:
 
 
 async def serve(config: BrokerConfig) -> int:
-    broker = Broker(config)
+    broker = await open_broker(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda s=sig: (log.info("received %s", signal.Signals(s).name),
@@ -47,6 +49,24 @@ async def serve(config: BrokerConfig) -> int:
     return broker.exit_code
 
 
+async def open_broker(config: BrokerConfig) -> Broker:
+    """The broker on its store: a slave whose store is marked for a seed, or is damaged, is seeded
+    from its master first (broker/replication/seed.py)."""
+    why = seed.marked(config.data_dir)
+    if why is None:
+        try:
+            return Broker(config)
+        except StoreCorrupt as e:
+            why = f"its store is damaged ({e})"
+    if config.role != "slave" or not config.master:
+        raise StoreError(f"data directory {config.data_dir} needs seeding from a master ({why}), but this broker "
+                         "starts as a master: start it as a slave of the master (--role slave --master ADDRESS)")
+    tls = BrokerTls(config)
+    creds = (config.replication_access_key, config.replication_secret()) if config.replication_access_key else None
+    await seed_from_master(config, creds, tls.replication, why)
+    return Broker(config)
+
+
 def run(config: BrokerConfig) -> int:
     setup_logging(config.log_level)
     _event_loop_policy()
@@ -55,3 +75,6 @@ def run(config: BrokerConfig) -> int:
     except (StoreError, CredentialsError, TlsError, ConfigError) as e:
         log.error("%s", e)
         return 2
+    except OSError as e:  # a seed that could not be fetched (its master unreachable, or refusing)
+        log.error("%s: the next start seeds again", e)
+        return 3

@@ -29,7 +29,9 @@ from txbroker.broker.state_metrics import StateCollector
 from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.replication.follower import ReplicationFollower
 from txbroker.broker.replication.leader import ReplicationLeader
+from txbroker.broker.replication.seed import SnapshotService
 from txbroker.broker.retention_service import RetentionService
+from txbroker.broker.scrub_service import ScrubService
 from txbroker.broker.role import RoleState
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.broker.transaction.settings import SettingsBook
@@ -39,11 +41,14 @@ from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transaction.service import TransactionService, now_ms
 from txbroker.store.reads import MessageReader
 from txbroker.store.records import EpochRecord
+from txbroker.store.seed import mark as reseed
 from txbroker.store.state import StateMachine
 
 log = logging.getLogger(__name__)
 
 EXIT_STORE_FAILED = 70
+EXIT_STORE_DAMAGED = 71  # restart: a slave seeds itself from its master
+EXIT_RESEED = 72  # restart: it seeds itself from its master
 
 
 class Broker:
@@ -62,6 +67,7 @@ class Broker:
                                     + self.cluster.files, self._files_changed, config.auth_reload_interval_ms / 1000)
         self.state = StateMachine(config.data_dir, config.flush_disk_type == "SYNC", self._fatal,
                                   self.metrics.observe_flush, config.job_retention_ms)
+        self.state.on_corruption.append(self.corrupted)
         self.reader = MessageReader(self.state)
         self.role = RoleState(config.role, lambda: self.state.epoch, config.master)
         levels = parse_delay_levels(config.message_delay_level)
@@ -73,6 +79,7 @@ class Broker:
         self.consumers = ConsumerRegistry(config.consumer_expiry_ms)
         self.schedule = ScheduleService(self, levels)
         self.retention = RetentionService(self)
+        self.scrub = ScrubService(self)
         self._housekeeping: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics, self.settings,
                                                config.reject_transaction_message, self.cluster)
@@ -86,6 +93,7 @@ class Broker:
         self.check_service = CheckService(self.state, self.reader, self.transactions, self.settings,
                                           self.producers, self.metrics)
         self.leader = ReplicationLeader(self)
+        self.snapshots = SnapshotService(self)
         self.roles = RoleChanges(self)
         self.follower: ReplicationFollower | None = None
         self.metrics.registry.register(StateCollector(self))  # read at scrape time only
@@ -131,6 +139,7 @@ class Broker:
             self.follower.start()
         self._housekeeping = loop.create_task(self._housekeep())
         self.retention.start()
+        self.scrub.start()
         self.ready = True
         pending, parked = self.transactions.counts()
         log.info("broker %s started as %s at epoch %d in %.3fs (store recovered in %.3fs): data %s, admin %s, "
@@ -231,6 +240,7 @@ class Broker:
         await self.cluster.close()
         await self.schedule.stop()
         await self.retention.stop()
+        await self.scrub.stop()
         if self.leader.active:
             self.leader.detach("the broker is stopping")
         if self._housekeeping is not None:
@@ -274,4 +284,23 @@ class Broker:
 
     def _fatal(self, exc: BaseException) -> None:
         self.exit_code = EXIT_STORE_FAILED
+        asyncio.get_running_loop().create_task(self.stop())
+
+    def corrupted(self, exc: BaseException) -> None:
+        """A read met a damaged file: nothing of it was served. The broker stops, its store marked to
+        be seeded from its master at the next start (as a slave; a master is failed over first)."""
+        if self.exit_code == EXIT_STORE_DAMAGED:
+            return
+        log.critical("the store is damaged (%s): stopping; at the next start as a slave it is seeded from its "
+                     "master (a copy of the master's store)", exc)
+        self.metrics.store_damaged.inc()
+        reseed(self.config.data_dir, f"a read met a damaged file: {exc}")
+        self.exit_code = EXIT_STORE_DAMAGED
+        asyncio.get_running_loop().create_task(self.stop())
+
+    def needs_seed(self, why: str) -> None:
+        """This slave cannot go on from its own store (its master deleted records it needs)."""
+        log.error("%s: stopping; the next start seeds this store from the master", why)
+        reseed(self.config.data_dir, why)
+        self.exit_code = EXIT_RESEED
         asyncio.get_running_loop().create_task(self.stop())

@@ -50,6 +50,14 @@ def register(sub) -> None:
                    help="keep a decided job this long after its decision (and until its decision left the log): "
                         "a replay by its name within it finds it, later one opens a new job "
                         "(default 604800000, 7 days, as Kafka's transactional.id.expiration.ms)")
+    p.add_argument("--scrub-interval-ms", type=int,
+                   help="read every record of the store back (checksums checked) soon after the start and then "
+                        "this often; a damaged file stops the broker, and a slave is seeded from its master "
+                        "(default 86400000, a day; 0: never)")
+    p.add_argument("--reseed", action="store_true",
+                   help="a slave: replace this data directory's store with a copy of its master's before starting "
+                        "(the previous one is kept in DATA_DIR/.damaged). A slave does this by itself when its store "
+                        "is damaged or its master deleted records it needs")
     p.add_argument("--slave-read-enable", action="store_true", default=None,
                    help="as a slave, serve pulls of replicated messages")
     p.add_argument("--message-delay-level",
@@ -96,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         "replication_timeout_ms": args.replication_timeout_ms,
         "replication_heartbeat_ms": args.replication_heartbeat_ms, "retention_ms": args.retention_ms,
         "retention_bytes": args.retention_bytes, "retention_check_interval_ms": args.retention_check_interval_ms,
-        "job_retention_ms": args.job_retention_ms,
+        "job_retention_ms": args.job_retention_ms, "scrub_interval_ms": args.scrub_interval_ms,
         "slave_read_enable": args.slave_read_enable,
         "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
         "auth_file": args.auth_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
@@ -115,5 +123,12 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as e:  # a ConfigError, or flags' transaction settings
         print(f"txbroker broker: {e}", file=sys.stderr)
         return 2
+    if args.reseed:
+        if cfg.role != "slave" or not cfg.master:
+            print("txbroker broker: --reseed seeds a slave from its master: give --role slave --master ADDRESS",
+                  file=sys.stderr)
+            return 2
+        from txbroker.store import seed
+        seed.mark(cfg.data_dir, "asked for (--reseed)")
     from txbroker.broker.main import run as run_broker
     return run_broker(cfg)

@@ -268,6 +268,24 @@ class ReplicaRecords(Struct, array_like=True):
     published: int = -1  # the master's published LSN: a slave serves no further (-1: an older master's)
 
 
+class SnapshotRequest(Struct, array_like=True, omit_defaults=True):
+    """REPLICATION_SNAPSHOT: `begin` a consistent copy of the master's store (a RocksDB checkpoint),
+    `read` its files chunk by chunk, `end` it (the master drops the copy)."""
+
+    action: str  # begin | read | end
+    snapshot_id: str = ""
+    name: str = ""  # read: the file
+    offset: int = 0
+    length: int = 0
+
+
+class SnapshotResponse(Struct, array_like=True, omit_defaults=True):
+    snapshot_id: str = ""
+    files: list[tuple[str, int]] = []  # begin: (name, size) of every file of the copy
+    data: bytes = b""  # read: the chunk
+    last_lsn: int = 0  # begin: the copy's last log record
+
+
 class ReplicaAck(Struct, array_like=True):
     durable_lsn: int
     epoch: int

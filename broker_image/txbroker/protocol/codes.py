@@ -32,6 +32,7 @@ class RequestCode(IntEnum):
     REPLICATION_SUBSCRIBE = 900  # slave -> master: send me records from LSN n
     REPLICATION_PUSH = 901  # master -> slave, one-way: records
     REPLICATION_ACK = 902  # slave -> master, one-way: durable up to LSN n
+    REPLICATION_SNAPSHOT = 903  # slave -> master: a consistent copy of the store, file by file (a seed)
     # Authentication (RocketMQ's remoting signs each request instead; see broker/auth/__init__.py):
     # one SCRAM exchange per connection, two round trips, before any other request.
     SASL_AUTHENTICATE = 910

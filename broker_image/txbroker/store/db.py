@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from rocksdict import BlockBasedOptions, Options, Rdict, RdictIter, WriteOptions
+from rocksdict import BlockBasedOptions, DBRecoveryMode, Options, Rdict, RdictIter, WriteOptions
 
 from txbroker.store.records import READABLE_FORMATS, STORE_FORMAT_VERSION
 
@@ -19,18 +19,105 @@ class StoreError(Exception):
     """The data directory cannot be used (locked, wrong format, corrupt)."""
 
 
+class StoreCorrupt(StoreError):
+    """RocksDB found the data directory's files damaged (a checksum, a truncated file)."""
+
+
+def is_corruption(e: BaseException) -> bool:
+    """An error RocksDB raised because a file it read is damaged (rocksdict raises bare Exceptions
+    with RocksDB's status message)."""
+    return isinstance(e, StoreCorrupt) or "Corruption" in str(e) or "truncated block read" in str(e)
+
+
+def _corrupt(e: BaseException, hooks: list) -> StoreCorrupt:
+    err = e if isinstance(e, StoreCorrupt) else StoreCorrupt(f"damaged data: {e}")
+    for hook in hooks:
+        hook(err)
+    return err
+
+
+class CheckedIter:
+    """A RocksDB iterator that raises StoreCorrupt where RocksDB's just stops (it ends an iteration
+    at a damaged block as if the data ended there: a read would silently come up short)."""
+
+    __slots__ = ("_it", "_hooks", "key", "value", "next", "prev", "seek", "seek_for_prev", "seek_to_first",
+                 "seek_to_last")
+
+    def __init__(self, it: RdictIter, hooks: list):
+        self._it, self._hooks = it, hooks
+        self.key, self.value, self.next, self.prev = it.key, it.value, it.next, it.prev
+        self.seek, self.seek_for_prev, self.seek_to_first, self.seek_to_last = (
+            it.seek, it.seek_for_prev, it.seek_to_first, it.seek_to_last)
+
+    def valid(self) -> bool:
+        if self._it.valid():
+            return True
+        try:
+            self._it.status()
+        except Exception as e:  # noqa: BLE001 - RocksDB's status, raised as a bare Exception
+            raise _corrupt(e, self._hooks) from e
+        return False
+
+
+class Column:
+    """A column family as the store reads it: RocksDB's, whose reads raise StoreCorrupt (and tell
+    `on_corruption`) on a damaged file instead of coming up short."""
+
+    def __init__(self, cf: Rdict, hooks: list):
+        self._cf = cf
+        self._hooks = hooks  # the database's: told of a damaged file before StoreCorrupt is raised
+        self.put, self.delete = cf.put, cf.delete
+
+    def get(self, key, default=None):
+        try:
+            return self._cf.get(key, default)
+        except Exception as e:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
+            if is_corruption(e):
+                raise _corrupt(e, self._hooks) from e
+            raise
+
+    def __getitem__(self, key):
+        v = self.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def iter(self) -> CheckedIter:
+        return CheckedIter(self._cf.iter(), self._hooks)
+
+    def items(self, from_key=None, backwards: bool = False):
+        it = self.iter()
+        if from_key is None:
+            it.seek_to_last() if backwards else it.seek_to_first()
+        else:
+            it.seek_for_prev(from_key) if backwards else it.seek(from_key)
+        step = it.prev if backwards else it.next
+        while it.valid():
+            yield it.key(), it.value()
+            step()
+
+    def keys(self, from_key=None):
+        for k, _v in self.items(from_key):
+            yield k
+
+    def close(self) -> None:
+        self._cf.close()
+        self._cf = self.put = self.delete = None
+
+
 @dataclass
 class Database:
     db: Rdict
-    log: Rdict
-    cq: Rdict
-    pending: Rdict
-    tx: Rdict
-    meta: Rdict
-    offsets: Rdict
-    keys: Rdict
-    jobs: Rdict
+    log: Column
+    cq: Column
+    pending: Column
+    tx: Column
+    meta: Column
+    offsets: Column
+    keys: Column
+    jobs: Column
     handles: dict
+    on_corruption: list  # told of every damaged file a read meets (the broker stops; a slave is seeded)
 
     def close(self) -> None:
         # Each column-family handle keeps the database (and its LOCK file) open: close them all.
@@ -51,6 +138,11 @@ def _options() -> Options:
     opt.create_missing_column_families(True)
     opt.increase_parallelism(2)
     opt.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES)
+    # A damaged file is an error, never silently dropped data: a torn last WAL record (a crash in the
+    # middle of an unsynced write) is what a crash leaves and is dropped; damage anywhere else stops
+    # the open (StoreCorrupt), and a slave then seeds itself from its master (broker/replication/seed.py).
+    opt.set_paranoid_checks(True)
+    opt.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     return opt
 
 
@@ -72,14 +164,17 @@ def open_database(path: str) -> Database:
         db = Rdict(path, options=_options(), column_families=cfs)
     except Exception as e:  # rocksdict raises a bare Exception with RocksDB's message
         msg = str(e)
+        if is_corruption(e):
+            raise StoreCorrupt(f"data directory {path} is damaged: {msg}") from e
         if "lock hold by current process" in msg:
             raise StoreError(f"data directory {path} is already open in this process ({msg})") from e
-        if "lock" in msg.lower():
+        if "LOCK" in msg or "lock" in msg.split(":")[0].lower():
             raise StoreError(f"data directory {path} is in use by another broker process ({msg})") from e
         raise StoreError(f"cannot open data directory {path}: {msg}") from e
-    parts = {name: db.get_column_family(name) for name in COLUMN_FAMILIES}
+    hooks: list = []
+    parts = {name: Column(db.get_column_family(name), hooks) for name in COLUMN_FAMILIES}
     handles = {name: db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
-    database = Database(db=db, handles=handles, **parts)
+    database = Database(db=db, handles=handles, on_corruption=hooks, **parts)
     fmt = database.meta.get(b"format")
     found = int(fmt) if fmt is not None else None
     if found not in READABLE_FORMATS and found is not None:
@@ -101,14 +196,14 @@ def sync_write_options() -> WriteOptions:
     return wo
 
 
-def last_key(cf: Rdict) -> bytes | None:
-    it: RdictIter = cf.iter()
+def last_key(cf: Column) -> bytes | None:
+    it = cf.iter()
     it.seek_to_last()
     return it.key() if it.valid() else None
 
 
-def last_item_with_prefix(cf: Rdict, prefix: bytes) -> tuple[bytes, bytes] | None:
-    it: RdictIter = cf.iter()
+def last_item_with_prefix(cf: Column, prefix: bytes) -> tuple[bytes, bytes] | None:
+    it = cf.iter()
     it.seek_for_prev(prefix + b"\xff" * 8)
     if it.valid():
         key = it.key()

@@ -31,7 +31,8 @@ from typing import Callable
 
 from txbroker.protocol.bodies import Message
 from txbroker.store import keys
-from txbroker.store.db import Database, last_item_with_prefix, last_key, open_database
+from txbroker.store import seed
+from txbroker.store.db import COLUMN_FAMILIES, Database, last_item_with_prefix, last_key, open_database
 from txbroker.store.derived.family import Family, RetentionPass
 from txbroker.store.derived.jobs import JOB_RETENTION_MS, Jobs
 from txbroker.store.derived.marks import MARK_PREFIX, Marks, decode_mark
@@ -105,6 +106,7 @@ class StateMachine:
         self.local_durable_lsn = 0  # written to the local disk (what replication can ship)
         self.truncating = False
         self.on_truncate: list[Callable[[], None]] = []  # caches of records to drop after a truncation
+        self.on_corruption = self.db.on_corruption  # told of a damaged file a read met (StoreCorrupt follows)
 
         # the families of derived state, in the order truncation cuts them back
         self.messages = Messages(self.db)
@@ -454,6 +456,23 @@ class StateMachine:
             if len(out) >= max_records or size >= max_bytes:
                 break
         return out
+
+    # ---- checking and copying the store ---------------------------------------------------------------
+
+    async def read_everything(self, slice_keys: int = 5_000) -> int:
+        """Every key and value of every column family read once (RocksDB checks each block's checksum
+        as it reads it: a damaged file raises StoreCorrupt); yields to the loop every `slice_keys`."""
+        n = 0
+        for name in COLUMN_FAMILIES:
+            for _k, _v in getattr(self.db, name).items():
+                n += 1
+                if n % slice_keys == 0:
+                    await asyncio.sleep(0)
+        return n
+
+    def checkpoint(self, snapshot_id: str):
+        """A consistent copy of the store (store/seed.py), for a slave to seed itself from."""
+        return seed.checkpoint(self.db.db, self.path, snapshot_id)
 
     # ---- waiting for writes -------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ def handlers(broker) -> dict[int, object]:
         RequestCode.QUERY_MESSAGE: consumer.QueryByKeyProcessor(broker),
         RequestCode.REPLICATION_SUBSCRIBE: replication.SubscribeProcessor(broker),
         RequestCode.REPLICATION_ACK: replication.AckProcessor(broker),
+        RequestCode.REPLICATION_SNAPSHOT: replication.SnapshotProcessor(broker),
         RequestCode.SASL_AUTHENTICATE: auth.SaslAuthenticateProcessor(broker),
         RequestCode.OPEN_JOB: job.JobProcessor(broker, "open"),
         RequestCode.PREPARE_JOB: job.JobProcessor(broker, "prepare"),

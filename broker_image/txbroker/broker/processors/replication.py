@@ -1,7 +1,7 @@
-"""REPLICATION_SUBSCRIBE and REPLICATION_ACK: a slave's requests to its master."""
+"""REPLICATION_SUBSCRIBE, REPLICATION_ACK and REPLICATION_SNAPSHOT: a slave's requests to its master."""
 
 from txbroker.broker.replies import Reply
-from txbroker.protocol.bodies import ReplicaAck, ReplicaSubscribe, decoder
+from txbroker.protocol.bodies import ReplicaAck, ReplicaSubscribe, SnapshotRequest, decoder
 
 
 class SubscribeProcessor:
@@ -24,3 +24,18 @@ class AckProcessor:
     def __call__(self, conn, body: bytes) -> None:
         conn.access.require_replication()
         self._broker.leader.ack(conn, self._decode(body))  # one-way: no answer
+
+
+class SnapshotProcessor:
+    """A copy of the master's store for a slave to seed itself from (broker/replication/seed.py)."""
+
+    def __init__(self, broker):
+        self._decode = decoder(SnapshotRequest).decode
+        self._broker = broker
+
+    def __call__(self, conn, body: bytes) -> Reply:
+        conn.access.require_replication()
+        req = self._decode(body)
+        self._broker.role.require_master()  # a seed comes from the master, never from a node that may lag
+        conn.replica = True
+        return self._broker.snapshots.handle(req)

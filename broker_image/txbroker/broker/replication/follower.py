@@ -97,8 +97,12 @@ class ReplicationFollower:
         frame = await conn.call(RequestCode.REPLICATION_SUBSCRIBE, encode(req), 10.0)
         if frame.code != ResponseCode.SUCCESS:
             self.last_error = f"{code_name(frame.code)}: {_error.decode(frame.body).remark}"
-            log.warning("master %s refused replication: %s", self.master, self.last_error)
             conn.close()
+            if frame.code == ResponseCode.PULL_OFFSET_MOVED:  # its master deleted what it needs: seed anew
+                self._stopping = True
+                self._broker.needs_seed(f"master {self.master} refused replication: {self.last_error}")
+                return False
+            log.warning("master %s refused replication: %s", self.master, self.last_error)
             return False
         welcome = _welcome.decode(frame.body)
         if welcome.truncate_after >= 0:

@@ -106,11 +106,11 @@ class ReplicationLeader:
                          f"this master is at epoch {state.epoch}, behind the slave's {req.epoch}")
         if req.next_lsn < 1:
             return error(ResponseCode.MESSAGE_ILLEGAL, f"next_lsn must be at least 1, got {req.next_lsn}")
-        if req.next_lsn < state.log_complete_from:
-            return error(ResponseCode.ILLEGAL_OPERATION,
+        if req.next_lsn < state.log_complete_from:  # (the slave seeds itself from a copy: replication/seed.py)
+            return error(ResponseCode.PULL_OFFSET_MOVED,
                          f"slave {req.slave_name} needs records from LSN {req.next_lsn}, but retention deleted this "
-                         f"master's records before {state.log_complete_from}: start it on a copy of the master's "
-                         f"data directory (or a snapshot of its volume)")
+                         f"master's records before {state.log_complete_from}: it must be seeded from a copy of the "
+                         f"master's store")
         last = req.next_lsn - 1
         shared_end = state.shared_end(req.epochs, last) if req.epochs else (
             state.epoch_end(req.epoch) if req.epoch < state.epoch else state.next_lsn - 1)

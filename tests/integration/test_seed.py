@@ -1,0 +1,129 @@
+"""A slave that cannot go on from its own store seeds itself from a copy of its master's (real
+brokers, real RocksDB files damaged on disk): a damaged file is detected and never served; a slave
+whose master's retention deleted what it needs is seeded instead of refused for good."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import Counter
+
+import pytest
+
+from support.brokers import BrokerProcess
+from support.metrics import metric
+from support.pairs import SYNC_FLAGS, sync_pair
+from support.waiting import wait_until
+from txbroker.client import BrokerError, Message, Producer, PullConsumer
+from txbroker.client.admin import AdminClient
+from txbroker.client.connection import BrokerClient
+from txbroker.protocol.bodies import SnapshotRequest, SnapshotResponse
+from txbroker.protocol.codes import RequestCode
+
+EXIT_STORE_DAMAGED, EXIT_RESEED = 71, 72
+
+
+def info(b):
+    return AdminClient(b.admin_url).broker_info()
+
+
+def fill(m, n=400, topic="Seeded"):
+    with Producer("p", m.address) as p:
+        for i in range(n):
+            p.send(Message(topic, f"m{i}-".encode() + b"x" * 300, queue_id=0))
+
+
+def readable(b, topic="Seeded") -> Counter:
+    with PullConsumer(b.address, require_master=False) as c:
+        return Counter(m.body[:8].decode().split("-")[0] for m in c.read_all(topic))
+
+
+def in_sync(m, s):
+    return lambda: info(s).local_durable_offset == info(m).log_end_offset and any(
+        x.in_sync for x in info(m).replication.slaves)
+
+
+def flip(path: str, at: float = 0.5) -> None:
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(int(size * at))
+        b = f.read(1)
+        f.seek(int(size * at))
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def slave_flags(s):
+    return s.extra_args
+
+
+@pytest.mark.parametrize("damage", ["table file", "manifest"])
+def test_a_slave_whose_store_is_damaged_is_seeded_from_its_master_and_serves_nothing_damaged(broker_factory, damage):
+    m, s = sync_pair(broker_factory, "--slave-read-enable", "--scrub-interval-ms", "200")
+    fill(m)
+    wait_until(in_sync(m, s), what="the slave in sync")
+    s.stop()  # a clean stop leaves the store in table files
+    target = {"table file": max(glob.glob(f"{s.data_dir}/*.sst"), key=os.path.getsize),
+              "manifest": max(glob.glob(f"{s.data_dir}/MANIFEST-*"), key=os.path.getsize)}[damage]
+    flip(target)
+    s.start()  # damaged: found at the open (manifest) or by the scrub soon after (a table's block)
+    if damage == "table file":
+        assert s.proc.wait(30) == EXIT_STORE_DAMAGED, s.log()[-2000:]
+        assert "the store is damaged" in s.log()
+        s.start()
+    wait_until(in_sync(m, s), 30, what="the seeded slave in sync")
+    assert "store seeded from master" in s.log()
+    every = Counter({f"m{i}": 1 for i in range(400)})
+    assert readable(m) == every
+    wait_until(lambda: readable(s) == every, what="the seeded slave to serve the master's log (as published)")
+    assert os.path.isdir(os.path.join(s.data_dir, ".damaged"))  # the damaged store, kept aside
+
+
+def test_a_slave_that_needs_records_its_master_deleted_is_seeded(broker_factory, tmp_path):
+    m = broker_factory(*SYNC_FLAGS, "--replication-mode", "ASYNC", "--retention-ms", "300",
+                       "--retention-check-interval-ms", "100", "--broker-name", "m", name="m")
+    fill(m, 200)
+    end = info(m).log_end_offset
+    wait_until(lambda: info(m).log_start_offset > end, what="retention past the first records")
+    s = BrokerProcess(tmp_path / "s-data", tmp_path / "s.log", ["--role", "slave", "--master", m.address,
+                                                                "--broker-name", "s", "--slave-read-enable",
+                                                                *SYNC_FLAGS, "--replication-mode", "ASYNC"])
+    try:
+        with pytest.raises(AssertionError, match=f"exited with {EXIT_RESEED}"):
+            s.start()  # refused: the master deleted what it needs; it stops, its store marked for a seed
+        assert "must be seeded from a copy of the master's store" in s.log()
+        s.start()  # the kubelet's restart
+        wait_until(in_sync(m, s), 30, what="the seeded slave in sync")
+        fill(m, 10, "After")
+        wait_until(lambda: readable(s, "After") == Counter({f"m{i}": 1 for i in range(10)}), what="live replication")
+    finally:
+        s.stop()
+
+
+def test_a_snapshot_request_names_only_its_own_files(broker_factory):
+    m, _s = sync_pair(broker_factory)
+
+    async def ask(req: SnapshotRequest):
+        c = BrokerClient([m.address])
+        try:
+            return await c.request(RequestCode.REPLICATION_SNAPSHOT, req, SnapshotResponse)
+        finally:
+            await c.close()
+
+    import asyncio
+
+    begun = asyncio.run(ask(SnapshotRequest("begin")))
+    assert begun.files and begun.last_lsn >= 1
+    for bad in ("../../etc/passwd", "/etc/passwd", "RESEED"):
+        with pytest.raises(BrokerError) as e:
+            asyncio.run(ask(SnapshotRequest("read", begun.snapshot_id, bad, 0, 10)))
+        assert e.value.code_name == "MESSAGE_ILLEGAL" and "has no file" in e.value.remark
+    name, size = begun.files[0]
+    with pytest.raises(BrokerError) as e:
+        asyncio.run(ask(SnapshotRequest("read", begun.snapshot_id, name, 0, 64 << 20)))
+    assert "at most" in e.value.remark
+    assert asyncio.run(ask(SnapshotRequest("end", begun.snapshot_id))).snapshot_id == begun.snapshot_id
+    with pytest.raises(BrokerError) as e:
+        asyncio.run(ask(SnapshotRequest("read", begun.snapshot_id, name, 0, 10)))
+    assert e.value.code_name == "QUERY_NOT_FOUND"
+    assert not os.path.exists(os.path.join(m.data_dir, ".snapshots", begun.snapshot_id))
+    assert metric(m, "txbroker_store_damaged_total") == 0
