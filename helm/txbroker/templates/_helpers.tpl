@@ -121,7 +121,9 @@ sparkSubmit
 {{- .Values.spark.broker.name | default .Values.txbroker.name | default .Release.Name -}}
 {{- end -}}
 
-{{/* HOST:PORT[,...]: spark.broker.address, else the TxBroker's <name>-master Service (follows failover). */}}
+{{/* HOST:PORT[,...]: spark.broker.address, else the TxBroker's <name>-master Service, which selects
+     every broker group's master (it follows failover): the data source learns the route of all the
+     groups from whichever answers (tests/e2e/test_k8s_spark_groups.py checks this render). */}}
 {{- define "txbroker.spark.brokers" -}}
 {{- .Values.spark.broker.address | default (printf "%s-master.%s.svc:10911" (include "txbroker.spark.brokerName" .) .Release.Namespace) -}}
 {{- end -}}
