@@ -47,8 +47,9 @@ Faults and commands
 * SIGTERM or SIGINT: a clean shutdown: everything pending is synced (as an unmount would), then the
   filesystem is unmounted and the process exits 0.
 After each command the control file (if given) is replaced by one JSON line saying it is done:
-``{"seq": 3, "done": "crash", "files": 2, "bytes": 8192}`` (files and bytes pending that were
-dropped or synced); the same goes to stderr. Commands are applied one at a time, in order.
+``{"seq": 3, "done": "crash", "files": 2, "bytes": 8192, "paths": {"/store/000012.log": 8000, ...}}``
+(the files that had pending data, and the bytes written to them since their last sync, dropped or
+synced); the same goes to stderr. Commands are applied one at a time, in order.
 
 The harness's order for a power loss: kill -9 the broker, wait for it to be gone (its write and
 fsync calls in flight are answered before the process can exit, so none lands afterwards), then
@@ -96,10 +97,11 @@ def _load_mfusepy():
 class File:
     """One backing inode as the emulated page cache holds it."""
 
-    __slots__ = ("key", "fd", "writable", "handles", "pages", "size", "bsize", "floor", "charge", "dirty")
+    __slots__ = ("key", "name", "fd", "writable", "handles", "pages", "size", "bsize", "floor", "charge", "dirty")
 
     def __init__(self, key, fd: int, writable: bool):
         self.key = key
+        self.name = ""  # its path in the mount when last opened or renamed (for the reports)
         self.fd = fd  # the backing file, open while a handle is or anything is pending
         self.writable = writable
         self.handles = 0
@@ -310,22 +312,20 @@ class LazyOps:
     # ---- commands (the lock held by the caller) -------------------------------------------------
 
     def power_loss(self) -> dict:
-        files = dropped = 0
+        paths = {}
         for f in list(self.files.values()):
             if f.pending:
-                files += 1
-                dropped += self._clean(f)
+                paths[f.name] = paths.get(f.name, 0) + self._clean(f)
                 self._forget_if_idle(f)
-        return {"done": "crash", "files": files, "bytes": dropped}
+        return {"done": "crash", "files": len(paths), "bytes": sum(paths.values()), "paths": _top(paths)}
 
     def sync_all(self) -> dict:
-        files = synced = 0
+        paths = {}
         for f in list(self.files.values()):
             if f.pending:
-                files += 1
-                synced += self._sync(f)
+                paths[f.name] = paths.get(f.name, 0) + self._sync(f)
                 self._forget_if_idle(f)
-        return {"done": "sync", "files": files, "bytes": synced}
+        return {"done": "sync", "files": len(paths), "bytes": sum(paths.values()), "paths": _top(paths)}
 
     def pending_bytes(self) -> int:
         return sum(f.dirty for f in self.files.values())
@@ -371,12 +371,16 @@ class LazyOps:
     def open(self, path, flags):
         with self.mutex:
             fd, writable = self._open_backing(self._rel(path), flags)
-            return self._new_handle(self._file_of_fd(fd, writable), flags)
+            f = self._file_of_fd(fd, writable)
+            f.name = path
+            return self._new_handle(f, flags)
 
     def create(self, path, mode, flags=os.O_WRONLY):
         with self.mutex:
             fd, writable = self._open_backing(self._rel(path), flags | os.O_CREAT, mode)
-            return self._new_handle(self._file_of_fd(fd, writable), flags)
+            f = self._file_of_fd(fd, writable)
+            f.name = path
+            return self._new_handle(f, flags)
 
     def read(self, path, size, offset, fh):
         with self.mutex:
@@ -475,10 +479,12 @@ class LazyOps:
     def rename(self, old, new):
         src, dst = self._rel(old), self._rel(new)
         with self.mutex:
-            replaced = self._key_at(dst)
+            moved, replaced = self._key_at(src), self._key_at(dst)
             os.rename(src, dst, src_dir_fd=self.root, dst_dir_fd=self.root)
-            if replaced is not None:
+            if replaced is not None and replaced != moved:
                 self._forget_if_gone(replaced)
+            if moved in self.files:
+                self.files[moved].name = new
         return 0
 
     def link(self, target, source):
@@ -519,6 +525,11 @@ class LazyOps:
                     os.close(f.fd)
                 self.files.clear()
                 self.handles.clear()
+
+
+def _top(paths: dict[str, int], n: int = 50) -> dict[str, int]:
+    """The files with the most bytes (pending bytes written since their last sync), at most n."""
+    return dict(sorted(paths.items(), key=lambda kv: -kv[1])[:n])
 
 
 def _say(msg: str) -> None:

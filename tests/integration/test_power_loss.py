@@ -224,7 +224,7 @@ def test_sync_flush_keeps_every_acknowledged_message_and_commit_through_a_power_
     assert store_problems(b, acked) == []
     a_new_write_lands_at_the_next_offset(b)
     print(f"SYNC: {len(acked.sends)} sends and {len(acked.txs)} transactions acknowledged, none lost; "
-          f"the power loss dropped {lost_power['bytes']} unsynced bytes in {lost_power['files']} files")
+          f"the power loss dropped {lost_power['bytes']} unsynced bytes: {lost_power['paths']}")
 
 
 def test_async_flush_power_loss_window_is_counted_and_the_store_stays_consistent(disk, record_property):
@@ -237,4 +237,4 @@ def test_async_flush_power_loss_window_is_counted_and_the_store_stays_consistent
     record_property("lost_acknowledged_commits", len(lost_commits))
     print(f"ASYNC: the power loss took {len(lost_sends)} of {len(acked.sends)} acknowledged messages and "
           f"{len(lost_commits)} of {sum(d is S.COMMIT for d in acked.txs.values())} acknowledged commits; "
-          f"it dropped {lost_power['bytes']} unsynced bytes in {lost_power['files']} files")
+          f"it dropped {lost_power['bytes']} unsynced bytes: {lost_power['paths']}")
