@@ -290,7 +290,8 @@ class Pass:
         except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
             return None, str(e)
         return scaling.DrainReport(undelivered=drain.undelivered, pending_transactions=drain.pending_transactions,
-                                   drained=drain.drained, route_version=running, topics=drain.topics), ""
+                                   drained=drain.drained, route_version=running, topics=drain.topics,
+                                   undecided_jobs=drain.undecided_jobs), ""
 
     def waiting_on(self, g: GroupPass) -> tuple[dict[str, int] | None, str]:
         """Per other group kept running, its participants whose decision lives on `g` (their masters'

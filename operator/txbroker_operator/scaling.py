@@ -66,6 +66,7 @@ class DrainReport:
     drained: bool
     route_version: int
     topics: Mapping[str, int] = field(default_factory=dict)
+    undecided_jobs: int = 0  # jobs whose home is the group, not decided yet (other groups follow its decision)
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,11 @@ def decide_removal(group: str, report: DrainReport | None, unknown_why: str, dra
         return Wait("UndeliveredMessages", f"{group} is draining and holds {report.undelivered} undelivered "
                                            f"message(s){_topics(report.topics)}: its consumers must finish them "
                                            f"first{hint}")
-    if report.pending_transactions > 0 or not report.drained:
+    if report.pending_transactions > 0 or report.undecided_jobs > 0 or not report.drained:
+        jobs = f" and {report.undecided_jobs} undecided job(s)" if report.undecided_jobs else ""
         return Wait("PendingTransactions", f"{group} is draining and holds {report.pending_transactions} pending "
-                                           f"transaction(s): they must be committed, rolled back or parked first{hint}")
+                                           f"transaction(s){jobs}: they must be committed, rolled back or parked "
+                                           f"first{hint}")
     if waiting is None:
         return Wait("DrainUnknown", f"{group} is drained, but whether transactions on other groups still wait on "
                                     f"its decision cannot be asked ({waiting_why}); it is kept{hint}")

@@ -176,3 +176,25 @@ def test_a_member_group_whose_home_lost_the_job_parks_its_members(tmp_path):
         assert admin.post(f"/api/v1/transactions/{orphan}/rollback")["state"] == "ROLLED_BACK"  # an operator decides
     finally:
         c.stop()
+
+
+def test_a_jobs_home_group_does_not_drain_while_a_group_waits_on_its_decision(cluster):
+    """A job's home keeps the one decision its other groups follow, so it may not leave the cluster
+    before they have it: the home counts its undecided job as held, and each other group says it
+    waits on the home (`waiting_on`), as a spanning transaction's participants do. (Found by the fault
+    harness: a home drained and removed mid-job left the other group's member waiting on a group
+    that no longer existed.)"""
+    with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:
+        job = c.open(timeout=60, name="drain-me")
+        other = job.groups[0]
+        member = c.send(job, other, Message("Out", b"on the other group"))
+        home = AdminClient(cluster.group(job.home).master.admin_url).get("/api/v1/drain")
+        elsewhere = AdminClient(cluster.group(other).master.admin_url).get("/api/v1/drain")
+        assert (home["undecided_jobs"], home["drained"]) == (1, False), home
+        assert elsewhere["waiting_on"] == {job.home: 1}, elsewhere
+        c.commit(job, {other: [member]})
+        c.wait_resolved(job, 30)
+    wait_until(lambda: AdminClient(cluster.group(other).master.admin_url).get("/api/v1/drain")["waiting_on"] == {},
+               what="the other group no longer waiting on the home once it followed the decision")
+    assert AdminClient(cluster.group(job.home).master.admin_url).get("/api/v1/drain")["undecided_jobs"] == 0
+    assert visible(cluster) == {"on the other group": 1}

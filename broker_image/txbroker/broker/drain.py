@@ -2,10 +2,12 @@
 from a cluster (scale-down). Undelivered is, per queue, the messages past the lowest offset any
 consumer group committed on the topic (all of them when no group consumes it: nobody has them
 yet), delayed messages not yet due, retries and dead letters (someone may still want those); plus
-every pending or parked transaction, since either may still become messages. `waiting_on` counts
-the participants held here by the group that decides them: the group they wait on may not leave
-before they have asked it (whoever removes a group asks every other group's master). A home group
-keeps its spanning decisions until its participants have ended (broker/transaction/home.py)."""
+every pending or parked transaction, since either may still become messages, and every undecided
+job whose home is here (its decision is still to be taken here, for every group it spans).
+`waiting_on` counts, by the group that decides them, the participants held here and the jobs whose
+members here still wait for their home's decision: the group they wait on may not leave before they
+have asked it (whoever removes a group asks every other group's master). A home group keeps its
+spanning decisions until its participants have ended (broker/transaction/home.py)."""
 
 from __future__ import annotations
 
@@ -41,5 +43,14 @@ def drain_status(broker) -> DrainStatus:
     for p in state.pending_transactions():
         if p.home and p.state != "PARKED":  # a parked one no longer asks: an operator decides it
             waiting_on[p.home] = waiting_on.get(p.home, 0) + 1
+    undecided_jobs = 0
+    for j in list(state.jobs.values()):
+        if j.decided:
+            continue
+        if not j.home:
+            undecided_jobs += 1
+        elif any((p := state.pending_transaction(t)) is not None and p.state != "PARKED"
+                 for t in state.job_members.get(j.job_id, ())):
+            waiting_on[j.home] = waiting_on.get(j.home, 0) + 1
     return DrainStatus(broker.cluster.group, broker.cluster.draining, undelivered, topics, pending,
-                       undelivered == 0 and pending == 0, waiting_on)
+                       undelivered == 0 and pending == 0 and undecided_jobs == 0, waiting_on, undecided_jobs)

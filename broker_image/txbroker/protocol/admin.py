@@ -334,6 +334,8 @@ class DrainStatus(Struct):
     topics: dict[str, int]  # the undelivered per topic (retry and dead-letter topics included)
     pending_transactions: int  # pending or parked (a participant waits on its home)
     drained: bool
-    # participants held here whose home is another group, by that group: a group may only leave the
-    # cluster once no other group's participants wait on it (they ask it how their transaction ended)
+    # participants held here whose home is another group, and jobs whose members here wait for their
+    # home's decision, by that group: a group may only leave the cluster once nothing of another group
+    # waits on it (each asks it how its transaction or job ended)
     waiting_on: dict[str, int] = msgspec.field(default_factory=dict)
+    undecided_jobs: int = 0  # jobs whose home is here, not decided yet (their decision is taken here)
