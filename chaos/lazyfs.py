@@ -54,16 +54,26 @@ synced); the same goes to stderr. Commands are applied one at a time, in order.
 The harness's order for a power loss: kill -9 the broker, wait for it to be gone (its write and
 fsync calls in flight are answered before the process can exit, so none lands afterwards), then
 the power loss (wait for its "done"), then start the broker again on the same mount. `LazyFS`
-below does the process handling for tests and the harness.
+below does the process handling for tests and the harness, e.g. over cluster.py's tmpfs:
+
+    lazy = LazyFS(data, data, control=workdir / "b0.lazyfs", log_path=workdir / "b0.lazyfs.log").start()
+    broker.signal(signal.SIGKILL)  # Popen.wait()s for it
+    lazy.power_loss()              # returns lazyfs's answer once everything unsynced is gone
+    ...                            # restart the broker on `data`; at the end: lazy.stop(), then umount
+                                   # the tmpfs
+
+Keep the control file outside the mount. A full disk (cluster.py's fill_disk) works through the
+mount: its posix_fallocate is charged at once and the writes after it meet ENOSPC.
 
 Hot path: one lock, a dict of dirty pages per file; a write copies into pages, fsync writes the
-runs of dirty pages with one pwrite each. Reads of a file with nothing pending are one pread.
+runs of dirty pages with one pwrite each. Reads of a file with nothing pending are one pread. The
+cost is mostly FUSE's round trips: with SYNC flush a group commit is one write and one fdatasync
+request (about 30-40 us of lazyfs CPU per acknowledged operation measured on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import errno
 import json
 import os
@@ -76,17 +86,15 @@ import time
 from pathlib import Path
 
 PAGE = 4096
+UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
 COMMANDS = {"crash": "crash", "lazyfs::crash": "crash", "sync": "sync", "lazyfs::sync": "sync"}
-FALLOC_FL_KEEP_SIZE = 0x01
 
 
 def _load_mfusepy():
     """mfusepy bound to libfuse3 (it prefers libfuse 2 when both are installed; we need libfuse3's
     truncate with a file handle and its config)."""
     if not os.environ.get("FUSE_LIBRARY_PATH"):
-        lib = ctypes.util.find_library("fuse3")
-        if lib:
-            os.environ["FUSE_LIBRARY_PATH"] = lib
+        os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
     import mfusepy  # noqa: PLC0415 - a test may only want the helper class below
 
     if mfusepy.fuse_version_major != 3:
@@ -326,9 +334,6 @@ class LazyOps:
                 paths[f.name] = paths.get(f.name, 0) + self._sync(f)
                 self._forget_if_idle(f)
         return {"done": "sync", "files": len(paths), "bytes": sum(paths.values()), "paths": _top(paths)}
-
-    def pending_bytes(self) -> int:
-        return sum(f.dirty for f in self.files.values())
 
     # ---- FUSE operations ------------------------------------------------------------------------
 
@@ -607,6 +612,18 @@ def serve(backing: Path, mount: Path, control: Path | None, debug: bool = False)
             if flags:
                 return -errno.EINVAL
             return self.operations.rename(old.decode(), new.decode())
+
+        def utimens_fuse_3(self, path, buf, fip):
+            # UTIME_NOW and UTIME_OMIT (touch, utimensat) come as tv_nsec markers mfusepy would
+            # fold into nonsense times.
+            times = None
+            if buf:
+                st = os.stat(ops._rel(path.decode()), dir_fd=ops.root, follow_symlinks=False)
+                now = time.time_ns()
+                given = ((buf.contents.actime, st.st_atime_ns), (buf.contents.modtime, st.st_mtime_ns))
+                times = tuple(now if ts.tv_nsec == UTIME_NOW else old if ts.tv_nsec == UTIME_OMIT
+                              else ts.tv_sec * 10**9 + ts.tv_nsec for ts, old in given)
+            return self.operations.utimens(path.decode(), times)
 
     # SIGUSR1/2 go to one thread waiting for them: blocked before any thread starts, so every thread
     # (libfuse's too) inherits the block. The stop signals go to the main thread only, where libfuse's

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from support.brokers import BrokerProcess
-from support.waiting import wait_until
 from txbroker.client import (
     AsyncProducer, AsyncTransactionProducer, BrokerError, ClientError, LocalTransactionState as S, Message, Producer,
     PullConsumer, TransactionListener,

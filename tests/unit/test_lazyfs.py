@@ -8,7 +8,6 @@ import errno
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
