@@ -68,7 +68,7 @@ mount: its posix_fallocate is charged at once and the writes after it meet ENOSP
 Hot path: one lock, a dict of dirty pages per file; a write copies into pages, fsync writes the
 runs of dirty pages with one pwrite each. Reads of a file with nothing pending are one pread. The
 cost is mostly FUSE's round trips: with SYNC flush a group commit is one write and one fdatasync
-request (about 30-40 us of lazyfs CPU per acknowledged operation measured on 2 cores).
+request (35-45 us of lazyfs CPU per acknowledged operation, measured on 2 cores).
 """
 
 from __future__ import annotations
