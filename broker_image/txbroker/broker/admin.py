@@ -210,7 +210,8 @@ class AdminApp:
                                       bool(b.config.tls_client_ca)),
             limits=answers.Limits(b.config.max_connections, b.config.max_unacked_bytes, b.unacked.used,
                                   b.config.idle_timeout_ms, b.config.max_inflight_per_connection),
-            retention_mark_offset=b.retention.newest_mark_lsn,
+            retention_mark_offset=b.retention.newest_mark_lsn, synced_offset=b.wal_sync.synced_lsn,
+            probation=b.role.probation, stepped_down=b.role.stepped_down,
         )
 
     async def broker_info(self, request):

@@ -30,6 +30,9 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     group: str = ""  # the broker group this broker belongs to (protocol/cluster.py); "" outside any cluster
     cluster_file: str = ""  # the cluster route, watched for changes
     flush_disk_type: Literal["SYNC", "ASYNC"] = "ASYNC"
+    # ASYNC flush: the log is fsynced this often (RocketMQ's flushIntervalCommitLog): a power loss
+    # takes at most what was written since (a kill -9 takes nothing: the OS has it)
+    flush_interval_ms: int = 500
     # SYNC: a write is answered once `sync_replicas` slaves have it (RocketMQ's SYNC_MASTER);
     # ASYNC: once the master has it (ASYNC_MASTER).
     replication_mode: Literal["SYNC", "ASYNC"] = "ASYNC"
@@ -102,6 +105,8 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"retention_ms must be at least 1, got {self.retention_ms}")
         if self.retention_bytes < 0:
             raise ConfigError(f"retention_bytes must be 0 (no size limit) or more, got {self.retention_bytes}")
+        if not 10 <= self.flush_interval_ms <= 60_000:
+            raise ConfigError(f"flush_interval_ms must be between 10 and 60000, got {self.flush_interval_ms}")
         if self.scrub_interval_ms < 0:
             raise ConfigError(f"scrub_interval_ms must be 0 (never) or more, got {self.scrub_interval_ms}")
         if self.job_retention_ms < 1:

@@ -1,7 +1,13 @@
 """Role changes of one broker: promotion, demotion and fencing. The operator (or the fault harness,
 or a user through the admin API) decides them (operator/failover.py); this carries them out on the
 broker, and fences a master that learns of a higher epoch from a slave or a client. Epochs order the
-masters: a broker never acts as master at an epoch a newer master has passed."""
+masters: a broker never acts as master at an epoch a newer master has passed.
+
+A master that starts again under ASYNC flush and SYNC replication may have lost, to a power cut,
+records its slaves have (it answered them before fsync, once a slave had them). It would cut them
+off the slaves, or write other records at their offsets under the same epoch. So it starts on
+probation: it takes no write until a slave subscribes and shows it is not behind; a slave ahead at
+its own epoch makes it step down, for the operator to promote that slave (`lost_tail`)."""
 
 from __future__ import annotations
 
@@ -41,17 +47,57 @@ class RoleChanges:
         self._b.role.role = MASTER
         self._b.role.master_address = ""
         self._b.role.fenced_by = 0
+        self._b.role.probation = self._b.role.stepped_down = ""
         await self._b.state.append(EpochRecord(epoch, self._b.config.broker_name, now_ms()))[1]
         self._b.leader.attach()
+        self.start_master_services()
+        pending, parked = self._b.transactions.counts()
+        log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
+                    epoch, self._b.state.next_lsn - 1, pending, parked)
+
+    def start_master_services(self) -> None:
+        """What only a master runs: check-back, job deadlines and spans, participants, a home's
+        decisions, delayed delivery."""
         self._b.check_service.start()
         self._b.jobs.start()
         self._b.job_groups.start()
         self._b.participants.start()
         self._b.home_decisions.start()
         self._b.schedule.start()
-        pending, parked = self._b.transactions.counts()
-        log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
-                    epoch, self._b.state.next_lsn - 1, pending, parked)
+
+    def begin_probation(self) -> None:
+        self._b.role.probation = ("this master started again under ASYNC flush and takes no write until a slave "
+                                  "shows it lost nothing to a power cut")
+        log.warning("started as master under ASYNC flush and SYNC replication: taking no write until a slave "
+                    "subscribes and shows this log is not behind its own (a power cut may have taken records "
+                    "the slaves have)")
+
+    def end_probation(self, slave: str) -> None:
+        if self._b.role.probation:
+            self._b.role.probation = ""
+            self.start_master_services()
+            log.warning("slave %s is not ahead of this log: taking writes", slave)
+
+    def lost_tail(self, slave: str, first: int, last: int) -> None:
+        """Slave `slave` holds records `first`..`last` of this master's own epoch, which this master
+        no longer has: it lost them (a power cut under ASYNC flush, a damaged log). Step down, for
+        the operator to promote a slave that has them; never cut them off the slave."""
+        why = (f"lost records its slave {slave} has ({first}..{last}, epoch {self._b.state.epoch}): a power cut or a "
+               f"damaged log; a slave holding them must be promoted")
+        log.error("this master %s; stepping down: it takes no write, and the operator's failover promotes the most "
+                  "caught-up slave", why)
+        self._step_down(f"this master {why}")
+        self._b.role.probation = ""
+        self._b.role.stepped_down = f"this broker was master and {why}"
+        asyncio.ensure_future(self._stop_master_services())
+
+    async def _stop_master_services(self) -> None:
+        await self._b.check_service.stop()
+        await self._b.jobs.stop()
+        await self._b.job_groups.stop()
+        await self._b.participants.stop()
+        await self._b.home_decisions.stop()
+        await self._b.schedule.stop()
 
     async def demote(self, master: str, epoch: int) -> None:
         """Become a slave of `master`, which leads at `epoch` (not below ours)."""
@@ -60,12 +106,8 @@ class RoleChanges:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"the new master's epoch {epoch} is below this broker's {self._b.state.epoch}")
         self._step_down(f"demoted: the master is {master} at epoch {epoch}")
-        await self._b.check_service.stop()
-        await self._b.jobs.stop()
-        await self._b.job_groups.stop()
-        await self._b.participants.stop()
-        await self._b.home_decisions.stop()
-        await self._b.schedule.stop()
+        await self._stop_master_services()
+        self._b.role.probation = self._b.role.stepped_down = ""
         self._b.role.master_address = master
         self._b.role.fenced_by = 0
         if self._b.follower is not None:

@@ -22,6 +22,8 @@ class RoleState:
         self._epoch = epoch
         self.master_address = master_address
         self.fenced_by = 0  # the higher epoch that deposed this broker, if any
+        self.probation = ""  # a master that takes no write yet: why (broker/failover.py)
+        self.stepped_down = ""  # a master that gave up its role (lost records its slaves have): why
 
     @property
     def epoch(self) -> int:
@@ -33,7 +35,11 @@ class RoleState:
 
     def require_master(self) -> None:
         if self.role == MASTER:
+            if self.probation:
+                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.probation)
             return
+        if self.stepped_down:
+            raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.stepped_down)
         if self.fenced_by:
             raise RequestError(ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
                                f"this broker was master at epoch {self.epoch} and has been deposed by epoch "

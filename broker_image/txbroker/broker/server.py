@@ -32,6 +32,7 @@ from txbroker.broker.replication.leader import ReplicationLeader
 from txbroker.broker.replication.seed import SnapshotService
 from txbroker.broker.retention_service import RetentionService
 from txbroker.broker.scrub_service import ScrubService
+from txbroker.broker.wal_sync_service import WalSyncService
 from txbroker.broker.role import RoleState
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.broker.transaction.settings import SettingsBook
@@ -80,6 +81,7 @@ class Broker:
         self.schedule = ScheduleService(self, levels)
         self.retention = RetentionService(self)
         self.scrub = ScrubService(self)
+        self.wal_sync = WalSyncService(self)
         self._housekeeping: asyncio.Task | None = None
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics, self.settings,
                                                config.reject_transaction_message, self.cluster)
@@ -125,21 +127,21 @@ class Broker:
                                                       self.metrics)
         self._watcher.start()
         if self.role.is_master:
-            if self.state.epoch == 0:  # a new master opens epoch 1
+            restarted = self.state.epoch != 0
+            if not restarted:  # a new master opens epoch 1
                 await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
             self.leader.attach()
-            self.check_service.start()
-            self.jobs.start()
-            self.job_groups.start()
-            self.participants.start()
-            self.home_decisions.start()
-            self.schedule.start()
+            if restarted and self.config.flush_disk_type == "ASYNC" and self.config.replication_mode == "SYNC":
+                self.roles.begin_probation()
+            else:
+                self.roles.start_master_services()
         elif self.config.master:
             self.follower = ReplicationFollower(self, self.config.master)
             self.follower.start()
         self._housekeeping = loop.create_task(self._housekeep())
         self.retention.start()
         self.scrub.start()
+        self.wal_sync.start()
         self.ready = True
         pending, parked = self.transactions.counts()
         log.info("broker %s started as %s at epoch %d in %.3fs (store recovered in %.3fs): data %s, admin %s, "
@@ -251,6 +253,7 @@ class Broker:
             conn.close()
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
+        await self.wal_sync.stop(sync=self.exit_code == 0)
         if self.exit_code == 0:
             await self.state.close()
         self._server = None

@@ -31,6 +31,9 @@ def register(sub) -> None:
                           "served to clients that bootstrap here, reloaded when the file changes")
     p.add_argument("--flush-disk-type", choices=["SYNC", "ASYNC", "SYNC_FLUSH", "ASYNC_FLUSH"],
                    help="SYNC: acknowledge after fsync (group commit); ASYNC (default): after the write")
+    p.add_argument("--flush-interval-ms", type=int,
+                   help="ASYNC flush: fsync the log this often; a power loss takes at most what was written since "
+                        "(default 500, RocketMQ's flushIntervalCommitLog)")
     p.add_argument("--replication-mode", choices=["SYNC", "ASYNC"],
                    help="SYNC: answer writes once --sync-replicas slaves have them; ASYNC (default): once the master has")
     p.add_argument("--sync-replicas", type=int, help="slaves that must acknowledge a SYNC write (default 1)")
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {
         "data_dir": args.data_dir, "listen": args.listen, "admin_listen": args.admin_listen, "role": args.role,
         "master": args.master, "broker_name": args.broker_name, "group": args.group, "cluster_file": args.cluster_file, "flush_disk_type": args.flush_disk_type,
+        "flush_interval_ms": args.flush_interval_ms,
         "max_message_size": args.max_message_size, "reject_transaction_message": args.reject_transaction_message,
         "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
         "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,

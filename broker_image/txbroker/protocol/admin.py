@@ -123,7 +123,7 @@ class BrokerInfo(Struct):
     master: str  # a slave's master (HOST:PORT); empty on a master
     log_end_offset: int  # last LSN written
     durable_offset: int  # last LSN published (readable)
-    local_durable_offset: int  # last LSN on the local disk
+    local_durable_offset: int  # last LSN written to the local disk (ASYNC flush: maybe not fsynced yet)
     log_start_offset: int  # retention deleted (most) records before this
     flush_disk_type: str
     pending_transactions: int
@@ -138,6 +138,9 @@ class BrokerInfo(Struct):
     security: Security
     limits: Limits
     retention_mark_offset: int = 0  # the log end at retention's newest mark: what a later pass may delete up to
+    synced_offset: int = 0  # last LSN fsynced to the local disk (ASYNC flush: a power loss keeps this much)
+    probation: str = ""  # a restarted master taking no write until a slave shows it lost nothing: why
+    stepped_down: str = ""  # a master that gave up its role (it lost records its slaves have): why
 
 
 class TopicSummary(Struct):

@@ -459,6 +459,10 @@ class StateMachine:
 
     # ---- checking and copying the store ---------------------------------------------------------------
 
+    def sync_log(self) -> None:
+        """fsync the write-ahead log (ASYNC flush's periodic sync, broker/wal_sync_service.py)."""
+        self.db.db.flush_wal(True)
+
     async def read_everything(self, slice_keys: int = 5_000) -> int:
         """Every key and value of every column family read once (RocksDB checks each block's checksum
         as it reads it: a damaged file raises StoreCorrupt); yields to the loop every `slice_keys`."""

@@ -98,7 +98,8 @@ class ReplicationLeader:
     # ---- slaves come and go -----------------------------------------------------------------------
 
     def subscribe(self, conn, req: ReplicaSubscribe):
-        self._broker.role.require_master()
+        if not self._broker.role.is_master:  # (on probation it still takes slaves: they are what it waits for)
+            self._broker.role.require_master()
         state = self._state
         if req.epoch > state.epoch:
             self._broker.roles.fence(req.epoch, f"slave {req.slave_name} is at epoch {req.epoch}")
@@ -114,6 +115,10 @@ class ReplicationLeader:
         last = req.next_lsn - 1
         shared_end = state.shared_end(req.epochs, last) if req.epochs else (
             state.epoch_end(req.epoch) if req.epoch < state.epoch else state.next_lsn - 1)
+        if last > shared_end and req.epoch == state.epoch and shared_end == state.next_lsn - 1:
+            # records of this master's own epoch past its end: only this master wrote them, and it lost them
+            self._broker.roles.lost_tail(req.slave_name, shared_end + 1, last)
+            return error(ResponseCode.SLAVE_NOT_AVAILABLE, self._broker.role.stepped_down)
         if last > shared_end:
             log.warning("slave %s has records %d..%d this master does not share (its epoch %d, ours %d): "
                         "it must truncate after %d", req.slave_name, shared_end + 1, last, req.epoch, state.epoch,
@@ -127,6 +132,7 @@ class ReplicationLeader:
             log.warning("slave %s subscribed on a new connection; dropping its earlier one", req.slave_name)
             self.remove(other.conn)
             other.conn.close()
+        self._broker.roles.end_probation(req.slave_name)
         feed = self.feeds[conn] = ReplicaFeed(conn, req.slave_name, req.address, req.next_lsn)
         feed.task = asyncio.ensure_future(self._catch_up(feed))
         log.info("slave %s (%s) subscribed from LSN %d; log end %d", req.slave_name, req.address or conn.peer,
