@@ -20,6 +20,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -150,15 +151,16 @@ def test_spark_submit_job(testbed):
     c = pod["containers"][0]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     args = c["args"]
-    assert args[:6] == ["/opt/spark/bin/spark-submit", "--master", "k8s://https://kubernetes.default.svc",
-                        "--deploy-mode", "cluster", "--name"]
-    conf = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
     mount = next(m for m in c["volumeMounts"] if m["name"] == "pod-templates")
+    # spark-submit under the chart's wrapper (test_spark_submit_job_ends_as_its_driver_did)
+    assert args[:8] == ["/opt/venv/bin/python", f"{mount['mountPath']}/spark-submit.py", "/opt/spark/bin/spark-submit",
+                        "--master", "k8s://https://kubernetes.default.svc", "--deploy-mode", "cluster", "--name"]
+    conf = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
     assert next(v for v in pod["volumes"] if v["name"] == "pod-templates")["configMap"]["name"] == \
         cm["metadata"]["name"]
     assert conf["spark.kubernetes.driver.podTemplateFile"] == f"{mount['mountPath']}/driver.yaml"
     assert conf["spark.kubernetes.executor.podTemplateFile"] == f"{mount['mountPath']}/executor.yaml"
-    assert set(cm["data"]) == {"driver.yaml", "executor.yaml"}
+    assert set(cm["data"]) == {"driver.yaml", "executor.yaml", "spark-submit.py"}
     assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == "rel-spark"
     assert conf["spark.kubernetes.namespace"] == "ns1"
     assert conf["spark.kubernetes.container.image"] == "txbroker/spark:0.1.0"
@@ -176,6 +178,46 @@ def test_spark_submit_job(testbed):
     assert driver["spec"]["containers"][0]["name"] == conf["spark.kubernetes.driver.podTemplateContainerName"]
     assert executor["spec"]["containers"][0]["name"] == conf["spark.kubernetes.executor.podTemplateContainerName"]
     assert args[app + 1:app + 3] == ["--brokers", "rel-master.ns1.svc:10911"]
+
+
+def _chart_spark_submit():
+    path = ROOT / "helm" / "txbroker" / "files" / "spark-submit.py"
+    spec = importlib.util.spec_from_file_location("chart_spark_submit_for_chart_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_spark_submit_job_ends_as_its_driver_did(testbed):
+    """spark-submit in cluster mode exits 0 whatever the driver did: the Job runs it under
+    files/spark-submit.py (shipped in the ConfigMap, run by the image's Python), which then reads the
+    driver pod, named after the Job's pod (unique to each attempt), and exits with the driver's exit
+    code (its logic: tests/unit/test_spark_submit_wrapper.py). The ServiceAccount may get pods."""
+    objs = spark_objects(render(testbed, *SPARK).stdout)
+    job, cm = one(objs, "Job"), one(objs, "ConfigMap")
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "pod-templates")
+    wrapper = (ROOT / "helm" / "txbroker" / "files" / "spark-submit.py").read_text()
+    assert cm["data"]["spark-submit.py"] == wrapper
+    assert c["args"][:3] == ["/opt/venv/bin/python", f"{mount['mountPath']}/spark-submit.py", "/opt/spark/bin/spark-submit"]
+    assert "command" not in c   # through the image's entrypoint (pass-through), as before
+    # the driver pod's name: the Job pod's (the API server expands $(...) from the container's env)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["TXBROKER_SUBMIT_POD"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    sub = _chart_spark_submit().parse(c["args"][2:])
+    assert (sub.api, sub.namespace, sub.driver_pod, sub.container, sub.wait) == (
+        "https://kubernetes.default.svc", "ns1", "$(TXBROKER_SUBMIT_POD)-driver", "spark-kubernetes-driver", True)
+    driver_tpl = yaml.safe_load(cm["data"]["driver.yaml"])
+    assert driver_tpl["spec"]["containers"][0]["name"] == sub.container
+    # a name of the user's own (spark.job.sparkConf) is what both spark-submit and the wrapper use
+    objs = spark_objects(render(testbed, *SPARK, "--set-string",
+                                "spark.job.sparkConf.spark\\.kubernetes\\.driver\\.pod\\.name=my-driver").stdout)
+    args = one(objs, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert _chart_spark_submit().parse(args[2:]).driver_pod == "my-driver"
+    # the submitter's ServiceAccount may read the driver pod
+    role = next(d for d in objs if d["kind"] == "Role" and d["metadata"]["name"] == "rel-spark-driver")
+    assert any("pods" in r["resources"] and "get" in r["verbs"] for r in role["rules"] if r["apiGroups"] == [""])
 
 
 def _orders_job():
@@ -449,7 +491,8 @@ def test_install_spark_submit_and_the_drivers_rbac(crds, namespace):
     assert crds.get("txpg", "orders-publisher", namespace)["spec"]["checkMode"] == "ledger"
     sa = "orders-spark"
     # what the driver does with its executors (and spark-submit with the driver)
-    for verb, res in [("create", "pods"), ("watch", "pods"), ("deletecollection", "pods"), ("create", "services"),
+    for verb, res in [("create", "pods"), ("watch", "pods"), ("get", "pods"), ("deletecollection", "pods"),
+                      ("create", "services"),
                       ("create", "configmaps"), ("deletecollection", "configmaps"),
                       ("create", "persistentvolumeclaims")]:
         assert _can(crds, namespace, sa, verb, res, "-n", namespace) == "yes", (verb, res)

@@ -6,7 +6,7 @@ Service (every group's master; the data source learns the route from whichever a
 - spark-submit Job: the driver dies right after the job's COMMIT decision (the orders job's
   `--inject-crash after-decision`, passed through `spark.job.extraArgs`: the driver exits the moment
   the decision is recorded, before it ends or waits for anything); the brokers publish every row
-  anyway, once.
+  anyway, once; the Job ends Failed with the driver's exit code (17), not Complete.
 - SparkApplication through the kubeflow Spark operator: the master of the job's home group (the
   group that decides it) is force-deleted while the executors write half messages to both groups;
   the operator fails that group over; the job commits with every row once, or fails and publishes
@@ -264,11 +264,24 @@ def test_spark_submit_across_two_groups_publishes_every_order_once_though_the_dr
     seen = read_groups(tb, ns, name, "sub")
     assert_every_order_once_on_its_group(seen, groups, orders, job["name"])
     assert_settled(tb, ns, name)
-    # the spark-submit Job ends with its application (the driver failed: the crash)
+    # the spark-submit Job ends as its driver did: Failed (the crash's exit code 17), never Complete,
+    # although spark-submit itself exits 0 (the chart's files/spark-submit.py reads the driver pod)
+    (ended,) = [c["state"]["terminated"] for c in driver["status"]["containerStatuses"]
+                if c["name"] == "spark-kubernetes-driver"]
+    assert ended["exitCode"] == 17, ended
     done = wait_until(lambda: (j := tb.get("job", submit, ns)) and [
         c["type"] for c in (j.get("status") or {}).get("conditions") or []
         if c["type"] in ("Complete", "Failed") and c["status"] == "True"], 300, "the spark-submit Job to finish")
-    print(f"spark-submit Job: {done}; driver exit: {driver['status']['containerStatuses'][0]['state']}; "
+    (submitter,) = tb.list("pods", ns, f"job-name={submit}")
+    said = tb.pod_log(submitter["metadata"]["name"], ns)
+    assert done == ["Failed"], f"the Job says {done} for a driver that exited 17; its log:\n{said[-4000:]}"
+    assert driver["metadata"]["name"] == f"{submitter['metadata']['name']}-driver"   # named after the Job's pod
+    line = f"the Spark driver (pod {driver['metadata']['name']}, container spark-kubernetes-driver) exited with code 17"
+    assert line in said, said[-4000:]
+    (submit_end,) = [c["state"]["terminated"] for c in tb.get("pod", submitter["metadata"]["name"], ns)["status"]
+               ["containerStatuses"]]
+    assert submit_end["exitCode"] == 17, submit_end
+    print(f"spark-submit Job: {done}; driver exit: {ended}; submitter: {said.strip().splitlines()[-1]}; "
           f"rows per group: { {g: len(r) for g, r in seen.items()} }; home {home}; layout {groups}")
     tb.kubectl("-n", ns, "delete", "txb", name, "--wait=false")
 

@@ -100,6 +100,10 @@ def test_spark_submit_on_the_node_commits_every_order_once_despite_a_lost_execut
         and j, 600, "the spark-submit Job to finish")
     log = tb.pod_log(driver, ns)
     assert any(c["type"] == "Complete" and c["status"] == "True" for c in done["status"]["conditions"]), log[-4000:]
+    # Complete because the driver exited 0 (the chart's wrapper read it; a failed driver fails the Job)
+    submitter = tb.list("pods", ns, f"job-name={job}")[0]["metadata"]["name"]
+    assert (f"the Spark driver (pod {driver}, container spark-kubernetes-driver) exited with code 0 (Completed): "
+            "the Job succeeds") in tb.pod_log(submitter, ns), tb.pod_log(submitter, ns)[-3000:]
     summary = dict(kv.split("=", 1) for kv in next(line for line in log.splitlines()
                                                    if line.startswith("SUMMARY ")).split()[1:])
     assert summary["decision"] == "COMMITTED" and summary["rows"] == str(ORDERS), summary
