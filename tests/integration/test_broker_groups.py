@@ -594,3 +594,29 @@ def test_a_home_keeps_a_decision_its_participant_has_not_learned_through_size_re
         wait_until(lambda: txload.visible(g1.master.address) == {"b-kept": 1}, what="the participant's message visible")
     finally:
         c.stop()
+
+
+def test_a_message_waiting_for_its_retry_keeps_its_group_from_draining(broker_factory):
+    """A message its consumer refused waits (its retry's delay, then %RETRY%) before it comes back:
+    the group still holds it, and must not be drained and removed meanwhile. (Found by the fault
+    harness: a group drained while a consumer's retries waited, and they were lost with it.)"""
+    from txbroker.client import PushConsumer
+    b = broker_factory("--message-delay-level", "1s 1s 1h 1h")  # a refused message's first retry waits an hour
+    with Producer("drain-retry-pg", b.address) as p:
+        p.send(Message("Orders", b"refused"))
+    seen = []
+
+    def refuse(msgs, ctx):
+        seen.extend(m.body for m in msgs)
+        return ConsumeStatus.RECONSUME_LATER
+
+    c = PushConsumer("drain-retry-cg", b.address, "Orders", refuse, offset_commit_interval=0.1).start()
+    try:
+        admin = AdminClient(b.admin_url)
+        wait_until(lambda: seen and "Orders" not in admin.get("/api/v1/drain")["topics"],
+                   what="the message refused and its offset committed past it")
+        held = admin.get("/api/v1/drain")
+        assert (held["undelivered"], held["drained"]) == (1, False), held
+        assert held["topics"] == {"%RETRY%drain-retry-cg": 1}, held
+    finally:
+        c.shutdown()

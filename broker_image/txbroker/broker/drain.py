@@ -13,9 +13,32 @@ from __future__ import annotations
 
 from txbroker.broker.schedule_service import SCHEDULE_GROUP
 from txbroker.protocol.admin import DrainStatus
-from txbroker.protocol.names import HALF_TOPIC, OP_HALF_TOPIC, SCHEDULE_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC
+from txbroker.protocol.names import (
+    HALF_TOPIC, OP_HALF_TOPIC, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
+)
 
 NOT_MESSAGES = frozenset({HALF_TOPIC, OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})  # parked: counted as transactions
+DELAYED_READ_LIMIT = 10_000  # delayed messages read to name their topics; past that, counted as "(delayed)"
+
+
+def _delayed(broker, lowest: dict[tuple[str, int], int]) -> dict[str, int]:
+    """Delayed messages not yet due (a consumer's retries among them), by the topic they are due in."""
+    state, out, budget = broker.state, {}, DELAYED_READ_LIMIT
+    for q in range(broker.topics.queue_count(SCHEDULE_TOPIC)):
+        end = state.readable_end(SCHEDULE_TOPIC, q)
+        offset = max(state.queue_start(SCHEDULE_TOPIC, q), lowest.get((SCHEDULE_TOPIC, q), 0))
+        while offset < end:
+            if budget <= 0:
+                out["(delayed)"] = out.get("(delayed)", 0) + end - offset
+                break
+            msgs, offset, _ = broker.reader.read_queue(SCHEDULE_TOPIC, q, offset, min(budget, 1024))
+            if not msgs:
+                break
+            budget -= len(msgs)
+            for m in msgs:
+                topic = m.properties.get(PROPERTY_REAL_TOPIC, "(delayed)")
+                out[topic] = out.get(topic, 0) + 1
+    return out
 
 
 def drain_status(broker) -> DrainStatus:
@@ -37,6 +60,8 @@ def drain_status(broker) -> DrainStatus:
             n += max(end - start, 0)
         if n:
             topics[topic] = n
+    for topic, n in _delayed(broker, lowest).items():  # (delayed messages are in no topic until due)
+        topics[topic] = topics.get(topic, 0) + n
     undelivered = sum(topics.values())
     pending = state.pending_count
     waiting_on: dict[str, int] = {}
