@@ -1,13 +1,15 @@
 """`python -m chaos` (`make chaos SEEDS=1-100`): randomized fault schedules against a real cluster,
-each judged by the history checker. As root (network namespaces, packet filters).
+each judged by the history checker. As root (network namespaces, packet filters, mounts).
 
-    .venv/bin/python -m chaos --seeds 1-20 [--duration 30] [--results DIR]
+    .venv/bin/python -m chaos --seeds 1-20 [--families process,power] [--duration 60] [--results DIR]
 
-Per seed: a hub namespace and one per broker (net.py), three brokers (1 master, 2 slaves, SYNC
-replication and flush) failed over by the operator's own decisions (cluster.py), the workload
-(workload.py) and a nemesis from the seed (schedule.py), then the check (checker.py). Prints a line
-per schedule and a summary: faults by kind, operations, anomalies by kind (the seeds that had any),
-and per fault kind the longest time without an acknowledged commit and the failed operations.
+Per seed: a hub namespace and one per broker (net.py), two broker groups of three brokers (1
+master, 2 slaves, SYNC replication and flush) with a route file and a short retention, a controller
+process per group running the operator's failover (controller.py), the workload (workload.py, read
+back by reader.py) and a nemesis from the seed (nemesis.py, schedule.py), then the check
+(checker.py). Prints a line per schedule and a summary: faults by family and kind, operations,
+anomalies by kind (the seeds that had any), and per fault kind the longest time without an
+acknowledged commit and the failed operations.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from chaos.nemesis import FAMILIES
 from chaos.net import Network, in_ns
+from chaos.schedule import MAX_BROKERS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,25 +49,28 @@ def _unmount_under(work: str) -> None:
 
 
 def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_logs: bool = False,
-            kinds: int | None = None) -> dict:
+            families: str = ",".join(FAMILIES), retention: float = 20.0) -> dict:
     tag = f"{seed % 10000}"
-    net = Network(tag, 3).up()
+    net = Network(tag, MAX_BROKERS).up()
     report = results / f"seed-{seed}.json"
     try:
         with tempfile.TemporaryDirectory(prefix=f"txbroker-chaos-{seed}-") as work:
             try:
                 r = subprocess.run(in_ns(net.hub, sys.executable, "-m", "chaos.schedule", "--seed", str(seed),
                                          "--duration", str(duration), "--workdir", work, "--tag", tag,
-                                         "--report", str(report), "--mode", mode,
-                                         *(["--kinds", str(kinds)] if kinds else [])),
-                                   cwd=ROOT, capture_output=True, text=True, timeout=duration + 240)
+                                         "--report", str(report), "--mode", mode, "--families", families,
+                                         "--retention", str(retention)),
+                                   cwd=ROOT, capture_output=True, text=True, timeout=duration + 420)
             finally:
                 _unmount_under(work)
             failed = r.returncode != 0 or (report.exists() and json.loads(report.read_text()).get("anomalies"))
             if failed or keep_logs:  # keep the brokers' logs beside the report, for the operations around it
-                for log in Path(work).glob("*.log"):
+                for log in Path(work).glob("*.log"):  # brokers, proxies, controllers
                     shutil.copy(log, results / f"seed-{seed}-{log.name}")
                 (results / f"seed-{seed}-harness.log").write_text(r.stdout + r.stderr)
+                history = Path(work, "history.json.gz")
+                if history.exists():
+                    shutil.copy(history, results / f"seed-{seed}-history.json.gz")
             if r.returncode != 0:
                 return {"seed": seed, "error": (r.stdout + r.stderr)[-3000:]}
     finally:
@@ -73,7 +80,7 @@ def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_
 
 def summary(reports: list[dict]) -> str:
     ok = [r for r in reports if "error" not in r]
-    faults, anomalies, ops, group = Counter(), Counter(), Counter(), Counter()
+    faults, anomalies, ops, group, families = Counter(), Counter(), Counter(), Counter(), Counter()
     lost_async = [(r["seed"], r["lost_under_async"]) for r in ok if r.get("mode") == "ASYNC"]
     after_loss = Counter()
     for r in ok:
@@ -82,6 +89,7 @@ def summary(reports: list[dict]) -> str:
     gaps, failed = defaultdict(list), defaultdict(list)
     for r in ok:
         faults.update(r["faults"])
+        families.update({f: 1 for f in r.get("faults_by_family", {})})
         ops.update(r["operations"])
         group.update(r.get("group", {}))
         for kind, n in r["anomalies"].items():
@@ -92,6 +100,7 @@ def summary(reports: list[dict]) -> str:
             failed[ev["kind"]].append(ev["failed_ops"])
     lines = [f"{len(reports)} schedules ({len(reports) - len(ok)} errors), seeds "
              f"{min(r['seed'] for r in reports)}-{max(r['seed'] for r in reports)}",
+             "schedules with a fault of each family: " + ", ".join(f"{k} {v}" for k, v in sorted(families.items())),
              "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())),
              "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())),
              "consumer group: " + ", ".join(f"{k} {v}" for k, v in sorted(group.items())),
@@ -100,14 +109,11 @@ def summary(reports: list[dict]) -> str:
              *([f"ASYNC: acknowledged commits lost {sum(n for _, n in lost_async)} in {len(lost_async)} schedules "
                 f"(per seed: {dict((s, n) for s, n in lost_async if n)}); the group, after those losses: "
                 + (", ".join(f"{k} {v}" for k, v in sorted(after_loss.items())) or "nothing")] if lost_async else [])]
-    promoted = [(f["first_commit_after_s"], f["old_master_paused"]) for r in ok for f in r.get("after_promotion", [])]
-    if promoted:
-        got = sorted(t for t, _ in promoted if t is not None)
-        paused = sorted(t for t, p in promoted if p and t is not None)
+    promoted = [f["first_commit_after_s"] for r in ok for f in r.get("after_promotion", [])]
+    got = sorted(t for t in promoted if t is not None)
+    if got:
         lines.append(f"first acknowledged commit after a promotion: {len(got)} of {len(promoted)} failovers, "
-                     f"median {statistics.median(got):.3f} s, max {got[-1]:.3f} s"
-                     + (f"; with the old master paused ({len(paused)}): median {statistics.median(paused):.3f} s, "
-                        f"max {paused[-1]:.3f} s" if paused else ""))
+                     f"median {statistics.median(got):.3f} s, max {got[-1]:.3f} s")
     lines.append("liveness per fault (longest time without an acknowledged commit, s: median / max; failed client "
                  "operations: median / max):")
     for kind in sorted(gaps):
@@ -122,11 +128,13 @@ def summary(reports: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="1-3", help="e.g. 1-100 or 4,9,12")
-    ap.add_argument("--duration", type=float, default=30.0, help="seconds of faults and load per schedule")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of faults and load per schedule")
     ap.add_argument("--mode", choices=["SYNC", "ASYNC"], default="SYNC",
                     help="replication and flush mode of the brokers (ASYNC: lost commits are counted, not anomalies)")
-    ap.add_argument("--kinds", type=int, default=None,
-                    help="draw faults from the first N kinds only (7: the schedules of the harness's first runs)")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help=f"the nemesis families to draw faults from (default all: {', '.join(FAMILIES)})")
+    ap.add_argument("--retention", type=float, default=20.0,
+                    help="the brokers' retention in seconds (0: none); decided jobs expire after twice that")
     ap.add_argument("--keep-logs", action="store_true", help="keep the brokers' logs of every schedule, not only failing ones")
     ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-<time>)")
     args = ap.parse_args()
@@ -135,7 +143,7 @@ def main() -> int:
     reports = []
     for seed in parse_seeds(args.seeds):
         t0 = time.monotonic()
-        r = run_one(seed, args.duration, results, args.mode, args.keep_logs, args.kinds)
+        r = run_one(seed, args.duration, results, args.mode, args.keep_logs, args.families, args.retention)
         reports.append(r)
         if "error" in r:
             print(f"seed {seed}: ERROR (see {results})", flush=True)

@@ -1,222 +1,231 @@
-"""The brokers under test (real `txbroker broker` processes, each in its own network namespace) and
-the controller that fails over between them with the operator's own decisions.
+"""The cluster under test: broker groups (1 master + 2 slaves each, SYNC replication and flush by
+default), the route file every broker reads, a controller process per group (chaos/controller.py:
+the operator's failover), and a kubelet loop that restarts dead brokers and reports readiness.
 
-The controller is the operator's reconcile reduced to what failover needs: every pass it observes
-the brokers (`observe.observe` over pod-like records: a broker is "ready" while its process runs and
-is not paused, as a kubelet probe would see it), keeps the status entries (`status.broker_entries`),
-and when the master has not served for the grace period asks `failover.decide_failover`, then
-promotes and demotes through the operator's admin client (`brokers.Access`). A broker that died is
-started again (the kubelet's restart) as a slave of the current master.
+Membership changes as the operator makes them (docs/broker-groups.md, "Scaling"): a group is added
+by listing it in a new route version and starting its brokers; a group is removed by listing it
+draining, waiting until the operator's own rule (`scaling.decide_removal`, on its master's
+`/api/v1/drain` and every other master's `waiting_on`) lets it go, then dropping it from the route and
+stopping its brokers and controller.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from txbroker_operator import brokers, constants as c, failover, observe, status
+import yaml
+from txbroker_operator import brokers, scaling
 
-from chaos.net import Network, in_ns
+from chaos.broker import BrokerProc
+from chaos.controller import read_state, write_state
+from chaos.net import Network
 
 log = logging.getLogger("chaos")
-TXBROKER = str(Path(sys.executable).with_name("txbroker"))
-FLAGS = ("--replication-timeout-ms", "1000", "--replication-heartbeat-ms", "200", "--check-interval-ms", "500",
-         "--transaction-timeout-ms", "300", "--log-level", "WARNING")
-GRACE_SECONDS = 2.0
-# A broker's wall clock is skewed through libfaketime (chaos/setup.sh installs it): the offset is
-# read from a file the nemesis rewrites; monotonic clocks stay true, as a skewed NTP would leave them.
-FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-DISK_MB = 384  # each broker's data directory is a tmpfs of this size, so the nemesis can fill it
+ROOT = Path(__file__).resolve().parents[1]
 
 
-class BrokerProc:
-    def __init__(self, index: int, net: Network, workdir: Path, mode: str):
-        self.index = index
-        self.name = f"b{index}"
-        self.net = net
-        self.ip = net.ips[index]
-        self.mode = mode  # SYNC or ASYNC: replication and flush
-        self.data = workdir / self.name
-        self.log_path = workdir / f"{self.name}.log"
-        self.clock_file = workdir / f"{self.name}.clock"
-        self.proc: subprocess.Popen | None = None
-        self.paused = False
-        self.starts = 0
-        self.down_until = 0.0  # killed: the controller restarts it from then on (the kubelet's back-off)
+@dataclass
+class Group:
+    name: str
+    procs: list[BrokerProc]
+    status_path: Path
+    pods_path: Path
+    state: str = "active"  # active | draining | removed
+    controller: subprocess.Popen | None = None
+    controller_starts: int = 0
+    controller_log: Path | None = None
+    drain_version: int = 0
+    events: list[dict] = field(default_factory=list)
 
     @property
-    def address(self) -> str:
-        return f"{self.ip}:{c.CLIENT_PORT}"
+    def status(self) -> dict:
+        return read_state(self.status_path)
 
-    def mount(self) -> None:
-        self.data.mkdir(parents=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", f"txbc-{self.name}", str(self.data)],
-                       check=True)
-        self.skew_clock(0)
+    @property
+    def master(self) -> BrokerProc:
+        name = self.status.get("master") or self.procs[0].name
+        return next(p for p in self.procs if p.name == name)
 
-    def unmount(self) -> None:
-        subprocess.run(["umount", "-l", str(self.data)], check=False, capture_output=True)
+    def by_name(self, name: str) -> BrokerProc:
+        return next(p for p in self.procs if p.name == name)
 
-    def start(self, master: str | None) -> None:
-        role = ["--master", master, "--role", "slave"] if master else []
-        cmd = in_ns(self.net.brokers[self.index], TXBROKER, "broker", "--data-dir", str(self.data / "store"),
-                    "--broker-name", self.name, "--listen", self.address,
-                    "--admin-listen", f"{self.ip}:{c.ADMIN_PORT}", *role, "--replication-mode", self.mode,
-                    "--flush-disk-type", self.mode, *FLAGS)
-        env = dict(os.environ, LD_PRELOAD=FAKETIME, FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
-                   FAKETIME_CACHE_DURATION="1", DONT_FAKE_MONOTONIC="1")
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        self.paused = False
-        self.starts += 1
+    @property
+    def addresses(self) -> list[str]:
+        return [p.address for p in self.procs]
 
-    # ---- faults of the machine, not the process ------------------------------------------------
 
-    def skew_clock(self, seconds: int) -> None:
-        """The broker's wall clock runs `seconds` off from now on (0: true again)."""
-        self.clock_file.write_text(f"{seconds:+d}\n")
+class Cluster:
+    def __init__(self, net: Network, workdir: Path, mode: str, *, retention_s: float, proxied: bool, lazy: bool):
+        self.net, self.workdir, self.mode = net, workdir, mode
+        self.retention_s, self.proxied, self.lazy = retention_s, proxied, lazy
+        self.route_file = workdir / "route.yaml"
+        self.route_version = 0
+        self.groups: dict[str, Group] = {}
+        self.next_index = 0
+        self.route_changes: list[dict] = []  # (time, version, groups and states) of every route written
 
-    def fill_disk(self) -> None:
-        """Fill the broker's filesystem to the last byte (a log that grew, another tenant)."""
-        fd = os.open(self.data / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    # ---- the route -------------------------------------------------------------------------------
+
+    def write_route(self) -> None:
+        self.route_version += 1
+        doc = {"cluster": "chaos", "version": self.route_version,
+               "groups": [{"name": g.name, "addresses": g.addresses, "state": g.state}
+                          for g in self.groups.values() if g.state != "removed"]}
+        tmp = self.route_file.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+        tmp.replace(self.route_file)
+        self.route_changes.append({"at": time.monotonic(), "version": self.route_version,
+                                   "groups": {g["name"]: g["state"] for g in doc["groups"]}})
+
+    @property
+    def live_groups(self) -> list[Group]:
+        return [g for g in self.groups.values() if g.state != "removed"]
+
+    @property
+    def procs(self) -> list[BrokerProc]:
+        return [p for g in self.live_groups for p in g.procs]
+
+    def bootstrap(self) -> list[str]:
+        return [p.address for p in self.procs]
+
+    # ---- groups ----------------------------------------------------------------------------------
+
+    def make_group(self, name: str, size: int) -> Group:
+        procs = []
+        for _ in range(size):
+            procs.append(BrokerProc(self.next_index, name, self.net, self.workdir, self.mode,
+                                    retention_s=self.retention_s, proxied=self.proxied, route_file=self.route_file,
+                                    lazy=self.lazy))
+            self.next_index += 1
+        g = Group(name, procs, self.workdir / f"{name}.status.json", self.workdir / f"{name}.pods.json",
+                  controller_log=self.workdir / f"{name}.controller.log")
+        write_state(g.status_path, {"master": procs[0].name, "epoch": 1, "brokers": []})
+        self.groups[name] = g
+        return g
+
+    def start_group(self, g: Group, timeout: float = 40) -> None:
+        """Its brokers up and in sync, then its controller; the route lists it once it serves."""
+        for p in g.procs:
+            p.mount()
+        g.procs[0].start(None)
+        for p in g.procs[1:]:
+            p.start(g.procs[0].address)
+        self.report_pods(g)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = brokers.PLAIN.try_info(g.procs[0].ip)
+            if info and sum(1 for s in info.slaves if s.get("in_sync")) == len(g.procs) - 1:
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"group {g.name} did not come up: "
+                               + "; ".join(p.log_path.read_text()[-500:] for p in g.procs))
+        self.start_controller(g)
+
+    def start_controller(self, g: Group, crash_at: str = "") -> None:
+        with open(g.controller_log, "ab") as out:
+            g.controller = subprocess.Popen(
+                [sys.executable, "-m", "chaos.controller", "--state", str(g.status_path), "--pods", str(g.pods_path),
+                 "--mode", self.mode, *(["--crash-at", crash_at] if crash_at else [])],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        g.controller_starts += 1
+
+    def kill_controller(self, g: Group) -> None:
+        if g.controller is not None and g.controller.poll() is None:
+            g.controller.send_signal(signal.SIGKILL)
+            g.controller.wait(10)
+
+    # ---- the kubelet -----------------------------------------------------------------------------
+
+    def report_pods(self, g: Group) -> None:
+        write_state(g.pods_path, {p.name: {"ip": p.ip, "index": p.index, "ready": p.running and not p.paused}
+                                  for p in g.procs})
+
+    def kubelet_pass(self) -> None:
+        """Dead brokers started again as the status says (the master as master, the others as its
+        slaves), after their back-off; every group's readiness reported."""
+        for g in self.live_groups:
+            master = g.master
+            for p in g.procs:
+                code = p.reap()
+                if code is not None:
+                    log.info("%s exited with %s", p.name, code)
+                if p.proc is not None and not p.running and time.monotonic() >= p.down_until:
+                    p.start(None if p is master else master.address)
+            self.report_pods(g)
+
+    # ---- membership --------------------------------------------------------------------------------
+
+    def add_group(self, name: str, size: int) -> Group:
+        g = self.make_group(name, size)
+        self.write_route()  # first: a broker refuses to start on a route that does not list its group
+        self.start_group(g)
+        g.events.append({"at": time.monotonic(), "what": "added", "version": self.route_version})
+        return g
+
+    def drain(self, g: Group) -> None:
+        g.state = "draining"
+        self.write_route()
+        g.drain_version = self.route_version
+        g.events.append({"at": time.monotonic(), "what": "draining", "version": self.route_version})
+
+    def removal(self, g: Group) -> scaling.Remove | scaling.Wait:
+        """The operator's rule on whether the draining group may go now."""
+        report, why = None, ""
+        head = g.master
         try:
-            st = os.statvfs(self.data)
-            try:  # all but a little at once; the rest a page at a time
-                os.posix_fallocate(fd, 0, max(st.f_bavail * st.f_frsize - (1 << 20), 1))
-                os.lseek(fd, 0, os.SEEK_END)
-            except OSError:
-                pass
+            running = brokers.PLAIN.route_version(head.ip)
+            d = brokers.PLAIN.drain(head.ip)
+            report = scaling.DrainReport(undelivered=d.undelivered, pending_transactions=d.pending_transactions,
+                                         drained=d.drained, route_version=running, topics=d.topics,
+                                         undecided_jobs=d.undecided_jobs)
+        except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
+            why = str(e)
+        waiting: dict[str, int] | None = {}
+        waiting_why = ""
+        for other in self.live_groups:
+            if other is g:
+                continue
             try:
-                while os.write(fd, b"\0" * 4096):
-                    pass
-            except OSError:
-                pass
-        finally:
-            os.close(fd)
+                for home, n in brokers.PLAIN.drain(other.master.ip).waiting_on.items():
+                    if home == g.name:
+                        waiting[other.name] = n
+            except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
+                waiting, waiting_why = None, str(e)
+                break
+        return scaling.decide_removal(g.name, report, why, g.drain_version, False, waiting, waiting_why)
 
-    def free_disk(self) -> None:
-        (self.data / "filler").unlink(missing_ok=True)
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.running:
-            self.proc.send_signal(sig)
-            if sig == signal.SIGKILL:
-                self.proc.wait(10)
-            self.paused = sig == signal.SIGSTOP or (self.paused and sig != signal.SIGCONT)
+    def remove(self, g: Group) -> None:
+        g.state = "removed"
+        self.write_route()
+        self.kill_controller(g)
+        for p in g.procs:
+            p.removed = True
+            p.stop()
+        g.events.append({"at": time.monotonic(), "what": "removed", "version": self.route_version})
 
     def stop(self) -> None:
-        if self.running:
-            if self.paused:
-                self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def pod(self, role: str) -> dict:
-        """What the operator would see of this broker's pod (`role`: the label it gave it)."""
-        ready = self.running and not self.paused
-        return {"metadata": {"name": self.name, "labels": {c.LABEL_INDEX: str(self.index), c.LABEL_ROLE: role}},
-                "status": {"podIP": self.ip, "conditions": [{"type": "Ready", "status": str(ready)}]}}
+        for g in self.groups.values():
+            self.kill_controller(g)
+            for p in g.procs:
+                p.stop()
+                p.unmount()
 
 
-class Controller:
-    def __init__(self, procs: list[BrokerProc]):
-        self.procs = {p.name: p for p in procs}
-        self.spec = {"replicas": len(procs), "replication": procs[0].mode,
-                     "failover": {"gracePeriodSeconds": GRACE_SECONDS}}
-        self.status: dict = {"master": "b0", "epoch": 1, "brokers": []}
-        self.down_since: float | None = None
-        self.failovers: list[dict] = []  # (time, from, to, epoch, reason)
-        self.blocked: dict[str, int] = {}
-        self.access = brokers.PLAIN
-        self.last_look: dict = {}  # the members the last pass observed
-
-    @property
-    def master(self) -> str:
-        return self.status["master"]
-
-    def master_address(self) -> str:
-        return self.procs[self.master].address
-
-    def pods(self) -> list[dict]:
-        return [p.pod(failover.role_for(p.name, self.master)) for p in self.procs.values()]
-
-    def pass_once(self, restart_dead: bool = True) -> None:
-        if restart_dead:
-            for p in self.procs.values():
-                if p.proc is not None and not p.running and time.monotonic() >= p.down_until:
-                    log.info("restarting %s (exit %s) as a slave of %s", p.name, p.proc.returncode, self.master)
-                    p.start(self.master_address() if p.name != self.master else None)
-        looked = time.monotonic()
-        members = self.last_look = observe.observe(self.pods(), self.access)
-        self.status["brokers"] = status.broker_entries(members, self.master, self.status["brokers"])
-        if failover.master_down_reason(members, self.master) == "":
-            self.down_since = None
-            self._demote_strays(members)
-            return
-        now = time.monotonic()
-        self.down_since = self.down_since or looked  # as the operator: since the look that found it down began
-        decision = failover.decide_failover(self.spec, self.status, members, self.master, now - self.down_since)
-        if isinstance(decision, failover.Blocked):
-            self.blocked[decision.reason] = self.blocked.get(decision.reason, 0) + 1
-            return
-        if decision is None:
-            return
-        old = self.master
-        new = self.procs[decision.successor]
-        try:  # as the operator's take_over: the others follow the successor first, then it is promoted
-            for m in failover.fence_before_promotion(members, new.name):
-                try:
-                    self.access.demote(m.ip, new.address, decision.epoch)
-                except (brokers.Unreachable, brokers.BrokerError) as e:
-                    log.info("%s does not follow %s yet: %s", m.name, new.name, e)
-            self.access.promote(new.ip, decision.epoch)
-        except (brokers.Unreachable, brokers.BrokerError) as e:
-            log.warning("promotion of %s failed: %s", new.name, e)
-            return
-        self.status.update(master=new.name, epoch=decision.epoch)
-        self.down_since = None
-        self.failovers.append({"at": time.monotonic(), "from": old, "to": new.name, "epoch": decision.epoch,
-                               "message": decision.message, "old_master_paused": self.procs[old].paused})
-        log.warning("failover: %s", decision.message)
-        self._demote_strays(observe.observe(self.pods(), self.access))
-
-    def _demote_strays(self, members: dict) -> None:
-        """Every broker but the master follows the master at its epoch."""
-        epoch, address = self.status["epoch"], self.master_address()
-        for m in members.values():
-            if m.name == self.master or m.info is None:
-                continue
-            if m.info.is_master or m.info.fenced_by or (m.info.master and m.info.master != address):
-                try:
-                    self.access.demote(self.procs[m.name].ip, address, epoch)
-                except (brokers.Unreachable, brokers.BrokerError) as e:
-                    log.info("demoting %s: %s", m.name, e)
-
-
-def start_cluster(net: Network, workdir: Path, mode: str = "SYNC", size: int = 3) -> tuple[list[BrokerProc], Controller]:
+def start_cluster(net: Network, workdir: Path, mode: str = "SYNC", groups: int = 2, size: int = 3, *,
+                  retention_s: float = 0, proxied: bool = False, lazy: bool = False) -> Cluster:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    procs = [BrokerProc(i, net, workdir, mode) for i in range(size)]
-    for p in procs:
-        p.mount()
-    procs[0].start(None)
-    for p in procs[1:]:
-        p.start(procs[0].address)
-    ctl = Controller(procs)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        info = brokers.PLAIN.try_info(procs[0].ip)
-        if info and sum(1 for s in info.slaves if s.get("in_sync")) == size - 1:
-            return procs, ctl
-        time.sleep(0.1)
-    raise RuntimeError("the cluster did not come up: " + "; ".join(p.log_path.read_text()[-500:] for p in procs))
+    cluster = Cluster(net, workdir, mode, retention_s=retention_s, proxied=proxied, lazy=lazy)
+    made = [cluster.make_group(f"g{i}", size) for i in range(groups)]
+    cluster.write_route()
+    for g in made:
+        cluster.start_group(g)
+    return cluster

@@ -6,7 +6,8 @@ packet filtering inside a broker's namespace to cut it off from chosen peers.
 
 Nothing outside these namespaces is touched. A partition is iptables rules in the broker's own
 namespace (INPUT and/or OUTPUT, by peer address), so it drops packets without a reset, as a real cut
-cable does; healing flushes them.
+cable does; a lossy link is the same rule under iptables' `statistic` match (a random share of the
+packets dropped: this kernel has no netem; delay is chaos/proxy.py's); healing flushes them.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ class Network:
         for chain, flag in chains:
             _run(*in_ns(self.brokers[broker], "iptables", "-w", "-A", chain, flag, peer_ip, "-j", "DROP"))
             self.cuts.setdefault(broker, []).append((chain, peer_ip))
+
+    def lose(self, broker: int, peer_ips: list[str], probability: float) -> None:
+        """Drop a random `probability` share of the packets between `broker` and each of `peer_ips`,
+        both ways (TCP retransmits: a slow, jittery link, not a cut one)."""
+        for peer_ip in peer_ips:
+            for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d")):
+                _run(*in_ns(self.brokers[broker], "iptables", "-w", "-A", chain, flag, peer_ip, "-m", "statistic",
+                            "--mode", "random", "--probability", f"{probability:.3f}", "-j", "DROP"))
+                self.cuts.setdefault(broker, []).append((chain, peer_ip))
 
     def heal(self, broker: int | None = None) -> None:
         for b in ([broker] if broker is not None else list(self.cuts)):

@@ -1,110 +1,75 @@
-"""One schedule: a cluster, the workload, a seeded nemesis, healing, settling, the check.
+"""One schedule: a cluster of broker groups, the workload, a seeded nemesis, healing, settling, the
+check.
 
-Run inside the hub namespace by `python -m chaos` (see __main__.py); prints and writes one JSON
-report: the seed, the faults injected, the operations, the anomalies by kind, and per fault the
-longest time without an acknowledged commit and the client operations that failed meanwhile.
+Run inside the hub namespace by `python -m chaos` (see __main__.py); writes one JSON report: the
+seed, the faults injected (each with its family, group and target), the operations, the anomalies by
+kind with details, and per fault the longest time without an acknowledged commit and the client
+operations that failed meanwhile.
+
+The nemesis first draws one fault of every family the schedule runs, in an order from the seed (a
+group is added before one is drained), then faults of any of those families until the time is up;
+each is held 1-6 s and healed, 0.5-2 s apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gzip
 import json
 import logging
 import random
-import signal
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from txbroker.client import PullConsumer
 from txbroker.client.admin import AdminClient
+from txbroker_operator import scaling
 
 from chaos import checker, workload
-from chaos.cluster import BrokerProc, Controller, start_cluster
-from chaos.net import HUB_IP, Network
+from chaos.cluster import Cluster, start_cluster
+from chaos.nemesis import FAMILIES, INSTANT, Nemesis
+from chaos.net import Network
+from chaos.reader import Reader
 
 log = logging.getLogger("chaos")
-# The first seven are the kinds the harness began with: `--kinds 7` replays the schedules its first
-# runs drew from a seed (the regression tests' seeds 7 and 19 among them).
-KINDS = ("kill-master", "kill-slave", "pause-master", "pause-slave", "partition-master", "partition-slave",
-         "isolate-master-from-clients", "skew-master-clock", "skew-slave-clock", "fill-master-disk",
-         "fill-slave-disk")
+MAX_BROKERS = 8  # two groups of three, and a third group of two the membership family adds
 
 
-class Nemesis:
-    def __init__(self, rnd: random.Random, net: Network, procs: list[BrokerProc], ctl: Controller):
-        self.rnd, self.net, self.procs, self.ctl = rnd, net, procs, ctl
-        self.events: list[dict] = []
-
-    def _pick(self, master: bool) -> BrokerProc:
-        if master:
-            return self.ctl.procs[self.ctl.master]
-        return self.rnd.choice([p for p in self.procs if p.name != self.ctl.master])
-
-    def inject(self, kind: str) -> dict:
-        target = self._pick("-master" in kind)
-        ev = {"kind": kind, "target": target.name, "start": time.monotonic()}
-        if kind.startswith("kill"):
-            # the controller restarts it, as the kubelet would: at once, or after a back-off longer
-            # than the failover grace period (then the master fails over first)
-            ev["restart_after_s"] = round(self.rnd.choice([0.0, self.rnd.uniform(3.0, 6.0)]), 2)
-            target.down_until = time.monotonic() + ev["restart_after_s"]
-            target.signal(signal.SIGKILL)
-        elif kind.startswith("pause"):
-            target.signal(signal.SIGSTOP)
-        elif kind == "partition-master":
-            for p in self.procs:
-                if p is not target:
-                    self.net.cut(target.index, p.ip, "both")
-        elif kind == "partition-slave":
-            ev["direction"] = self.rnd.choice(["in", "out", "both"])
-            self.net.cut(target.index, self.ctl.procs[self.ctl.master].ip, ev["direction"])
-        elif kind == "isolate-master-from-clients":
-            self.net.cut(target.index, HUB_IP, "both")
-        elif kind.startswith("skew"):  # a few seconds either way, or past the check and job timeouts
-            ev["skew_s"] = self.rnd.choice([-1, 1]) * self.rnd.choice([2, 5, 30, 120])
-            target.skew_clock(ev["skew_s"])
-        elif kind.startswith("fill"):
-            target.fill_disk()
-        self.events.append(ev)
-        return ev
-
-    def heal(self, ev: dict) -> None:
-        target = next(p for p in self.procs if p.name == ev["target"])
-        if ev["kind"].startswith("pause"):
-            target.signal(signal.SIGCONT)
-        elif "partition" in ev["kind"] or "isolate" in ev["kind"]:
-            self.net.heal(target.index)
-        elif ev["kind"].startswith("skew"):
-            target.skew_clock(0)
-        elif ev["kind"].startswith("fill"):
-            target.free_disk()
-        ev["healed"] = time.monotonic()
-
-    def heal_all(self) -> None:
-        for p in self.procs:
-            if p.paused:
-                p.signal(signal.SIGCONT)
-            p.skew_clock(0)
-            p.free_disk()
-        self.net.heal()
+def plan(rnd: random.Random, families: list[str]) -> list[str]:
+    order = list(families)
+    rnd.shuffle(order)
+    kinds = []
+    for f in order:
+        if f == "membership":
+            kinds += ["add-group", "drain-group"]
+        else:
+            kinds.append(rnd.choice(FAMILIES[f]))
+    return kinds
 
 
-def _controller_loop(ctl: Controller, stop: threading.Event, masters: dict[int, set[str]]) -> None:
+def _kubelet(cluster: Cluster, nemesis: Nemesis, reader: Reader, stop: threading.Event) -> None:
+    """Restarts dead brokers, reports readiness, and removes a draining group once the operator's
+    rule lets it go (what it holds read first: the reader is the checker's record of it)."""
+    last_drain_look = 0.0
     while not stop.is_set():
         try:
-            ctl.pass_once()
-            acting: dict[int, set[str]] = {}
-            for m in ctl.last_look.values():  # answering as master, not fenced, in the pass's one look
-                if m.info is not None and m.info.is_master and not m.info.fenced_by:
-                    acting.setdefault(m.info.epoch, set()).add(m.name)
-            for epoch, names in acting.items():
-                if len(names) > 1:
-                    masters.setdefault(epoch, set()).update(names)
-        except Exception:  # noqa: BLE001 - a pass failing must not end the controller
-            log.exception("controller pass failed")
-        stop.wait(0.3)
+            cluster.kubelet_pass()
+            g = nemesis.draining
+            if g is not None and g.state == "draining" and time.monotonic() - last_drain_look > 1:
+                last_drain_look = time.monotonic()
+                decision = cluster.removal(g)
+                g.events.append({"at": time.monotonic(), "what": "asked", "decision": type(decision).__name__,
+                                 "why": decision.message})
+                del g.events[:-20]  # the last answers are what a stuck drain needs
+                if isinstance(decision, scaling.Remove):
+                    g.events.append({"at": time.monotonic(), "what": "read before removal",
+                                     "whole": asyncio.run(reader.read_to_end(g.name, g.addresses, 30))})
+                    cluster.remove(g)
+        except Exception:  # noqa: BLE001 - a pass failing must not end the loop
+            log.exception("kubelet pass failed")
+        stop.wait(0.2)
 
 
 def _liveness(events: list[dict], h: workload.History, end: float) -> list[dict]:
@@ -120,125 +85,186 @@ def _liveness(events: list[dict], h: workload.History, end: float) -> list[dict]
     return out
 
 
-def _after_promotions(failovers: list[dict], h: workload.History) -> list[dict]:
-    """Per failover: how long after the promotion the first commit was acknowledged (through the
-    new master: the only one that can acknowledge once the others follow it)."""
+def _after_promotions(cluster: Cluster, h: workload.History) -> list[dict]:
+    """Per failover: how long after the promotion was decided the first commit was acknowledged (on
+    any group: the clients' view of the cluster)."""
     commits = sorted(h.commits)
+    to_monotonic = time.monotonic() - time.time()
     out = []
-    for f in failovers:
-        first = next((t for t in commits if t >= f["at"]), None)
-        out.append({"to": f["to"], "epoch": f["epoch"], "old_master_paused": f["old_master_paused"],
-                    "first_commit_after_s": None if first is None else round(first - f["at"], 3)})
+    for g in cluster.groups.values():
+        for f in g.status.get("failovers") or []:
+            at = f["at"] + to_monotonic
+            first = next((t for t in commits if t >= at), None)
+            out.append({"group": g.name, "to": f["to"], "epoch": f["epoch"],
+                        "first_commit_after_s": None if first is None else round(first - at, 3)})
     return out
 
 
-def run(seed: int, duration: float, workdir: Path, tag: str, mode: str, kinds: tuple[str, ...] = KINDS) -> dict:
+def _dump_history(h: workload.History, reader: Reader, path: Path) -> None:
+    with gzip.open(path, "wt") as f:
+        json.dump({"txs": {k: vars(tx) for k, tx in h.txs.items()},
+                   "read": [[*pos, body] for pos, body in reader.seen.items()],
+                   "skipped": [[*k, n] for k, n in reader.skipped.items()],
+                   "decisions": h.decisions, "offsets": h.offsets, "jobs": h.jobs}, f)
+
+
+def _settle(cluster: Cluster, nemesis: Nemesis, timeout: float) -> dict[str, int]:
+    """Until every live group's master serves with nothing pending, parked or undecided and all of its
+    log published, and a draining group is gone; what each still holds when the time is up."""
+    deadline = time.monotonic() + timeout
+    held: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        held = {}
+        for g in cluster.live_groups:
+            try:
+                admin = AdminClient(f"http://{g.master.ip}:10912", timeout=3)
+                info = admin.broker_info()
+                n = admin.transactions("pending", limit=0).total + admin.transactions("parked", limit=0).total \
+                    + admin.jobs("undecided", limit=0).total
+                held[g.name] = n if info.role == "master" and info.durable_offset == info.log_end_offset else max(n, 1)
+            except Exception:  # noqa: BLE001 - the master may be changing
+                held[g.name] = -1
+        draining = nemesis.draining is not None and nemesis.draining.state == "draining"
+        if not draining and all(n == 0 for n in held.values()):
+            return held
+        time.sleep(0.5)
+    return held  # (-1: its master could not be asked)
+
+
+def _consumed_everything(h: workload.History, reader: Reader) -> bool:
+    orders = set(reader.bodies("Orders"))
+    dead = set(reader.bodies(checker.DLQ))
+    ordered = {k for k, tx in h.txs.items() if tx.kind == "ordered" and tx.acked == "COMMIT"}
+    with h.lock:
+        consumed_ordered = {f"ord-{k}-{n}" for k, seqs in h.ordered_deliveries.items() for n in seqs}
+        return orders - h.poison <= set(h.consumed) and (orders & h.poison) <= dead and ordered <= consumed_ordered
+
+
+def _acting(cluster: Cluster) -> dict[int, set[str]]:
+    """Brokers of one group seen acting as master at one epoch in one look, from every controller."""
+    out: dict[str, set[str]] = {}
+    for g in cluster.groups.values():
+        path = g.status_path.with_name(g.status_path.name + ".acting")
+        if path.exists():
+            for line in path.read_text().splitlines():
+                for epoch, names in json.loads(line)["acting"].items():
+                    out.setdefault(f"{g.name}@{epoch}", set()).update(names)
+    return out
+
+
+def run(seed: int, duration: float, workdir: Path, tag: str, mode: str, families: list[str], *,
+        retention_s: float = 20.0) -> dict:
     rnd = random.Random(seed)
-    net = Network(tag, 3)  # made by the parent; this process only adds and removes packet filters
-    procs, ctl = start_cluster(net, workdir, mode)
+    net = Network(tag, MAX_BROKERS)  # made by the parent; this process only adds and removes packet filters
+    cluster = start_cluster(net, workdir, mode, retention_s=retention_s, proxied="links" in families,
+                            lazy="power" in families)
     try:
-        return _run(rnd, seed, duration, net, procs, ctl, mode, kinds)
+        return _run(rnd, seed, duration, cluster, mode, families, retention_s)
     finally:
-        for p in procs:
-            p.stop()
-            p.unmount()
+        cluster.stop()
 
 
-def _run(rnd: random.Random, seed: int, duration: float, net: Network, procs: list[BrokerProc], ctl: Controller,
-         mode: str, kinds: tuple[str, ...]) -> dict:
-    addresses = [p.address for p in procs]
+def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode: str, families: list[str],
+         retention_s: float) -> dict:
     h = workload.History()
-    stop_load, load_done, stop_ctl, consumers_done = (threading.Event() for _ in range(4))
-    masters: dict[int, set[str]] = {}
-    ctl_thread = threading.Thread(target=_controller_loop, args=(ctl, stop_ctl, masters), daemon=True)
-    load = threading.Thread(target=workload.run, args=(addresses, h, stop_load, load_done, seed, consumers_done),
-                            daemon=True)
-    ctl_thread.start()
+    groups_now = lambda: {g.name: g.addresses for g in cluster.live_groups}  # noqa: E731
+    reader = Reader(groups_now)
+    stop_load, load_done, stop_kubelet, consumers_done = (threading.Event() for _ in range(4))
+    nemesis = Nemesis(rnd, cluster)
+    kubelet = threading.Thread(target=_kubelet, args=(cluster, nemesis, reader, stop_kubelet), daemon=True)
+    load = threading.Thread(target=workload.run, args=(cluster.bootstrap(), groups_now, h, reader, stop_load,
+                                                       load_done, seed, consumers_done), daemon=True)
+    kubelet.start()
     load.start()
-    nemesis = Nemesis(rnd, net, procs, ctl)
     t_end = time.monotonic() + duration
     time.sleep(2.0)
+    planned = plan(rnd, families)
     while time.monotonic() < t_end - 3:
-        ev = nemesis.inject(rnd.choice(kinds))
-        time.sleep(rnd.uniform(1.0, 8.0))  # past the failover grace (2 s) about two times in three
+        kind = planned.pop(0) if planned else rnd.choice([k for f in families for k in FAMILIES[f]])
+        if not nemesis.possible(kind):
+            continue
+        ev = nemesis.inject(kind)
+        if kind not in INSTANT:
+            time.sleep(rnd.uniform(1.0, 6.0))  # past the failover grace (2 s) about three times in five
         nemesis.heal(ev)
-        time.sleep(rnd.uniform(1.0, 3.0))
+        time.sleep(rnd.uniform(0.5, 2.0))
     nemesis.heal_all()
     time.sleep(max(t_end - time.monotonic(), 0))
     stop_load.set()
     end = time.monotonic()
-    # settle: a master serving, every transaction decided (check-back, job deadlines), published
-    deadline = time.monotonic() + 60
-    pending, parked = -1, 0
-    while time.monotonic() < deadline:
-        try:
-            master = ctl.procs[ctl.master]
-            admin = AdminClient(f"http://{master.ip}:10912", timeout=3)
-            pending = admin.transactions("pending", limit=0).total
-            parked = admin.transactions("parked", limit=0).total
-            info = admin.broker_info()
-            undecided = admin.jobs("undecided", limit=0).total
-            if info.role == "master" and pending == 0 and undecided == 0 \
-                    and info.durable_offset == info.log_end_offset:
-                break
-        except Exception:  # noqa: BLE001 - the master may be changing
-            pass
-        time.sleep(0.5)
+    # settle: every group's master serving, every transaction and job decided, published, drained
+    unresolved = _settle(cluster, nemesis, 90)
     load_done.set()
-    stop_ctl.set()
-    ctl_thread.join(10)
-    delivered: Counter = Counter()
-    stored: dict[str, Counter] = {}
-    with PullConsumer(ctl.procs[ctl.master].address, request_timeout=10) as c:
-        for topic in (*workload.TOPICS, "Plain"):
-            try:
-                stored[topic] = Counter(m.body.decode() for m in c.read_all(topic))
-            except Exception as e:  # noqa: BLE001 - a topic never written does not exist
-                if "TOPIC_NOT_EXIST" not in str(e):
-                    raise
-                stored[topic] = Counter()
-            delivered.update(stored[topic])
-    # the consumer group drains what Orders holds (retries come back after their delay)
-    orders = set(stored["Orders"])
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not orders <= set(h.consumed):
+    deadline = time.monotonic() + 90  # the consumer groups finish what the groups hold (retries come back)
+    while time.monotonic() < deadline and not _consumed_everything(h, reader):
         time.sleep(0.5)
     consumers_done.set()
     load.join(60)
-    anomalies = checker.check(h, delivered, max(pending, 0), masters)
-    anomalies.update(checker.check_group(h, orders))
+    read_whole = asyncio.run(reader.catch_up(time.monotonic() + 60))
+    stop_kubelet.set()
+    kubelet.join(10)
+    anomalies = checker.check(h, reader, unresolved, _acting(cluster))
+    route_changed = any(e["kind"] in ("add-group", "drain-group") for e in nemesis.events)
+    anomalies.update(checker.check_groups(h, reader, route_changed))
+    reordered = anomalies.pop("reordered after a route change", [])
+    unverified = anomalies.pop("unverified", [])
+    skipped = anomalies.pop("skipped by retention", [])
+    g = nemesis.draining
+    if g is not None and g.state == "draining":
+        last = next((e["why"] for e in reversed(g.events) if e["what"] == "asked"), "never asked")
+        anomalies.setdefault("drain stuck", []).append(f"{g.name} still draining after settling: {last}")
+    if not read_whole:
+        anomalies.setdefault("harness", []).append("the reader could not read every group to its end")
     lost_async = anomalies.pop("lost", []) if mode == "ASYNC" else []
-    # What an ASYNC failover took away, the group may have consumed (phantoms), committed offsets
-    # past (regressions), or, its offsets now past the queue's reused ones, skipped: consequences of
-    # that loss, counted with it; without a loss they stay anomalies.
-    after_loss = {k: anomalies.pop(k) for k in ("group lost", "group phantom", "offset regressed")
+    # What an ASYNC failover took away, the groups may have consumed (phantoms), committed offsets
+    # past (regressions), or skipped: consequences of that loss, counted with it; without one they
+    # stay anomalies.
+    after_loss = {k: anomalies.pop(k) for k in ("group lost", "group phantom", "offset regressed", "ordered lost",
+                                                 "rewritten", "went back")
                   if lost_async and k in anomalies}
-    report = {"seed": seed, "mode": mode, "kinds": len(kinds), "duration_s": duration, "faults": Counter(e["kind"] for e in nemesis.events),
-              "events": [{k: v for k, v in e.items() if k not in ("start", "healed")} for e in nemesis.events],
-              "failovers": len(ctl.failovers), "after_promotion": _after_promotions(ctl.failovers, h),
-              "blocked_failovers": ctl.blocked,
-              "operations": checker.counts(h), "commits_acknowledged": len(h.commits),
-              "failed_operations": len(h.failures), "parked_after_settling": parked, "anomalies": {k: len(v) for k, v in anomalies.items()},
-              "lost_under_async": len(lost_async), "lost_under_async_details": lost_async[:20],
-              "group_after_async_loss": {k: len(v) for k, v in after_loss.items()},
-              "group": checker.group_counts(h),
-              "anomaly_details": {k: v[:20] for k, v in anomalies.items()},
-              "liveness": _liveness(nemesis.events, h, end), "restarts": {p.name: p.starts - 1 for p in procs}}
-    return report
+    events = nemesis.events
+    if anomalies or lost_async:  # the whole history beside the report, for the operations around each anomaly
+        _dump_history(h, reader, cluster.workdir / "history.json.gz")
+    return {"seed": seed, "mode": mode, "families": families, "duration_s": duration, "retention_s": retention_s,
+            "faults": Counter(e["kind"] for e in events),
+            "faults_by_family": Counter(e["family"] for e in events),
+            "events": [{k: v for k, v in e.items() if k not in ("start", "healed")} for e in events],
+            "failovers": sum(len(g.status.get("failovers") or []) for g in cluster.groups.values()),
+            "after_promotion": _after_promotions(cluster, h),
+            "blocked_failovers": {g.name: g.status.get("blocked") or {} for g in cluster.groups.values()},
+            "controller_starts": {g.name: g.controller_starts for g in cluster.groups.values()},
+            "membership": {g.name: [{k: v for k, v in e.items() if k != "at"} for e in g.events]
+                           for g in cluster.groups.values() if g.events},
+            "route_versions": cluster.route_version,
+            "operations": checker.counts(h), "commits_acknowledged": len(h.commits),
+            "failed_operations": len(h.failures), "unresolved_after_settling": unresolved,
+            "anomalies": {k: len(v) for k, v in anomalies.items()},
+            "anomaly_details": {k: v[:20] for k, v in anomalies.items()},
+            "lost_under_async": len(lost_async), "lost_under_async_details": lost_async[:20],
+            "group_after_async_loss": {k: len(v) for k, v in after_loss.items()},
+            "reordered_after_route_change": len(reordered),
+            "unverified": len(unverified), "unverified_details": unverified[:20],
+            "skipped_by_retention": len(skipped), "skipped_details": skipped[:20],
+            "group": checker.group_counts(h, reader),
+            "liveness": _liveness(events, h, end),
+            "restarts": {p.name: p.starts - 1 for g in cluster.groups.values() for p in g.procs},
+            "exit_codes": {p.name: Counter(p.exits) for g in cluster.groups.values() for p in g.procs if p.exits}}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="one fault schedule (run by python -m chaos, inside its namespace)")
     ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--tag", required=True)
     ap.add_argument("--report", required=True)
     ap.add_argument("--mode", choices=["SYNC", "ASYNC"], default="SYNC")
-    ap.add_argument("--kinds", type=int, default=len(KINDS), help="draw faults from the first N kinds")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--retention", type=float, default=20.0, help="seconds (0: none)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    report = run(args.seed, args.duration, Path(args.workdir), args.tag, args.mode, KINDS[:args.kinds])
+    report = run(args.seed, args.duration, Path(args.workdir), args.tag, args.mode, args.families.split(","),
+                 retention_s=args.retention)
     Path(args.report).write_text(json.dumps(report, indent=2))
     return 0
 

@@ -1,13 +1,26 @@
-"""The clients and what they saw: transactional producers (one to three messages per transaction,
-some rolled back, some left UNKNOWN for check-back), a job coordinator (coordinated transactions,
-some members not kept, some jobs aborted), a plain producer, and a consumer group of two members
-on the Orders topic whose listener fails a message's first delivery now and then (so it comes back
-through the retry topic); all given every broker address. A sampler reads the group's committed
-offsets from the master twice a second.
+"""The clients and what they saw, on a cluster of broker groups: every feature users lean on.
+
+  transactions   two ClusterTransactionProducers: 1-3 messages on Orders and Billing; half of them
+                 placed by key (so they may span groups), a fifth rolled back, some left UNKNOWN for
+                 check-back; now and then an Orders message no consumer will accept (poison: it must
+                 end as a dead letter)
+  jobs           a ClusterJobCoordinator: jobs spanning every active group, 2-5 members spread over
+                 them, all but one kept, a fifth aborted
+  plain          a ClusterProducer on Plain
+  ordered        a ClusterProducer on Ordered, by key (4 keys, a sequence number each, one send at a
+                 time per key)
+  consumers      group chaos-cg (two ClusterPushConsumers on Orders; a tenth of first deliveries
+                 refused, so they come back through %RETRY%; poison always refused, so it goes to
+                 %DLQ% after two retries) and group chaos-ord (two orderly ClusterPushConsumers on
+                 Ordered, each delivery recorded in order); chaos-sink consumes Billing, Plain and the
+                 dead letters (a group each), as someone would (a group drains only once what it holds was delivered)
+  samplers       every group's committed offsets of both consumer groups, and the decisions of recent
+                 jobs as their home answers, twice a second
+  reader         chaos/reader.py: every group's topics read as they fill (retention deletes them)
 
 Every operation is recorded in the History with its outcome as the client knows it: acknowledged
-(the broker answered SUCCESS to the decision, or to the plain send), refused, or unknown (no
-answer). The checker (checker.py) judges the final state against it.
+(the broker answered SUCCESS to the decision or the send), refused, or unknown (no answer). The
+checker (checker.py) judges the whole history against it.
 """
 
 from __future__ import annotations
@@ -16,29 +29,40 @@ import asyncio
 import random
 import threading
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-
-from collections import Counter
+from typing import Callable
 
 from txbroker.client import (
-    AsyncJobCoordinator, AsyncProducer, AsyncPullConsumer, AsyncPushConsumer, AsyncTransactionProducer, BrokerError,
-    ClientError, ConsumeStatus, LocalTransactionState as S, Message, TransactionListener,
+    AsyncClusterJobCoordinator, AsyncClusterProducer, AsyncClusterPushConsumer, AsyncClusterTransactionProducer,
+    AsyncPullConsumer, BrokerError, ClientError, ConsumeOrderlyStatus, ConsumeStatus, LocalTransactionState as S,
+    Message, TransactionListener, hash_selector, key_selector,
 )
 
+from chaos.reader import Reader
+
 TOPICS = ("Orders", "Billing")
+ORDERED = "Ordered"
 GROUP = "chaos-pg"
 JOB_GROUP = "chaos-jobs"
 CONSUMER_GROUP = "chaos-cg"
+ORDERLY_GROUP = "chaos-ord"
+SINK_GROUP = "chaos-sink"
+MAX_RECONSUME = 2
+KEYS = ("k0", "k1", "k2", "k3")
+GroupsNow = Callable[[], dict[str, list[str]]]  # the live groups and their brokers' addresses, now
 
 
 @dataclass
 class Tx:
-    """One transaction (or job member): its message bodies and what became of it."""
+    """One transaction (or job member, or plain send): its message bodies and what became of it."""
     bodies: list[str]
     intended: str  # COMMIT | ROLLBACK | EITHER (a job whose decision went unanswered: all kept or none)
     acked: str = ""  # the decision the broker acknowledged, if any
-    kind: str = "tx"  # tx | member | plain
+    kind: str = "tx"  # tx | member | plain | ordered
     job: str = ""  # a member's job
+    groups: list[str] = field(default_factory=list)  # where its messages were placed (home first)
+    topics: list[str] = field(default_factory=list)  # each body's topic
 
 
 @dataclass
@@ -46,10 +70,18 @@ class History:
     txs: dict[str, Tx] = field(default_factory=dict)  # txid (or plain-<n>) -> Tx
     commits: list[float] = field(default_factory=list)  # monotonic time of each acknowledged commit
     failures: list[float] = field(default_factory=list)  # monotonic time of each failed client operation
-    consumed: Counter = field(default_factory=Counter)  # body -> deliveries the group's listener accepted
-    refused: Counter = field(default_factory=Counter)  # body -> deliveries it failed on purpose (retried)
-    # (time.time(), queue, committed offset, the broker that answered) of every read
-    offsets: list[tuple[float, int, int, str]] = field(default_factory=list)
+    consumed: Counter = field(default_factory=Counter)  # body -> deliveries chaos-cg's listener accepted
+    refused: Counter = field(default_factory=Counter)  # body -> deliveries it refused on purpose (retried)
+    poison: set = field(default_factory=set)  # bodies no listener accepts: dead letters
+    # chaos-ord: per key, the sequence numbers in the order they were delivered (again, at times)
+    ordered_deliveries: dict = field(default_factory=lambda: defaultdict(list))
+    # (time.time(), broker group, consumer group, queue, committed offset, broker that answered)
+    offsets: list[tuple] = field(default_factory=list)
+    decisions: list[tuple] = field(default_factory=list)  # (time.time(), job id, state its home answered)
+    # (consumer group, broker group, topic, queue, first offset, first offset after): what retention
+    # deleted before the consumer group got to it (its consumers skipped it, as Kafka's do)
+    skipped: set = field(default_factory=set)
+    jobs: dict = field(default_factory=dict)  # job id -> its home group
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, key: str, tx: Tx) -> None:
@@ -90,26 +122,46 @@ async def _until(event: threading.Event) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _producer(addresses, h: History, stop: threading.Event, w: int, seed: int,
-                    done: threading.Event) -> None:
+async def _started(client, stop: threading.Event):
+    """Start a cluster client, again and again while no broker answers (a fault at the start)."""
+    while True:
+        try:
+            return await client.start()
+        except (ClientError, OSError):
+            if stop.is_set():
+                return None
+            await asyncio.sleep(0.3)
+
+
+async def _producer(bootstrap, h: History, stop: threading.Event, w: int, seed: int, done: threading.Event) -> None:
     rnd = random.Random(seed * 1000 + w)
-    p = AsyncTransactionProducer(GROUP, addresses, Decisions(h, rnd), request_timeout=5)
-    await p.start()
+    p = AsyncClusterTransactionProducer(GROUP, bootstrap, Decisions(h, rnd), request_timeout=5, route_refresh=1)
+    if await _started(p, stop) is None:
+        return
     n = 0
     try:
         while not stop.is_set():
             n += 1
             txid = f"t{w}-{n}"
             bodies = [f"{txid}.{k}" for k in range(rnd.randint(1, 3))]
-            tx = Tx(bodies, "ROLLBACK" if rnd.random() < 0.2 else "COMMIT")
-            msgs = [Message(TOPICS[k % 2], b.encode()) for k, b in enumerate(bodies)]
+            if rnd.random() < 0.03:
+                bodies[0] += ".poison"  # bodies[0] goes to Orders
+            tx = Tx(bodies, "ROLLBACK" if rnd.random() < 0.2 else "COMMIT", topics=[TOPICS[k % 2] for k in range(len(bodies))])
+            by_key = rnd.random() < 0.5
+            msgs = [Message(TOPICS[k % 2], b.encode(), keys=f"{txid}-{k}" if by_key else "")
+                    for k, b in enumerate(bodies)]
             try:
-                r = await p.send_message_in_transaction(msgs, (txid, tx), transaction_id=txid)
-            except ClientError:
+                r = await p.send_message_in_transaction(msgs, (txid, tx), transaction_id=txid,
+                                                        selector=key_selector if by_key else None)
+            except (ClientError, ValueError):
                 h.add(txid, tx)
                 h.failed()
                 await asyncio.sleep(0.05)  # a client backs off before trying again
                 continue
+            tx.groups = r.groups
+            if tx.bodies[0].endswith(".poison"):
+                with h.lock:
+                    h.poison.add(tx.bodies[0])
             if r.send_status != "SEND_OK":  # refused (e.g. no slave in sync): rolled back, try again soon
                 h.failed()
                 await asyncio.sleep(0.05)
@@ -122,70 +174,107 @@ async def _producer(addresses, h: History, stop: threading.Event, w: int, seed: 
         await p.close()
 
 
-async def _coordinator(addresses, h: History, stop: threading.Event, seed: int) -> None:
+async def _coordinator(c: AsyncClusterJobCoordinator, h: History, stop: threading.Event, seed: int) -> None:
     rnd = random.Random(seed * 1000 + 99)
+    if await _started(c, stop) is None:
+        return
     n = 0
-    async with AsyncJobCoordinator(JOB_GROUP, addresses, request_timeout=5) as c:
-        while not stop.is_set():
-            n += 1
-            try:
-                job = await c.open(timeout=20)
-                members = []
-                for k in range(rnd.randint(2, 5)):
-                    txid = f"{job.job_id}-m{k}"
-                    tx = Tx([f"job{n}.{k}"], "COMMIT", kind="member", job=job.job_id)
-                    h.add(txid, tx)
-                    await c.send(job.job_id, Message("Orders", tx.bodies[0].encode()), txid)
-                    members.append(txid)
-            except ClientError:
-                h.failed()
-                await asyncio.sleep(0.05)
-                continue
-            kept = members[:max(1, len(members) - 1)] if rnd.random() < 0.8 else []
-            for t in members:
-                h.txs[t].intended = "COMMIT" if t in kept else "ROLLBACK"
-            try:
-                if kept:
-                    await c.commit(job.job_id, kept)
-                else:
-                    await c.abort(job.job_id)
-            except BrokerError:  # e.g. aborted at its deadline: its members roll back
-                for t in members:
-                    h.txs[t].intended = "ROLLBACK"
-                h.failed()
-                continue
-            except ClientError:
-                h.failed()  # unknown: the decision may or may not be recorded
-                for t in kept:
-                    h.txs[t].intended = "EITHER"
-                continue
-            for t in members:
-                h.ack(t, "COMMIT" if t in kept else "ROLLBACK")
+    while not stop.is_set():
+        n += 1
+        try:
+            job = await c.open(timeout=20)
+            with h.lock:
+                h.jobs[job.job_id] = job.home
+            groups = job.all_groups
+            members: dict[str, list[str]] = {}
+            order = []
+            for k in range(rnd.randint(2, 5)):
+                group = groups[k % len(groups)]
+                txid = f"{job.job_id}-m{k}"
+                tx = Tx([f"job{n}.{k}"], "COMMIT", kind="member", job=job.job_id, groups=[group], topics=["Orders"])
+                h.add(txid, tx)
+                await c.send(job, group, Message("Orders", tx.bodies[0].encode()), txid)
+                members.setdefault(group, []).append(txid)
+                order.append(txid)
+        except (ClientError, ValueError):
+            h.failed()
             await asyncio.sleep(0.05)
+            continue
+        kept_ids = order[:max(1, len(order) - 1)] if rnd.random() < 0.8 else []
+        for t in order:
+            h.txs[t].intended = "COMMIT" if t in kept_ids else "ROLLBACK"
+        kept = {g: [t for t in ids if t in kept_ids] for g, ids in members.items()}
+        try:
+            if kept_ids:
+                await c.commit(job, kept)
+            else:
+                await c.abort(job)
+        except BrokerError:  # e.g. aborted at its deadline: its members roll back
+            for t in order:
+                h.txs[t].intended = "ROLLBACK"
+            h.failed()
+            continue
+        except ClientError:
+            h.failed()  # unknown: the decision may or may not be recorded
+            for t in kept_ids:
+                h.txs[t].intended = "EITHER"
+            continue
+        for t in order:
+            h.ack(t, "COMMIT" if t in kept_ids else "ROLLBACK")
+        await asyncio.sleep(0.05)
 
 
-async def _plain(addresses, h: History, stop: threading.Event) -> None:
-    p = AsyncProducer("chaos-plain", addresses, request_timeout=5)
+async def _plain(bootstrap, h: History, stop: threading.Event) -> None:
+    p = AsyncClusterProducer("chaos-plain", bootstrap, request_timeout=5, route_refresh=1)
+    if await _started(p, stop) is None:
+        return
     n = 0
     try:
         while not stop.is_set():
             n += 1
             key = f"plain-{n}"
-            h.add(key, Tx([key], "COMMIT", kind="plain"))
+            h.add(key, Tx([key], "COMMIT", kind="plain", topics=["Plain"]))
             try:
-                await p.send(Message("Plain", key.encode()))
-            except ClientError:
+                r = await p.send(Message("Plain", key.encode()))
+            except (ClientError, ValueError):
                 h.failed()
                 await asyncio.sleep(0.05)
                 continue
+            h.txs[key].groups = r.groups
             h.ack(key, "COMMIT")
             await asyncio.sleep(0.01)
     finally:
         await p.close()
 
 
+async def _ordered(bootstrap, h: History, stop: threading.Event, seed: int) -> None:
+    """Per key, one send at a time: the next only once the last was answered (or given up on)."""
+    rnd = random.Random(seed * 1000 + 55)
+    p = AsyncClusterProducer("chaos-ordered", bootstrap, request_timeout=5, route_refresh=1)
+    if await _started(p, stop) is None:
+        return
+    seq = Counter()
+    try:
+        while not stop.is_set():
+            key = rnd.choice(KEYS)
+            seq[key] += 1
+            body = f"ord-{key}-{seq[key]}"
+            h.add(body, Tx([body], "COMMIT", kind="ordered", topics=[ORDERED]))
+            try:
+                r = await p.send(Message(ORDERED, body.encode(), keys=key), selector=hash_selector, arg=key)
+            except (ClientError, ValueError):
+                h.failed()
+                await asyncio.sleep(0.05)
+                continue
+            h.txs[body].groups = r.groups
+            h.ack(body, "COMMIT")
+            await asyncio.sleep(0.01)
+    finally:
+        await p.close()
+
+
 class _Listener:
-    """Accepts what it is given, except a message's first delivery, one time in ten."""
+    """Accepts what it is given, except a message's first delivery one time in ten, and poison."""
 
     def __init__(self, h: History, rnd: random.Random):
         self.h, self.rnd = h, rnd
@@ -194,46 +283,106 @@ class _Listener:
         with self.h.lock:
             for m in msgs:
                 body = m.body.decode()
-                if not self.h.refused[body] and self.rnd.random() < 0.1:
+                if body.endswith(".poison") or (not self.h.refused[body] and self.rnd.random() < 0.1):
                     self.h.refused[body] += 1
                     return ConsumeStatus.RECONSUME_LATER
             self.h.consumed.update(m.body.decode() for m in msgs)
         return ConsumeStatus.CONSUME_SUCCESS
 
 
-async def _consumers(addresses, h: History, seed: int, done: threading.Event) -> None:
+class _Sink:
+    def consume_message(self, msgs, ctx):
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+class _OrderlyListener:
+    """Records each key's deliveries in order; now and then asks for a batch again (suspend)."""
+
+    def __init__(self, h: History, rnd: random.Random):
+        self.h, self.rnd = h, rnd
+
+    def consume_message(self, msgs, ctx):
+        if self.rnd.random() < 0.05:
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        with self.h.lock:
+            for m in msgs:
+                _, key, n = m.body.decode().split("-")
+                self.h.ordered_deliveries[key].append(int(n))
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+async def _consumers(bootstrap, h: History, seed: int, stop: threading.Event, members_out: list) -> None:
     rnd = random.Random(seed * 1000 + 77)
-    members = [AsyncPushConsumer(CONSUMER_GROUP, addresses, "Orders", _Listener(h, rnd), request_timeout=5,
-                                 rebalance_interval=2.0, offset_commit_interval=0.5, long_poll_ms=1000)
-               for _ in range(2)]
-    for m in members:
-        while not done.is_set():
-            try:
-                await m.start()
-                break
-            except ClientError:  # Orders not created yet, or the master changing
-                await asyncio.sleep(0.2)
-    async with AsyncPullConsumer(addresses, request_timeout=3) as reader:
-        while not done.is_set():
-            try:
-                offsets, _ends = await reader.committed_offsets(CONSUMER_GROUP, "Orders")
-                now, by = time.time(), reader.client.address  # wall time: to find it in the brokers' logs
-                with h.lock:
-                    h.offsets.extend((now, q, o, by) for q, o in offsets.items())
-            except ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    for m in members:
+    common = dict(request_timeout=5, route_refresh=1, rebalance_interval=2.0, offset_commit_interval=0.5,
+                  long_poll_ms=1000)
+    members = [AsyncClusterPushConsumer(CONSUMER_GROUP, bootstrap, "Orders", _Listener(h, rnd),
+                                        max_reconsume_times=MAX_RECONSUME, **common) for _ in range(2)]
+    members += [AsyncClusterPushConsumer(ORDERLY_GROUP, bootstrap, ORDERED, _OrderlyListener(h, rnd), orderly=True,
+                                         suspend_current_queue_time_ms=200, **common) for _ in range(2)]
+    # what nobody above consumes, consumed too: a group drains only once its messages were delivered
+    members += [AsyncClusterPushConsumer(f"{SINK_GROUP}-{name}", bootstrap, topic, _Sink(), **common)
+                for name, topic in (("billing", "Billing"), ("plain", "Plain"), ("dlq", f"%DLQ%{CONSUMER_GROUP}"))]
+    started = [m for m in members if await _started(m, stop) is not None]
+    members_out.extend(started)
+    await _until(stop)
+    for m in started:
         await m.shutdown()
 
 
-def run(addresses: list[str], h: History, stop: threading.Event, done: threading.Event, seed: int,
-        consumers_done: threading.Event, producers: int = 3) -> None:
+async def _samplers(groups_now: GroupsNow, h: History, coordinator: AsyncClusterJobCoordinator,
+                    consumers: list, stop: threading.Event) -> None:
+    readers: dict[str, AsyncPullConsumer] = {}
+    try:
+        while not stop.is_set():
+            for name, addresses in groups_now().items():
+                reader = readers.get(name)
+                if reader is None:
+                    reader = readers[name] = AsyncPullConsumer(addresses, request_timeout=3)
+                for cg, topic in ((CONSUMER_GROUP, "Orders"), (ORDERLY_GROUP, ORDERED)):
+                    try:
+                        offsets, _ends = await reader.committed_offsets(cg, topic)
+                    except ClientError:
+                        continue
+                    now, by = time.time(), reader.client.address  # wall time: to find it in the brokers' logs
+                    with h.lock:
+                        h.offsets.extend((now, name, cg, q, o, by) for q, o in offsets.items())
+            for m in consumers:
+                for group, ranges in m.skipped_ranges().items():
+                    with h.lock:
+                        h.skipped.update((m.group, group, *r) for r in ranges)
+            with h.lock:
+                recent = list(h.jobs.items())[-6:]
+            for job_id, home in recent:
+                member = coordinator.groups.members.get(home)
+                if member is None:
+                    continue
+                try:
+                    info = await member.describe(job_id)
+                except ClientError:
+                    continue
+                with h.lock:
+                    h.decisions.append((time.time(), job_id, info.state))
+            await asyncio.sleep(0.5)
+    finally:
+        for r in readers.values():
+            await r.close()
+
+
+def run(bootstrap: list[str], groups_now: GroupsNow, h: History, reader: Reader, stop: threading.Event,
+        done: threading.Event, seed: int, consumers_done: threading.Event, producers: int = 2) -> None:
     """Send until `stop`; the transactional producers keep answering check-backs until `done`; the
-    consumer group consumes until `consumers_done`."""
+    consumer groups, the samplers and the reader run until `consumers_done`."""
     async def main():
-        await asyncio.gather(*(_producer(addresses, h, stop, w, seed, done) for w in range(producers)),
-                             _coordinator(addresses, h, stop, seed), _plain(addresses, h, stop),
-                             _consumers(addresses, h, seed, consumers_done))
+        coordinator = AsyncClusterJobCoordinator(JOB_GROUP, bootstrap, request_timeout=5, route_refresh=1)
+        consumers: list = []
+        try:
+            await asyncio.gather(*(_producer(bootstrap, h, stop, w, seed, done) for w in range(producers)),
+                                 _coordinator(coordinator, h, stop, seed), _plain(bootstrap, h, stop),
+                                 _ordered(bootstrap, h, stop, seed),
+                                 _consumers(bootstrap, h, seed, consumers_done, consumers),
+                                 _samplers(groups_now, h, coordinator, consumers, consumers_done),
+                                 reader.run(consumers_done))
+        finally:
+            await coordinator.close()
 
     asyncio.run(main())

@@ -91,8 +91,12 @@ def test_push_consumer_below_the_retained_start_goes_on_at_the_first_stored_mess
             got.extend(m.body.decode() for m in msgs)
         return ConsumeStatus.CONSUME_SUCCESS
 
-    with PushConsumer("kept-cg", b.address, "Kept", listener, **FAST):  # from the first message: offset 0
+    with PushConsumer("kept-cg", b.address, "Kept", listener, **FAST) as c:  # from the first message: offset 0
         wait_until(lambda: {f"fresh-{i}" for i in range(5)} <= set(got), what="the fresh messages")
+        # what it never saw, it counts: the messages retention deleted before it got to them
+        skipped = c.stats.skipped_by_retention
+        assert skipped in (9, 10) and len(c.stats.skipped_ranges) == 1, c.stats
+        assert c.stats.skipped_ranges[0][:3] == ("Kept", 0, 0), c.stats
     # old-9 was the queue's newest message when retention passed (kept: a queue's end is derived from
     # its newest message), and goes at the next pass after the fresh ones: read if still stored
     assert sorted(set(got) - {"old-9"}) == [f"fresh-{i}" for i in range(5)] and len(got) == len(set(got)), got

@@ -48,7 +48,13 @@ class AsyncClusterPushConsumer:
         for c in self.groups.members.values():
             out.queue_errors += c.stats.queue_errors
             out.send_back_errors += c.stats.send_back_errors
+            out.skipped_by_retention += c.stats.skipped_by_retention
         return out
+
+    def skipped_ranges(self) -> dict[str, list]:
+        """Per broker group, its members' latest ranges of messages retention deleted before they
+        were consumed: (topic, queue id, first offset, first offset after)."""
+        return {g: list(c.stats.skipped_ranges) for g, c in self.groups.members.items() if c.stats.skipped_ranges}
 
     async def close(self) -> None:
         await self.routes.close()

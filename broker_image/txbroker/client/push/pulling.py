@@ -88,8 +88,9 @@ class Puller:
         s: SearchOffsetResponse = await m.client.request(
             RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, SearchOffsetRequest(q.topic, q.queue_id, 0), SearchOffsetResponse)
         if q.next_pull < s.offset:
-            log.warning("consumer %s: %s; going on at %s:%d's first message (%d)", m.group, why, q.topic,
-                        q.queue_id, s.offset)
+            log.warning("consumer %s: %s; going on at %s:%d's first message (%d): %d messages never consumed",
+                        m.group, why, q.topic, q.queue_id, s.offset, s.offset - q.next_pull)
+            m.stats.skipped(q.topic, q.queue_id, q.next_pull, s.offset)
             return s.offset
         log.warning("consumer %s: %s; starting %s:%d at its end", m.group, why, q.topic, q.queue_id)
         r: QueryOffsetsResponse = await m.client.request(

@@ -4,7 +4,7 @@ counters."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class ConsumeStatus(enum.Enum):
@@ -40,3 +40,12 @@ class ConsumerStats:
 
     queue_errors: int = 0  # failed requests of a queue's loop (pull, offset commit, ...), each retried
     send_back_errors: int = 0  # failed send-backs of messages the listener did not consume, each retried
+    # messages retention deleted before this member consumed them (its queues' offsets fell behind
+    # the first stored message): the group never sees them, as Kafka's consumers past log.retention
+    skipped_by_retention: int = 0
+    # (topic, queue id, first skipped offset, first offset after) of the latest such skips (at most 100)
+    skipped_ranges: list = field(default_factory=list)
+
+    def skipped(self, topic: str, queue_id: int, start: int, end: int) -> None:
+        self.skipped_by_retention += end - start
+        self.skipped_ranges = [*self.skipped_ranges[-99:], (topic, queue_id, start, end)]

@@ -1,0 +1,210 @@
+"""Every group's topics read as they fill: the harness's record of what the cluster served, kept
+while retention deletes it (the schedules run with a short retention, so a read at the end would
+find little).
+
+Per broker group, per topic and queue, the reader pulls from the group's master from the queue's
+first message onwards and records each message at its position (group, topic, queue, offset). What
+it finds is judged as Jepsen judges a log:
+
+  rewritten   a position read twice (a re-read of a recent stretch, every few seconds, and of
+              everything still stored at the end) with two different messages: the log the
+              clients were served changed under them
+  went back   a queue's end, as its master says, below an offset already read from it
+  skipped     offsets retention deleted before the reader got to them (not an anomaly: the
+              reader fell behind; every such offset is counted so a report shows the checks
+              did not cover it)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from txbroker.client import AsyncPullConsumer, BrokerError, ClientError
+from txbroker.protocol.codes import ResponseCode
+
+READ_TOPICS = ("Orders", "Billing", "Plain", "Ordered", "%DLQ%chaos-cg")
+
+
+@dataclass
+class Reader:
+    groups_now: Callable[[], dict[str, list[str]]]  # the live groups and their brokers' addresses
+    topics: tuple[str, ...] = READ_TOPICS
+    seen: dict = field(default_factory=dict)  # (group, topic, queue, offset) -> body
+    next: dict = field(default_factory=dict)  # (group, topic, queue) -> next offset to read
+    rewritten: list = field(default_factory=list)
+    went_back: list = field(default_factory=list)
+    skipped: dict = field(default_factory=lambda: defaultdict(int))  # (group, topic) -> offsets
+    queues: dict = field(default_factory=dict)  # (group, topic) -> queue count
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    rnd: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def bodies(self, topic: str) -> dict[str, list[tuple]]:
+        """body -> every position it was read at, for one topic over all groups."""
+        out: dict[str, list[tuple]] = defaultdict(list)
+        with self.lock:
+            for (g, t, q, o), body in self.seen.items():
+                if t == topic:
+                    out[body].append((g, q, o))
+        return out
+
+    def queues_groups(self) -> list[str]:
+        return sorted({g for g, _t in self.queues})
+
+    async def run(self, stop: threading.Event) -> None:
+        """Follow every group (one task each, its queues read at once) until `stop`."""
+        tasks: dict[str, asyncio.Task] = {}
+        try:
+            while not stop.is_set():
+                for group, addresses in self.groups_now().items():
+                    if group not in tasks:
+                        tasks[group] = asyncio.create_task(self._follow(group, addresses, stop))
+                await asyncio.sleep(0.5)
+        finally:
+            for t in tasks.values():
+                t.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    async def _follow(self, group: str, addresses: list[str], stop: threading.Event) -> None:
+        last_verify = time.monotonic()
+        async with AsyncPullConsumer(addresses, request_timeout=3) as c:
+            while not stop.is_set() and group in self.groups_now():
+                moved = await self._read_group(group, c)
+                if time.monotonic() - last_verify > 3:
+                    last_verify = time.monotonic()
+                    await self._verify_recent(group, c)
+                if not moved:
+                    await asyncio.sleep(0.1)
+
+    async def catch_up(self, deadline: float) -> bool:
+        """Read every live group to its end, then everything still stored once more (verified).
+        False if a group could not be read to its end before `deadline` (monotonic)."""
+        clients = {g: AsyncPullConsumer(a, request_timeout=3) for g, a in self.groups_now().items()}
+        try:
+            while time.monotonic() < deadline:
+                behind = 0
+                for group, c in clients.items():
+                    behind += await self._read_group(group, c, to_end=True)
+                if not behind:
+                    for group, c in clients.items():
+                        await self._verify_all(group, c)
+                    return True
+                await asyncio.sleep(0.2)
+            return False
+        finally:
+            for c in clients.values():
+                await c.close()
+
+    async def read_to_end(self, group: str, addresses: list[str], timeout: float) -> bool:
+        """One group read to its end now (before it leaves the cluster, taking what it holds along)."""
+        deadline = time.monotonic() + timeout
+        async with AsyncPullConsumer(addresses, request_timeout=3) as c:
+            while time.monotonic() < deadline:
+                if not await self._read_group(group, c, to_end=True):
+                    return True
+                await asyncio.sleep(0.1)
+        return False
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    async def _read_group(self, group: str, c: AsyncPullConsumer, to_end: bool = False) -> int:
+        """Messages read now, every queue of the group at once (to_end: plus queues not yet read to
+        their end, or that could not be read)."""
+        reads = []
+        for topic in self.topics:
+            count = self.queues.get((group, topic))
+            if count is None:
+                try:
+                    count = self.queues[(group, topic)] = await c.queue_count(topic)
+                except ClientError:
+                    continue  # not created on this group (yet), or its master is changing
+            reads += [self._read_queue(group, topic, q, c) for q in range(count)]
+        n = 0
+        for got in await asyncio.gather(*reads, return_exceptions=True):
+            if isinstance(got, BaseException):
+                if not isinstance(got, ClientError):
+                    raise got
+                n += 1 if to_end else 0
+                continue
+            n += got[0] + (got[1] if to_end else 0)
+        return n
+
+    async def _read_queue(self, group: str, topic: str, q: int, c: AsyncPullConsumer) -> tuple[int, int]:
+        key = (group, topic, q)
+        offset = self.next.get(key, 0)
+        try:
+            r = await c.pull(topic, q, offset, 64)
+        except BrokerError as e:
+            if e.code != ResponseCode.PULL_OFFSET_MOVED:
+                raise
+            if "before the start" in str(e):  # retention got there first
+                start = await c.search_offset(topic, q, 0)
+                self.skipped[(group, topic)] += max(start - offset, 0)
+                self.next[key] = max(start, offset)
+                return 0, 1
+            # beyond the end: the queue is shorter than what was read from it
+            with self.lock:
+                self.went_back.append(f"{group} {topic}:{q}: read to offset {offset}, then the master says "
+                                      f"the queue ends before it ({e})")
+            self.next[key] = await c.search_offset(topic, q, 2 ** 62)
+            return 0, 0
+        with self.lock:
+            for m in r.messages:
+                self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
+        if r.next_offset < offset and r.max_offset < offset:
+            with self.lock:
+                self.went_back.append(f"{group} {topic}:{q}: read to offset {offset}, queue now ends at "
+                                      f"{r.max_offset}")
+        self.next[key] = max(r.next_offset, offset)
+        return len(r.messages), max(r.max_offset - self.next[key], 0)
+
+    def _record(self, group: str, topic: str, q: int, offset: int, body: str) -> None:
+        pos = (group, topic, q, offset)
+        before = self.seen.get(pos)
+        if before is None:
+            self.seen[pos] = body
+        elif before != body:
+            self.rewritten.append(f"{group} {topic}:{q} offset {offset}: read {before!r}, later {body!r}")
+            self.seen[pos] = body
+
+    async def _verify_recent(self, group: str, c: AsyncPullConsumer) -> None:
+        """A recent stretch of one queue read again."""
+        keys = [k for k in self.next if k[0] == group and self.next[k] > 0]
+        if not keys:
+            return
+        g, topic, q = self.rnd.choice(keys)
+        start = max(self.next[(g, topic, q)] - 32, 0)
+        try:
+            r = await c.pull(topic, q, start, 32)
+        except ClientError:
+            return
+        with self.lock:
+            for m in r.messages:
+                if m.queue_offset < self.next[(g, topic, q)]:
+                    self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
+
+    async def _verify_all(self, group: str, c: AsyncPullConsumer) -> None:
+        for (g, topic, q), end in list(self.next.items()):
+            if g != group:
+                continue
+            offset = await c.search_offset(topic, q, 0)
+            while offset < end:
+                try:
+                    r = await c.pull(topic, q, offset, 256)
+                except BrokerError as e:
+                    if e.code == ResponseCode.PULL_OFFSET_MOVED:  # retention moved the start meanwhile
+                        offset = await c.search_offset(topic, q, 0)
+                        continue
+                    raise
+                if not r.messages:
+                    break
+                with self.lock:
+                    for m in r.messages:
+                        if m.queue_offset < end:
+                            self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
+                offset = r.next_offset
