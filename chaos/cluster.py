@@ -215,8 +215,13 @@ class Cluster:
         for g in self.groups.values():
             self.kill_controller(g)
             for p in g.procs:
-                p.stop()
-                p.unmount()
+                try:
+                    p.stop()
+                finally:  # (a broker that would not die still has its filesystem unmounted)
+                    try:
+                        p.unmount()
+                    except Exception:  # noqa: BLE001 - the next brokers' teardown goes on
+                        log.exception("unmounting %s failed", p.name)
 
 
 def start_cluster(net: Network, workdir: Path, mode: str = "SYNC", groups: int = 2, size: int = 3, *,

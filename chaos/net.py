@@ -56,7 +56,15 @@ class Network:
         return self
 
     def down(self) -> None:
+        """Every process still in the run's namespaces killed (a schedule that died leaves brokers),
+        then the namespaces deleted."""
         for ns in [*self.brokers, self.hub]:
+            pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
             _run("ip", "netns", "delete", ns, check=False)
 
     # ---- partitions ----------------------------------------------------------------------------
