@@ -8,4 +8,4 @@ The package is laid out by part:
   cli/       the `txbroker` command
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -15,4 +15,4 @@ Run it with ``kopf run --standalone --all-namespaces -m txbroker_operator.handle
 ``python -m txbroker_operator``).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -147,6 +147,14 @@ class GroupPass:
         metrics.failed_over(self.p.ns, self.p.name, p.reason, status.parse_time(since) if since else None)
         self.unavailable_since, self.blocked_reason = None, ""
 
+    def report_incompatible(self) -> None:
+        """Brokers of the group that refuse to replicate for their versions (a slave that cannot read
+        what its master writes): an Event (the condition ReplicationCompatible says it too)."""
+        refused = status.incompatible(self.members)
+        if refused:
+            self.event_once(events.WARNING, "ReplicationIncompatible",
+                            "replication stopped (docs/upgrading.md): " + "; ".join(refused))
+
     # -- pods and roles --------------------------------------------------------------------------
 
     def create_missing_pods(self) -> None:

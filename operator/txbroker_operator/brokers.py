@@ -151,6 +151,10 @@ class BrokerInfo:
     slaves: tuple[dict, ...]     # as a master: per follower address, acknowledged offset, lag, in_sync
     connected: bool              # as a slave: replicating from its master right now
     sync_replicas: int = 0       # as a SYNC master: slaves that must hold a write before it is acknowledged
+    version: str = ""            # the broker's software version
+    store_format: int = 0        # the store format it writes (0: a broker before 0.2.0, which did not say)
+    incompatible: str = ""       # replication refused for the two brokers' versions (either side says so): why
+    handover: str = ""           # a master handing over to a successor (switchover under way)
 
     @classmethod
     def from_api(cls, a: answers.BrokerInfo) -> "BrokerInfo":
@@ -159,7 +163,8 @@ class BrokerInfo:
         return cls(role=a.role, epoch=a.epoch, log_end_offset=a.log_end_offset, master=a.master,
                    fenced_by=a.fenced_by, pending=a.pending_transactions, parked=a.parked_transactions,
                    slaves=tuple(msgspec.structs.asdict(s) for s in rep.slaves), connected=rep.connected,
-                   sync_replicas=rep.sync_replicas if rep.mode == "SYNC" else 0)
+                   sync_replicas=rep.sync_replicas if rep.mode == "SYNC" else 0, version=a.version,
+                   store_format=a.store_format, incompatible=rep.incompatible, handover=a.handover)
 
     @property
     def is_master(self) -> bool:

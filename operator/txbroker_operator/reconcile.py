@@ -122,6 +122,7 @@ class Pass:
             g.handle_lost_master()
             g.create_missing_pods()
             g.converge_roles()
+            g.report_incompatible()
         self.report_master_state()
         self.apply_live_settings()
         producer_groups.remove_orphans(self.ns, self.name, self.members, self.access, self.log)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from . import manifests
+from . import __version__, manifests
 from .observe import Member, acknowledging, in_sync
 
 
@@ -60,8 +60,11 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
         if m.info:
             entry["epoch"] = m.info.epoch
             entry["offset"] = m.info.log_end_offset
+            entry["version"] = m.info.version
+            if m.info.store_format:
+                entry["storeFormat"] = m.info.store_format
         else:
-            entry.update({k: before[k] for k in ("epoch", "offset") if k in before})
+            entry.update({k: before[k] for k in ("epoch", "offset", "version", "storeFormat") if k in before})
         if m.name != master:
             if head_offset is not None and m.info:
                 entry["lag"] = max(head_offset - m.info.log_end_offset, 0)
@@ -171,6 +174,27 @@ def latest_failover(blocks: list[dict], previous: Mapping[str, Any] | None) -> d
     return max(found, key=lambda x: x["time"]) if found else None
 
 
+def versions(brokers: list[dict]) -> str:
+    """`0.2.0`, or `0.1.0,0.2.0` while brokers of two versions run (a rolling upgrade): the printer
+    column Version. Oldest first, as versions compare."""
+    def key(v: str):
+        return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
+    return ",".join(sorted({b["version"] for b in brokers if b.get("version")}, key=key))
+
+
+def incompatible(members: Mapping[str, Member]) -> list[str]:
+    """Every refusal of replication for the brokers' versions, as the brokers say it (a master names
+    the slaves it refused, a slave the master it refused; a broker before 0.2.0 says neither, its
+    peer does), each once, naming the broker that said it."""
+    seen, out = set(), []
+    for m in sorted(members.values(), key=lambda m: m.name):
+        why = m.info.incompatible if m.info else ""
+        if why and why not in seen:
+            seen.add(why)
+            out.append(f"{m.name}: {why}")
+    return out
+
+
 def masters(blocks: list[dict]) -> str:
     """`g0=orders-0,g1=orders-g1-1`: the printer column Masters."""
     return ",".join(f"{b['name']}={b.get('master', '')}" for b in blocks if b.get("state") != "removing")
@@ -235,6 +259,11 @@ def compute_groups(body: Mapping[str, Any], groups: list[GroupReport], extra: Ma
         "BrokersCompatible", not unreadable, "IncompatibleAnswer" if unreadable else "AsExpected",
         f"the operator cannot read what {', '.join(unreadable)} answer(s) (a broker of another version?); "
         "they count as alive, and no failover is decided from them" if unreadable else "", old_conds))
+    refused = incompatible(members)
+    conditions.append(condition(
+        "ReplicationCompatible", not refused, "IncompatibleVersions" if refused else "AsExpected",
+        "replication stopped, the brokers' versions do not work together (docs/upgrading.md): " + "; ".join(refused)
+        if refused else "", old_conds))
     last = latest_failover(blocks, old.get("lastFailover"))
     if last:
         # stays True after a failover; its time is the latest failover's, so a second one shows
@@ -255,6 +284,8 @@ def compute_groups(body: Mapping[str, Any], groups: list[GroupReport], extra: Ma
         "observedGeneration": (body.get("metadata") or {}).get("generation"),
         "groups": blocks,
         "masters": masters(blocks),
+        "version": versions(brokers),
+        "operatorVersion": __version__,
     }
     if head.index == 0:
         new["masterUnavailableSince"] = head.extra.get("masterUnavailableSince")

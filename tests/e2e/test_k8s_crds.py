@@ -12,7 +12,7 @@ pytestmark = pytest.mark.e2e
 
 def txb(name: str, **spec) -> dict:
     return {"apiVersion": "txbroker.dev/v1alpha1", "kind": "TxBroker", "metadata": {"name": name},
-            "spec": {"image": "txbroker/broker:0.1.0", **spec}}
+            "spec": {"image": "txbroker/broker:0.2.0", **spec}}
 
 
 def txpg(name: str, **spec) -> dict:

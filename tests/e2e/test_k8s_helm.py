@@ -130,7 +130,7 @@ def test_install_upgrade_uninstall(testbed, namespace):
     # CRDs from the chart's crds/ (created unless present), the operator and its RBAC, the TxBroker
     assert testbed.get("crd", "txbrokers.txbroker.dev") is not None
     deploy = testbed.get("deployment", "txb-txbroker-operator", namespace)
-    assert deploy["spec"]["template"]["spec"]["containers"][0]["image"] == "txbroker/operator:0.1.0"
+    assert deploy["spec"]["template"]["spec"]["containers"][0]["image"] == "txbroker/operator:0.2.0"
     assert testbed.get("serviceaccount", "txb-txbroker-operator", namespace) is not None
     assert testbed.get("role", "txb-txbroker-operator", namespace) is not None
     assert testbed.get("txb", "demo", namespace)["spec"]["replicas"] == 1

@@ -163,7 +163,7 @@ def test_spark_submit_job(testbed):
     assert set(cm["data"]) == {"driver.yaml", "executor.yaml", "spark-submit.py"}
     assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == "rel-spark"
     assert conf["spark.kubernetes.namespace"] == "ns1"
-    assert conf["spark.kubernetes.container.image"] == "txbroker/spark:0.1.0"
+    assert conf["spark.kubernetes.container.image"] == "txbroker/spark:0.2.0"
     assert conf["spark.kubernetes.container.image.pullSecrets"] == "regcred"
     assert conf["spark.executor.instances"] == "2" and conf["spark.executor.memory"] == "1g"
     assert conf["spark.kubernetes.executor.limit.cores"] == "1500m"
@@ -291,7 +291,7 @@ def test_dockerfile_matches_the_templates(testbed):
     assert spark_image.split(":")[1].startswith(values["sparkVersion"] + "-"), (spark_image, values["sparkVersion"])
     assert "ENTRYPOINT" not in dockerfile and "CMD" not in re.sub(r"#.*", "", dockerfile)   # Spark's entrypoint
     objs = spark_objects(render(testbed, *SPARK).stdout)
-    assert one(objs, "Job")["spec"]["template"]["spec"]["containers"][0]["image"] == "txbroker/spark:0.1.0"
+    assert one(objs, "Job")["spec"]["template"]["spec"]["containers"][0]["image"] == "txbroker/spark:0.2.0"
 
 
 # -- a secured broker: credentials and TLS from Secrets ------------------------------------------------

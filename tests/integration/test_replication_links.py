@@ -13,6 +13,7 @@ from txbroker.client.admin import AdminClient
 from txbroker.client.connection import Connection
 from txbroker.protocol.bodies import ReplicaAck, ReplicaSubscribe, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode
+from txbroker.store.records import STORE_FORMAT_VERSION
 
 LINK = ("--replication-heartbeat-ms", "200")
 
@@ -60,7 +61,7 @@ def test_a_slave_counts_once_however_many_connections_it_opened(broker_factory):
         c = Connection(m.address)
         await c.open(3.0)
         end = info(m)["log_end_offset"]
-        frame = await c.call(RequestCode.REPLICATION_SUBSCRIBE, encode(ReplicaSubscribe("s", end + 1, 1, "")), 5.0)
+        frame = await c.call(RequestCode.REPLICATION_SUBSCRIBE, encode(ReplicaSubscribe("s", end + 1, 1, "", reads=[STORE_FORMAT_VERSION])), 5.0)
         assert frame.code == ResponseCode.SUCCESS
         c.send_oneway(RequestCode.REPLICATION_ACK, encode(ReplicaAck(end, 1)))
         await asyncio.get_running_loop().run_in_executor(

@@ -23,7 +23,11 @@ def free_port() -> int:
 
 
 class BrokerProcess:
-    """A `txbroker broker` subprocess with its own data dir; can be killed and restarted on it."""
+    """A `txbroker broker` subprocess with its own data dir; can be killed and restarted on it.
+    `command` and `env`: another release's broker (support/previous.py), this one's by default."""
+
+    command: list[str] = [TXBROKER]
+    env: dict[str, str] | None = None
 
     def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str],
                  admin_tls: ssl.SSLContext | None = None):
@@ -51,9 +55,9 @@ class BrokerProcess:
         for attempt in range(3):
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(
-                [TXBROKER, "broker", "--data-dir", str(self.data_dir), "--listen", self.address,
+                [*self.command, "broker", "--data-dir", str(self.data_dir), "--listen", self.address,
                  "--admin-listen", f"127.0.0.1:{self.admin_port}", *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=log, stderr=subprocess.STDOUT, env=self.env)
             log.close()
             try:
                 wait_until(self._ready, 20, what=f"broker on {self.address} to be ready (log: {self.log_path})")

@@ -95,7 +95,8 @@ def test_a_format_1_store_is_read_and_marked_format_2_and_an_unknown_format_refu
         assert [m.body for m in MessageReader(old).read_queue("T", 0, 1, 10)[0]] == [b"m1", b"m2"]
         old.db.meta.put(b"format", b"99")
         await old.close()
-        with pytest.raises(StoreError, match="has store format 99; this broker reads 1, 2, 3"):
+        with pytest.raises(StoreError, match=r"data directory .+ has store format 99 \(a newer txbroker wrote it\); "
+                                             r"this broker, txbroker .+, reads 1, 2, 3, 4, 5"):
             StateMachine(str(tmp_path), True, lambda e: None)
 
     asyncio.run(main())

@@ -23,6 +23,7 @@ import msgspec
 from aiohttp import web
 
 from txbroker import __version__
+from txbroker.store.records import READABLE_FORMATS, STORE_FORMAT_VERSION
 from txbroker.broker.auth.handshake import AuthFailure
 from txbroker.broker.drain import drain_status
 from txbroker.protocol import admin as answers
@@ -212,6 +213,7 @@ class AdminApp:
                                   b.config.idle_timeout_ms, b.config.max_inflight_per_connection),
             retention_mark_offset=b.retention.newest_mark_lsn, synced_offset=b.wal_sync.synced_lsn,
             probation=b.role.probation, stepped_down=b.role.stepped_down,
+            store_format=STORE_FORMAT_VERSION, readable_formats=sorted(READABLE_FORMATS),
         )
 
     async def broker_info(self, request):

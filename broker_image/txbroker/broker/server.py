@@ -262,8 +262,9 @@ class Broker:
 
     def replication_status(self) -> Replication:
         if self.role.is_master:
+            refused = self.leader.incompatible()
             return Replication(mode=self.config.replication_mode, sync_replicas=self.config.sync_replicas,
-                               slaves=self.leader.status())
+                               slaves=self.leader.status(), last_error=refused, incompatible=refused)
         return self.follower.status() if self.follower else Replication()
 
     async def _housekeep(self) -> None:

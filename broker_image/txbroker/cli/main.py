@@ -13,6 +13,13 @@ DEFAULT_BROKER = os.environ.get("TXBROKER_BROKER", "127.0.0.1:10911")
 DEFAULT_ADMIN = os.environ.get("TXBROKER_ADMIN", "http://127.0.0.1:10912")
 
 
+def version_line() -> str:
+    """`txbroker 0.2.0 (store format 5; opens formats 1-5)`: older formats are upgraded in place."""
+    from txbroker.broker.replication.compat import formats
+    from txbroker.store.records import READABLE_FORMATS, STORE_FORMAT_VERSION
+    return f"txbroker {__version__} (store format {STORE_FORMAT_VERSION}; opens formats {formats(READABLE_FORMATS)})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="txbroker",
@@ -21,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(env TXBROKER_ADMIN). Brokers that require credentials or TLS: --access-key with "
                     "TXBROKER_SECRET_KEY, --tls-ca (or the TXBROKER_ACCESS_KEY, TXBROKER_TLS_* variables).",
     )
-    p.add_argument("--version", action="version", version=f"txbroker {__version__}")
+    p.add_argument("--version", action="version", version=version_line(),
+                   help="show the version, the store format it writes and those it opens, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker_cmd.register(sub)
     topic_cmd.register(sub, DEFAULT_ADMIN)

@@ -75,6 +75,8 @@ class SlaveLink(Struct):
     acknowledged_offset: int
     lag: int  # records the slave has not acknowledged
     in_sync: bool  # caught up and following live (a SYNC write counts it)
+    version: str = ""  # the slave's software version ("": before 0.2.0, which did not say)
+    store_format: int = 0  # the store format the slave writes (0: it did not say)
 
 
 class Replication(Struct):
@@ -88,6 +90,11 @@ class Replication(Struct):
     connected: bool = False
     replicated_offset: int = 0
     last_error: str = ""
+    # Replication refused because the two brokers' versions cannot work together (a slave that cannot
+    # read its master's store format): why, naming both. A master lists the slaves it refused lately.
+    incompatible: str = ""
+    master_version: str = ""  # a slave: its master's software version and store format, as it said
+    master_store_format: int = 0
 
 
 class AuthStatus(Struct):
@@ -141,6 +148,9 @@ class BrokerInfo(Struct):
     synced_offset: int = 0  # last LSN fsynced to the local disk (ASYNC flush: a power loss keeps this much)
     probation: str = ""  # a restarted master taking no write until a slave shows it lost nothing: why
     stepped_down: str = ""  # a master that gave up its role (it lost records its slaves have): why
+    store_format: int = 0  # the store format this broker writes (STORE_FORMAT_VERSION; 0: before 0.2.0)
+    readable_formats: list[int] = field(default_factory=list)  # the store formats it opens (older ones upgraded)
+    handover: str = ""  # a master handing over to a successor (a switchover): to whom; it takes no write meanwhile
 
 
 class TopicSummary(Struct):

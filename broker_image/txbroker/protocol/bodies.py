@@ -254,11 +254,19 @@ class ReplicaSubscribe(Struct, array_like=True, omit_defaults=True):
     # Every (epoch, first LSN) of the slave's log: the master finds the last one both logs share
     # and so where they part (KIP-101/279). A slave that sends none is compared by `epoch` alone.
     epochs: list[tuple[int, int]] = []
+    # What the slave runs (broker/replication/compat.py): its software version, the store format it
+    # writes and those it reads. Brokers before 0.2.0 send none of them (a master ignores what it
+    # does not know, so an older master reads this as before).
+    version: str = ""
+    store_format: int = 0
+    reads: list[int] = []
 
 
 class ReplicaWelcome(Struct, array_like=True, omit_defaults=True):
     master_epoch: int
     truncate_after: int = -1  # >= 0: drop records after this LSN first, then subscribe again
+    version: str = ""  # the master's software version and the store format it writes (none before 0.2.0)
+    store_format: int = 0
 
 
 class ReplicaRecords(Struct, array_like=True):

@@ -78,6 +78,9 @@ class ResponseCode(IntEnum):
     # wrong, expired or revoked credentials); "you may not" is NO_PERMISSION (16), as its ACL answers.
     UNAUTHORIZED = 40100
     TLS_REQUIRED = 40101  # a plaintext connection to a port that accepts TLS only
+    # A master refuses a slave that cannot read the store format it writes (broker/replication/compat.py);
+    # no RocketMQ counterpart (its HA service does not compare versions).
+    REPLICATION_INCOMPATIBLE = 40200
 
 
 class TransactionState(IntEnum):

@@ -179,13 +179,17 @@ def open_database(path: str) -> Database:
     found = int(fmt) if fmt is not None else None
     if found not in READABLE_FORMATS and found is not None:
         database.close()
-        raise StoreError(f"data directory {path} has store format {found}; this broker reads "
-                         f"{', '.join(map(str, sorted(READABLE_FORMATS)))}")
+        from txbroker import __version__
+        newer = "a newer txbroker wrote it" if found > STORE_FORMAT_VERSION else "an unknown format"
+        raise StoreError(f"data directory {path} has store format {found} ({newer}); this broker, txbroker "
+                         f"{__version__}, reads {', '.join(map(str, sorted(READABLE_FORMATS)))}: run a version that "
+                         "reads it, or restore a backup made before the upgrade (docs/upgrading.md, Rolling back)")
     if found != STORE_FORMAT_VERSION:
         # Mark the store with what this broker writes from now on, so an older broker refuses it
-        # instead of misreading the newer entries.
+        # instead of misreading the newer entries (the derived families are written in this format).
         if found is not None:
-            log.info("store %s: format %d upgraded to %d in place", path, found, STORE_FORMAT_VERSION)
+            log.warning("store %s: format %d upgraded to %d in place (a broker older than format %d no longer "
+                        "opens it)", path, found, STORE_FORMAT_VERSION, STORE_FORMAT_VERSION)
         database.meta.put(b"format", str(STORE_FORMAT_VERSION).encode(), write_opt=sync_write_options())
     return database
 

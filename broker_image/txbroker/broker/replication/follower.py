@@ -21,7 +21,10 @@ from txbroker.store.db import StoreError
 from txbroker.protocol.bodies import ErrorBody, ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
 from txbroker.protocol.framing import Frame
+from txbroker.broker.replication import compat
 from txbroker.broker.replication.leader import SILENT_HEARTBEATS
+from txbroker.store.records import READABLE_FORMATS, STORE_FORMAT_VERSION
+from txbroker import __version__
 
 log = logging.getLogger(__name__)
 _warnings = RepeatedWarnings(log)
@@ -29,6 +32,12 @@ _warnings = RepeatedWarnings(log)
 _records = decoder(ReplicaRecords)
 _welcome = decoder(ReplicaWelcome)
 _error = decoder(ErrorBody)
+
+INCOMPATIBLE_RETRY_S = 10.0  # a master refused for its version is asked again this often (it may be replaced)
+
+
+class Incompatible(Exception):
+    """The master and this broker cannot replicate: their versions do not work together."""
 
 
 class ReplicationFollower:
@@ -38,6 +47,8 @@ class ReplicationFollower:
         self.master = master
         self.connected = False
         self.last_error = ""
+        self.incompatible = ""  # why replication stopped for the two brokers' versions (compat.py), or ""
+        self.master_version, self.master_store_format = "", 0
         self._conn: Connection | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -64,6 +75,13 @@ class ReplicationFollower:
             except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout) as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.info("replication from %s: %s; retrying", self.master, self.last_error)
+            except Incompatible as e:  # nothing replicated: say so, and ask again now and then
+                if str(e) != self.incompatible:
+                    log.error("replication from %s stopped: %s", self.master, e)
+                else:
+                    _warnings.warning("incompatible", "replication from %s still stopped: %s", self.master, e)
+                self.last_error = self.incompatible = str(e)
+                delay = INCOMPATIBLE_RETRY_S
             except StoreError as e:  # its log cannot be cut back to its master's: a copy of the master's data is needed
                 self.last_error = str(e)
                 _warnings.warning("cannot rejoin", "replication from %s: %s", self.master, e)
@@ -93,11 +111,14 @@ class ReplicationFollower:
             await authenticate(conn, Credentials(*creds), 10.0)
         state = self._state
         req = ReplicaSubscribe(self._broker.config.broker_name, state.next_lsn, state.epoch,
-                               self._broker.config.listen, list(state.epochs))
+                               self._broker.config.listen, list(state.epochs), __version__, STORE_FORMAT_VERSION,
+                               sorted(READABLE_FORMATS))
         frame = await conn.call(RequestCode.REPLICATION_SUBSCRIBE, encode(req), 10.0)
         if frame.code != ResponseCode.SUCCESS:
             self.last_error = f"{code_name(frame.code)}: {_error.decode(frame.body).remark}"
             conn.close()
+            if frame.code == ResponseCode.REPLICATION_INCOMPATIBLE:
+                raise Incompatible(f"master {self.master} refused it: {_error.decode(frame.body).remark}")
             if frame.code == ResponseCode.PULL_OFFSET_MOVED:  # its master deleted what it needs: seed anew
                 self._stopping = True
                 self._broker.needs_seed(f"master {self.master} refused replication: {self.last_error}")
@@ -105,6 +126,12 @@ class ReplicationFollower:
             log.warning("master %s refused replication: %s", self.master, self.last_error)
             return False
         welcome = _welcome.decode(frame.body)
+        self.master_version, self.master_store_format = welcome.version, welcome.store_format
+        why = compat.master_refusal(self.master, welcome)
+        if why:
+            conn.close()
+            raise Incompatible(why)
+        self.incompatible = ""
         if welcome.truncate_after >= 0:
             conn.close()
             await state.truncate_after(welcome.truncate_after)
@@ -169,4 +196,5 @@ class ReplicationFollower:
 
     def status(self) -> Replication:
         return Replication(master=self.master, connected=self.connected, replicated_offset=self._state.durable_lsn,
-                           last_error=self.last_error or "")
+                           last_error=self.last_error or "", incompatible=self.incompatible,
+                           master_version=self.master_version, master_store_format=self.master_store_format)

@@ -20,10 +20,13 @@ import logging
 import time
 
 from txbroker.protocol.admin import SlaveLink
+from txbroker.broker.replication import compat
 from txbroker.broker.replies import RequestError, error, ok
 from txbroker.protocol.bodies import ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.store.group_commit import Batch, answer
+from txbroker.store.records import STORE_FORMAT_VERSION
+from txbroker import __version__
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +34,18 @@ CHUNK_RECORDS = 512
 CHUNK_BYTES = 1 << 20
 MARKS = 3600  # log-end marks kept for the replication lag in seconds (one per heartbeat)
 SILENT_HEARTBEATS = 5  # a link silent this many heartbeat intervals is dead (no FIN comes from a paused peer)
+REFUSALS_SHOWN_S = 60.0  # a slave refused for its version is reported this long after its last try
 
 
 class ReplicaFeed:
-    __slots__ = ("conn", "name", "address", "next_lsn", "acked_lsn", "live", "task", "since", "heard", "sent")
+    __slots__ = ("conn", "name", "address", "next_lsn", "acked_lsn", "live", "task", "since", "heard", "sent",
+                 "version", "store_format")
 
-    def __init__(self, conn, name: str, address: str, next_lsn: int):
+    def __init__(self, conn, name: str, address: str, next_lsn: int, version: str = "", store_format: int = 0):
         self.conn = conn
         self.name = name
         self.address = address
+        self.version, self.store_format = version, store_format
         self.next_lsn = next_lsn
         self.acked_lsn = next_lsn - 1
         self.live = False
@@ -59,6 +65,7 @@ class ReplicationLeader:
         self.heartbeat = cfg.replication_heartbeat_ms / 1000
         self._heartbeats: asyncio.Task | None = None
         self.feeds: dict[object, ReplicaFeed] = {}
+        self.refused: dict[str, tuple[float, str]] = {}  # slave name -> (when, why): refused for its version
         # Batches written and not yet published, in LSN order: [future, last LSN, deadline, answered].
         self._held: collections.deque[list] = collections.deque()
         self._waits: list[list] = []  # retried requests waiting for a record: [future, LSN, deadline]
@@ -105,6 +112,13 @@ class ReplicationLeader:
             self._broker.roles.fence(req.epoch, f"slave {req.slave_name} is at epoch {req.epoch}")
             return error(ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH,
                          f"this master is at epoch {state.epoch}, behind the slave's {req.epoch}")
+        why = compat.slave_refusal(req)
+        if why:
+            if req.slave_name not in self.refused:
+                log.error("refusing replication: %s", why)
+            self.refused[req.slave_name] = (time.monotonic(), why)
+            return error(ResponseCode.REPLICATION_INCOMPATIBLE, why)
+        self.refused.pop(req.slave_name, None)
         if req.next_lsn < 1:
             return error(ResponseCode.MESSAGE_ILLEGAL, f"next_lsn must be at least 1, got {req.next_lsn}")
         if req.next_lsn < state.log_complete_from:  # (the slave seeds itself from a copy: replication/seed.py)
@@ -123,7 +137,7 @@ class ReplicationLeader:
             log.warning("slave %s has records %d..%d this master does not share (its epoch %d, ours %d): "
                         "it must truncate after %d", req.slave_name, shared_end + 1, last, req.epoch, state.epoch,
                         shared_end)
-            return ok(ReplicaWelcome(state.epoch, shared_end))
+            return ok(ReplicaWelcome(state.epoch, shared_end, __version__, STORE_FORMAT_VERSION))
         old = self.feeds.pop(conn, None)
         if old is not None and old.task is not None:
             old.task.cancel()
@@ -133,11 +147,12 @@ class ReplicationLeader:
             self.remove(other.conn)
             other.conn.close()
         self._broker.roles.end_probation(req.slave_name)
-        feed = self.feeds[conn] = ReplicaFeed(conn, req.slave_name, req.address, req.next_lsn)
+        feed = self.feeds[conn] = ReplicaFeed(conn, req.slave_name, req.address, req.next_lsn, req.version,
+                                              req.store_format)
         feed.task = asyncio.ensure_future(self._catch_up(feed))
         log.info("slave %s (%s) subscribed from LSN %d; log end %d", req.slave_name, req.address or conn.peer,
                  req.next_lsn, state.next_lsn - 1)
-        return ok(ReplicaWelcome(state.epoch))
+        return ok(ReplicaWelcome(state.epoch, -1, __version__, STORE_FORMAT_VERSION))
 
     def remove(self, conn) -> None:
         feed = self.feeds.pop(conn, None)
@@ -322,5 +337,12 @@ class ReplicationLeader:
 
     def status(self) -> list[SlaveLink]:
         end = self._state.next_lsn - 1
-        return [SlaveLink(f.name, f.address or f.conn.peer, f.acked_lsn, end - f.acked_lsn, f.live)
-                for f in self.feeds.values()]
+        return [SlaveLink(f.name, f.address or f.conn.peer, f.acked_lsn, end - f.acked_lsn, f.live, f.version,
+                          f.store_format) for f in self.feeds.values()]
+
+    def incompatible(self) -> str:
+        """The slaves refused for their version lately (each tries again now and then), and why."""
+        now = time.monotonic()
+        for name in [n for n, (at, _) in self.refused.items() if now - at > REFUSALS_SHOWN_S]:
+            del self.refused[name]
+        return "; ".join(why for _, why in self.refused.values())
