@@ -166,3 +166,42 @@ def test_a_delayed_delivery_stamped_by_a_clock_since_set_back_is_due_now(broker)
         await durable
         return b.schedule.deliver_due()
     assert broker.run(go()) == 2  # the two stamped too far ahead; the on-time one waits its delay
+
+
+def test_a_participant_stamped_by_a_clock_since_set_back_asks_its_home_after_the_timeout(tmp_path):
+    """The grown fault harness, seed 10: a participant stored while its master's clock ran 120 s
+    ahead did not ask its home for 120 s after the clock was set right (its age counted from the
+    stamp), so a transaction committed at home stayed half visible past settling. As check-back
+    does, a stamp ahead of the clock counts from when a sweep first sees it."""
+    route = tmp_path / "route.yaml"
+    route.write_text("cluster: c\nversion: 1\ngroups:\n"
+                     "  - {name: g-here, addresses: ['127.0.0.1:1'], state: active}\n"
+                     "  - {name: g-home, addresses: ['127.0.0.1:2'], state: active}\n")
+    broker = InProcessBroker(auth=False, config={**SETTINGS, "group": "g-here", "cluster_file": str(route)})
+    try:
+        _participant_asks_after_the_timeout(broker)
+    finally:
+        broker.close()
+
+
+def _participant_asks_after_the_timeout(broker):
+    request(broker, RequestCode.SEND_MESSAGE,
+            bodies.SendRequest("scan-pg", [bodies.Message("ScanT", b"x")], "t-part", home="g-home"))
+    p = broker.broker.state.pending_transaction("t-part")
+    asked = []
+
+    async def ask(home, group, txids):
+        asked.append((home, group, list(txids)))
+        return None  # the home cannot be asked here; what matters is that it is asked
+
+    broker.broker.participants.ask = ask
+    back = p.born_ms - 120_000  # the clock, set back
+
+    def sweep(now):
+        return broker.run(broker.broker.participants.sweep(now))
+
+    sweep(back)
+    sweep(back + TIMEOUT_MS - 1)
+    assert asked == []  # the timeout still runs in full
+    sweep(back + TIMEOUT_MS)
+    assert asked == [("g-home", "scan-pg", ["t-part"])], asked

@@ -47,6 +47,7 @@ class Participants:
         self._cluster = cluster
         self._settings = settings
         self._role = role
+        self._stamped_ahead: dict[str, int] = {}  # txid -> when a sweep saw it stamped ahead of the clock
         self._asked: dict[str, int] = {}  # txid -> when last asked about (ms); memory only, as it may be
         self._task: asyncio.Task | None = None
 
@@ -58,6 +59,7 @@ class Participants:
         await stop_task(self._task)
         self._task = None
         self._asked.clear()
+        self._stamped_ahead.clear()
 
     async def _run(self) -> None:
         while True:
@@ -79,12 +81,17 @@ class Participants:
             return 0
         now = now_ms() if now is None else now
         due: dict[tuple[str, str], list[str]] = {}
-        asked = self._asked
+        asked, ahead = self._asked, self._stamped_ahead
+        for txid in [t for t, at in asked.items() if at > now]:  # asked under a clock since set back
+            del asked[txid]
         for p in self._state.pending_transactions():
             if not p.home or p.state != PREPARED:
                 continue  # not a participant, or parked: an operator decides it now
             s = self._settings.for_group(p.producer_group)
-            if now - p.born_ms < (p.immunity_ms or s.timeout_ms):
+            born = p.born_ms
+            if born > now:  # stamped by a clock since set back: its age counts from when a sweep saw that,
+                born = ahead.setdefault(p.transaction_id, now)  # as check-back's (fault harness, seed 10)
+            if now - born < (p.immunity_ms or s.timeout_ms):
                 continue
             if now - asked.get(p.transaction_id, 0) < s.check_interval_ms:
                 continue
@@ -101,6 +108,8 @@ class Participants:
                 ended += self._follow(batch, states, "home")
         for txid in [t for t in asked if self._state.pending_transaction(t) is None]:
             del asked[txid]
+        for txid in [t for t in ahead if self._state.pending_transaction(t) is None]:
+            del ahead[txid]
         return ended
 
     def _follow(self, txids: list[str], states: list[str], by: str) -> int:
