@@ -165,7 +165,7 @@ def run(seed: int, duration: float, workdir: Path, tag: str, mode: str, families
 
 
 def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode: str, families: list[str],
-         retention_s: float) -> dict:
+         retention_s: float) -> dict:  # noqa: C901 - one schedule, start to end, reads best in one piece
     h = workload.History()
     groups_now = lambda: {g.name: g.addresses for g in cluster.live_groups}  # noqa: E731
     reader = Reader(groups_now)
@@ -176,7 +176,8 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
                                                        load_done, seed, consumers_done), daemon=True)
     kubelet.start()
     load.start()
-    t_end = time.monotonic() + duration
+    began = time.monotonic()
+    t_end = began + duration
     time.sleep(2.0)
     planned = plan(rnd, families)
     while time.monotonic() < t_end - 3:
@@ -223,12 +224,17 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
                                                  "rewritten", "went back")
                   if lost_async and k in anomalies}
     events = nemesis.events
+    to_monotonic = time.monotonic() - time.time()
     if anomalies or lost_async:  # the whole history beside the report, for the operations around each anomaly
         _dump_history(h, reader, cluster.workdir / "history.json.gz")
     return {"seed": seed, "mode": mode, "families": families, "duration_s": duration, "retention_s": retention_s,
             "faults": Counter(e["kind"] for e in events),
             "faults_by_family": Counter(e["family"] for e in events),
-            "events": [{k: v for k, v in e.items() if k not in ("start", "healed")} for e in events],
+            "events": [{**{k: v for k, v in e.items() if k not in ("start", "healed")},
+                        "at_s": round(e["start"] - began, 2),
+                        **({"held_s": round(e["healed"] - e["start"], 2)} if "healed" in e else {})} for e in events],
+            "failover_log": {g.name: [{**f, "at_s": round(f["at"] + to_monotonic - began, 2)}
+                                      for f in g.status.get("failovers") or []] for g in cluster.groups.values()},
             "failovers": sum(len(g.status.get("failovers") or []) for g in cluster.groups.values()),
             "after_promotion": _after_promotions(cluster, h),
             "blocked_failovers": {g.name: g.status.get("blocked") or {} for g in cluster.groups.values()},
