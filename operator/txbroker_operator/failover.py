@@ -12,7 +12,10 @@ Rules (DESIGN.md, "Roles, replication, failover"):
 - under SYNC replication, only a slave the master last reported in sync while it could acknowledge
   writes (status `promotable`) may be promoted, unless
   spec.failover.allowOutOfSyncPromotion says otherwise: an out-of-sync slave may lack acknowledged
-  commits (I1);
+  commits (I1); and since a write is acknowledged once `syncReplicas` (k) slaves hold it, not all
+  n in sync, a failover waits until n - k + 1 of them answer: one of those holds every
+  acknowledged write, and the most caught-up is promoted (the fault harness, seed 16, promoted the
+  one that answered first and lost what only the other held);
 - the new epoch is above every epoch any broker or the status has seen, so no two masters ever
   share one.
 """
@@ -118,6 +121,17 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
         if isinstance(last_master_offset, int) and last_master_offset > best.info.log_end_offset else ""
     if spec.get("replication") == "SYNC":
         synced = [m for m in options if promotable(last_seen.get(m.name) or {})]
+        were = [n for n, e in last_seen.items() if n != master and e.get("role") != c.ROLE_MASTER and promotable(e)]
+        need = len(were) - int((last_seen.get(master) or {}).get("syncReplicas") or 1) + 1
+        silent = sorted(set(were) - {m.name for m in synced})
+        if synced and len(synced) < need and not cfg["allow_out_of_sync"]:
+            return Blocked("InSyncSlaveDown",
+                           f"master {master} is down and {', '.join(silent)}, in sync with it, do"
+                           f"{'es' if len(silent) == 1 else ''} not answer: SYNC replication acknowledged its last "
+                           f"writes once {len(were) - need + 1} slave(s) held them, so they may be there only; waiting "
+                           f"until {need - len(synced)} more answer(s). Set "
+                           f"spec.failover.allowOutOfSyncPromotion: true to promote {synced[0].name} (offset "
+                           f"{synced[0].info.log_end_offset}) anyway")
         if synced:
             best = synced[0]
             behind = ""
@@ -154,6 +168,29 @@ def decide_switchover(members: Mapping[str, Member], status: Mapping[str, Any], 
     epoch = highest_epoch(members, status) + 1
     return Promote(best.name, epoch, "Switchover", f"{why}: master moves from {master} to {best.name} "
                                                    f"at epoch {epoch}")
+
+
+def switchover_targets(value: str, groups: Mapping[str, list[str]]) -> tuple[dict[str, str], list[str]]:
+    """What the annotation txbroker.dev/switchover asks for, given each broker group's pods:
+    {group: the pod to make master, or "" for its most caught-up slave in sync}, and why each item
+    that names neither a group nor a pod of this TxBroker is refused."""
+    wanted: dict[str, str] = {}
+    refused: list[str] = []
+    owner = {pod: g for g, pods in groups.items() for pod in pods}
+    for item in (x.strip() for x in value.split(",")):
+        if not item:
+            continue
+        if item in groups:
+            wanted.setdefault(item, "")
+        elif item in owner:
+            if wanted.get(owner[item]) not in (None, "", item):
+                refused.append(f"{item}: group {owner[item]} is asked to switch over to {wanted[owner[item]]} already")
+            else:
+                wanted[owner[item]] = item
+        else:
+            refused.append(f"{item!r} is neither a broker group ({', '.join(sorted(groups))}) nor a broker pod "
+                           f"of this TxBroker")
+    return wanted, refused
 
 
 def master_of(status: Mapping[str, Any], name: str) -> str:

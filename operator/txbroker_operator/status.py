@@ -60,11 +60,15 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
         if m.info:
             entry["epoch"] = m.info.epoch
             entry["offset"] = m.info.log_end_offset
+            if m.name == master and m.info.is_master and m.info.sync_replicas:
+                entry["syncReplicas"] = m.info.sync_replicas  # what failover needs once it is down
             entry["version"] = m.info.version
             if m.info.store_format:
                 entry["storeFormat"] = m.info.store_format
         else:
             entry.update({k: before[k] for k in ("epoch", "offset", "version", "storeFormat") if k in before})
+        if "syncReplicas" not in entry and m.name == master and "syncReplicas" in before:
+            entry["syncReplicas"] = before["syncReplicas"]
         if m.name != master:
             if head_offset is not None and m.info:
                 entry["lag"] = max(head_offset - m.info.log_end_offset, 0)
