@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -138,6 +139,7 @@ def main() -> int:
     ap.add_argument("--keep-logs", action="store_true", help="keep the brokers' logs of every schedule, not only failing ones")
     ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-<time>)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: each schedule still tears down
     results = Path(args.results or ROOT / "bench" / "results" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}")
     results.mkdir(parents=True, exist_ok=True)
     reports = []

@@ -19,10 +19,13 @@ import gzip
 import json
 import logging
 import random
+import signal
+import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 
 from txbroker.client.admin import AdminClient
 from txbroker_operator import scaling
@@ -97,6 +100,22 @@ def _after_promotions(cluster: Cluster, h: workload.History) -> list[dict]:
             first = next((t for t in commits if t >= at), None)
             out.append({"group": g.name, "to": f["to"], "epoch": f["epoch"],
                         "first_commit_after_s": None if first is None else round(first - at, 3)})
+    return out
+
+
+def _drain_diagnosis(g) -> list[str]:
+    """What a stuck drain's master says of what it holds: the drain, its consumer groups, each topic."""
+    out = []
+    try:
+        admin = AdminClient(f"http://{g.master.ip}:10912", timeout=3)
+        drain = admin.get("/api/v1/drain")
+        out.append(f"drain: {json.dumps(drain)}")
+        out.append(f"consumer groups: {json.dumps(admin.get('/api/v1/groups'))[:3000]}")
+        for topic in drain.get("topics", {}):
+            if not topic.startswith("("):
+                out.append(f"topic {topic}: {json.dumps(admin.get('/api/v1/topics/' + quote(topic, safe='')))[:2000]}")
+    except Exception as e:  # noqa: BLE001 - a diagnosis, best effort
+        out.append(f"(diagnosis failed: {e})")
     return out
 
 
@@ -213,7 +232,8 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     g = nemesis.draining
     if g is not None and g.state == "draining":
         last = next((e["why"] for e in reversed(g.events) if e["what"] == "asked"), "never asked")
-        anomalies.setdefault("drain stuck", []).append(f"{g.name} still draining after settling: {last}")
+        anomalies.setdefault("drain stuck", []).extend([f"{g.name} still draining after settling: {last}",
+                                                        *_drain_diagnosis(g)])
     if not read_whole:
         anomalies.setdefault("harness", []).append("the reader could not read every group to its end")
     lost_async = anomalies.pop("lost", []) if mode == "ASYNC" else []
@@ -268,6 +288,7 @@ def main() -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--retention", type=float, default=20.0, help="seconds (0: none)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still tears its cluster down
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     report = run(args.seed, args.duration, Path(args.workdir), args.tag, args.mode, args.families.split(","),
                  retention_s=args.retention)
