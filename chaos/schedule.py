@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
+from txbroker.client import AsyncPullConsumer
 from txbroker.client.admin import AdminClient
 from txbroker_operator import scaling
 
@@ -114,8 +115,30 @@ def _drain_diagnosis(g) -> list[str]:
         for topic in drain.get("topics", {}):
             if not topic.startswith("("):
                 out.append(f"topic {topic}: {json.dumps(admin.get('/api/v1/topics/' + quote(topic, safe='')))[:2000]}")
+        out += asyncio.run(_offsets_and_reads(g, [t for t in drain.get("topics", {}) if not t.startswith("(")]))
     except Exception as e:  # noqa: BLE001 - a diagnosis, best effort
         out.append(f"(diagnosis failed: {e})")
+    return out
+
+
+async def _offsets_and_reads(g, topics: list[str]) -> list[str]:
+    """Each consumer group's committed offsets on those topics, and what a pull there returns."""
+    out = []
+    async with AsyncPullConsumer(g.addresses, request_timeout=3) as c:
+        for topic in topics:
+            for cg in workload.CONSUMER_GROUPS:
+                offsets, ends = await c.committed_offsets(cg, topic)
+                if not offsets:
+                    continue
+                pulls = {}
+                for q, o in offsets.items():
+                    try:
+                        r = await c.pull(topic, q, o, 4)
+                        pulls[q] = [(m.queue_offset, m.body.decode(errors="replace")) for m in r.messages] or \
+                            f"nothing (next {r.next_offset}, end {r.max_offset})"
+                    except Exception as e:  # noqa: BLE001 - a diagnosis
+                        pulls[q] = str(e)[:200]
+                out.append(f"{cg} on {topic}: committed {offsets}, ends {ends}; a pull there: {pulls}")
     return out
 
 

@@ -48,6 +48,8 @@ JOB_GROUP = "chaos-jobs"
 CONSUMER_GROUP = "chaos-cg"
 ORDERLY_GROUP = "chaos-ord"
 SINK_GROUP = "chaos-sink"
+SINKS = (("billing", "Billing"), ("plain", "Plain"), ("dlq", f"%DLQ%{CONSUMER_GROUP}"))
+CONSUMER_GROUPS = (CONSUMER_GROUP, ORDERLY_GROUP, *(f"{SINK_GROUP}-{name}" for name, _ in SINKS))
 MAX_RECONSUME = 2
 KEYS = ("k0", "k1", "k2", "k3")
 GroupsNow = Callable[[], dict[str, list[str]]]  # the live groups and their brokers' addresses, now
@@ -321,7 +323,7 @@ async def _consumers(bootstrap, h: History, seed: int, stop: threading.Event, me
                                          suspend_current_queue_time_ms=200, **common) for _ in range(2)]
     # what nobody above consumes, consumed too: a group drains only once its messages were delivered
     members += [AsyncClusterPushConsumer(f"{SINK_GROUP}-{name}", bootstrap, topic, _Sink(), **common)
-                for name, topic in (("billing", "Billing"), ("plain", "Plain"), ("dlq", f"%DLQ%{CONSUMER_GROUP}"))]
+                for name, topic in SINKS]
     started = [m for m in members if await _started(m, stop) is not None]
     members_out.extend(started)
     await _until(stop)
