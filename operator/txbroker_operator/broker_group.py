@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 # what a group's block keeps from pass to pass (decisions and what they rest on); the rest of the
 # block (phase, readyBrokers, ...) is recomputed every pass
 PERSISTED = ("masterUnavailableSince", "lastFailover", "drainRouteVersion", "undelivered", "undeliveredTopics",
-             "pendingTransactions")
+             "pendingTransactions", "switchover", "lastSwitchover")
+HANDOVER_TIMEOUT_MS = 5000   # a successor that has not caught up by then: the switchover is abandoned
 _TOP_LEVEL_G0 = ("master", "epoch", "masterUnavailableSince")
 
 
@@ -108,6 +109,15 @@ class GroupPass:
             if current.incompatible:  # it answers: alive, in a form this operator cannot read
                 self.event_once(events.WARNING, "AdminIncompatible", current.incompatible)
             return
+        if current is not None and current.deleting and current.alive_master:
+            # its pod is being deleted (a drain's eviction, a delete) and its broker still serves (it
+            # waits for a handover before it stops): a switchover now, not a failover later
+            p = failover.decide_switchover(members, self.view, self.master,
+                                           {m.name for m in members.values() if m.name != self.master},
+                                           f"{self.master}'s pod is being deleted (evicted or deleted)")
+            if p is not None:
+                self.promote(p)
+                return
         others = [m for m in members.values() if m.name != self.master]
         if not others:
             self.unavailable_since = self.p.looked_at
@@ -141,6 +151,8 @@ class GroupPass:
         if p.reason == "FailedOver":
             fields["lastFailover"] = {"time": status.now(), "from": old, "to": p.successor, "epoch": p.epoch,
                                       "message": self.say(p.message)}
+        else:   # planned: the old master hands over first (take_over), once this is recorded
+            fields["switchover"] = {"from": old, "to": p.successor, "epoch": p.epoch, "message": self.say(p.message)}
         self.save_status(**fields)
         self.event(events.WARNING if p.reason == "FailedOver" else events.NORMAL, p.reason, p.message)
         self.converge_roles()
@@ -180,24 +192,15 @@ class GroupPass:
     def converge_roles(self) -> None:
         """Labels and annotations follow the group's master; then the brokers' roles do."""
         members = self.members
+        self.label_pods()
         head = members.get(self.master)
-        # the master label is taken away before it is given: never two pods of a group behind <name>-master
-        for m in sorted(members.values(), key=lambda m: m.name == self.master):
-            if m.deleting:
-                continue
-            role = failover.role_for(m.name, self.master)
-            address = "" if role == c.ROLE_MASTER else (head.address if head and head.address
-                                                        else m.master_annotation)
-            unlabelled = m.pod["metadata"].get("labels", {}).get(c.LABEL_GROUP) is None   # made before groups
-            if m.label_role != role or m.master_annotation != address or unlabelled:
-                kube.merge_patch("Pod", self.p.ns, m.name, {"metadata": {
-                    "labels": {c.LABEL_ROLE: role, c.LABEL_GROUP: self.name},
-                    "annotations": {c.ANNOTATION_MASTER: address}}})
-                self.log.info("pod %s labelled %s%s", m.name, role, f" of {address}" if address else "")
         access = self.p.access
         try:
             if head is not None and head.info is not None and not head.info.is_master and not head.deleting:
+                wanted = head.name
                 head = self.take_over(head)
+                if self.master != wanted:
+                    self.label_pods()   # another master after all (a switchover abandoned): labels follow
             if head is not None and head.alive_master and head.address:
                 for m in members.values():
                     if m is not head and m.info is not None and not m.deleting and \
@@ -212,16 +215,78 @@ class GroupPass:
         except (brokers.Unreachable, brokers.BrokerError) as e:
             self.log.warning("%s", self.say(f"could not set broker roles (the next pass retries): {e}"))
 
+    def label_pods(self) -> None:
+        """Each pod's role label and master annotation as the group's master says."""
+        members = self.members
+        head = members.get(self.master)
+        # the master label is taken away before it is given: never two pods of a group behind <name>-master
+        for m in sorted(members.values(), key=lambda m: m.name == self.master):
+            if m.deleting:
+                continue
+            role = failover.role_for(m.name, self.master)
+            address = "" if role == c.ROLE_MASTER else (head.address if head and head.address
+                                                        else m.master_annotation)
+            unlabelled = m.pod["metadata"].get("labels", {}).get(c.LABEL_GROUP) is None   # made before groups
+            if m.label_role != role or m.master_annotation != address or unlabelled:
+                kube.merge_patch("Pod", self.p.ns, m.name, {"metadata": {
+                    "labels": {c.LABEL_ROLE: role, c.LABEL_GROUP: self.name},
+                    "annotations": {c.ANNOTATION_MASTER: address}}})
+                self.log.info("pod %s labelled %s%s", m.name, role, f" of {address}" if address else "")
+                m.pod["metadata"].setdefault("labels", {})[c.LABEL_ROLE] = role
+                m.pod["metadata"].setdefault("annotations", {})[c.ANNOTATION_MASTER] = address
+
+    def hand_over(self, head: Member) -> Member | None:
+        """A planned switchover to `head` (status.groups[].switchover records it): the old master
+        takes no write until `head` holds its log to the end, then follows it (POST /api/v1/handover),
+        so the old master is fenced only once the new one has everything. None: the switchover is
+        off (the successor did not catch up in time, or the old master refused): the old master
+        serves on and is the group's master again. `head` when the old master already follows it,
+        cannot hand over (a broker before 0.2.0: fenced first, as a failover does) or is gone."""
+        sw = self.view.get("switchover") or {}
+        if sw.get("to") != head.name:
+            return head
+        old = self.p.members.get(sw.get("from", ""))
+        if old is None or old.info is None or not old.info.is_master or not old.ip:
+            return head
+        access = self.p.access
+        try:
+            done = access.handover(old.ip, head.name, self.epoch, HANDOVER_TIMEOUT_MS)
+            self.log.info("%s", self.say(f"{old.name} handed over to {head.name} at offset {done.offset}"))
+            old.info = access.try_info(old.ip)
+            return head
+        except brokers.NoHandover as e:
+            self.event_once(events.NORMAL, "Switchover", f"{old.name} cannot hand over ({e}): fenced before "
+                                                         f"{head.name} is promoted, as in a failover")
+            return head
+        except brokers.BrokerError as e:
+            why = str(e)
+        now = access.try_info(old.ip)   # a refusal, or it stopped answering: what is it now?
+        if now is not None and not now.is_master and now.master == head.address:
+            old.info = now
+            return head
+        if now is None or not now.is_master:
+            raise brokers.Unreachable(f"{old.name} did not answer the handover to {head.name}: {why}")
+        self.master = old.name
+        self.save_status(master=old.name, switchover=None)
+        self.event(events.WARNING, "SwitchoverFailed",
+                   f"switchover from {old.name} to {head.name} abandoned, {old.name} stays master: {why}")
+        return None
+
     def take_over(self, head: Member) -> Member:
-        """Make `head` master. Every other broker of the group that answers is turned into its
-        follower first (the old master fenced, the slaves no longer following it), so nothing is
-        acknowledged after this point that the new master lacks; then, since every acknowledged
-        write is on the most caught-up slave, that one is promoted if `head` is behind it."""
+        """Make `head` master. A planned switchover first has the old master hand over (hand_over).
+        Every other broker of the group that answers is turned into its follower first (the old
+        master fenced, the slaves no longer following it), so nothing is acknowledged after this
+        point that the new master lacks; then, since every acknowledged write is on the most
+        caught-up slave, that one is promoted if `head` is behind it."""
         members, access = self.members, self.p.access
+        if self.hand_over(head) is None:
+            return members[self.master]
         deposed = {self.previous_master}
         for m in failover.fence_before_promotion(members, head.name):
             if m.alive_master:
                 deposed.add(m.name)
+            if m.info.master == head.address and not m.info.is_master:
+                continue   # follows it already (the old master that handed over)
             access.demote(m.ip, head.address, self.epoch)
             self.log.info("%s follows %s (epoch %d) before %s is promoted", m.name, head.name, self.epoch,
                           head.name)
@@ -245,6 +310,10 @@ class GroupPass:
             self.save_status(epoch=epoch)
         head.info = access.promote(head.ip, epoch)
         self.log.info("broker %s promoted to master at epoch %d", head.name, epoch)
+        sw = self.view.get("switchover")
+        if sw:
+            self.save_status(switchover=None, lastSwitchover={**sw, "to": head.name, "epoch": epoch,
+                                                              "time": status.now()})
         return head
 
     # -- one disruptive step ---------------------------------------------------------------------

@@ -37,6 +37,10 @@ class Unreachable(Exception):
     pass
 
 
+class NoHandover(Exception):
+    """The broker cannot hand over gracefully (it predates POST /api/v1/handover)."""
+
+
 class Incompatible(Exception):
     """The broker answered, in a form this operator cannot read (a broker and an operator of
     different versions, say during a rolling upgrade): it is alive, whatever it said."""
@@ -52,7 +56,7 @@ class Access:
     pool: urllib3.PoolManager = _plain_pool
 
     def _call(self, ip: str, method: str, path: str, body: Any = None, query: dict | None = None,
-              answer: type[T] | None = None) -> Any:
+              answer: type[T] | None = None, timeout: urllib3.Timeout = TIMEOUT) -> Any:
         """The broker's answer: decoded as `answer` (a protocol/admin.py type; Incompatible if it does
         not decode), or as plain JSON."""
         headers = {"Content-Type": "application/json"}
@@ -61,7 +65,7 @@ class Access:
         try:
             r = self.pool.request(method, f"{self.scheme}://{ip}:{c.ADMIN_PORT}{path}",
                                   body=json.dumps(body).encode() if body is not None else None,
-                                  fields=query, headers=headers, timeout=TIMEOUT)
+                                  fields=query, headers=headers, timeout=timeout)
         except urllib3.exceptions.HTTPError as e:
             raise Unreachable(f"broker {ip}: {e}") from e
         if 200 <= r.status < 300 and answer is not None:
@@ -95,6 +99,19 @@ class Access:
 
     def demote(self, ip: str, master_address: str, epoch: int) -> None:
         self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_SLAVE, "master": master_address, "epoch": epoch})
+
+    def handover(self, ip: str, successor: str, epoch: int, timeout_ms: int) -> answers.Handover:
+        """POST /api/v1/handover on a master: it takes no write until `successor` (one of its slaves,
+        by name) holds its log to the end, then follows it. NoHandover: a broker from before 0.2.0,
+        which cannot (the caller fences it first instead); BrokerError: refused or abandoned."""
+        try:
+            return self._call(ip, "POST", "/api/v1/handover",
+                              {"successor": successor, "epoch": epoch, "timeout_ms": timeout_ms},
+                              answer=answers.Handover, timeout=urllib3.Timeout(connect=1.0, read=timeout_ms / 1000 + 3))
+        except BrokerError as e:
+            if e.status == 404:
+                raise NoHandover(f"broker {ip} has no POST /api/v1/handover (a broker before 0.2.0)") from None
+            raise
 
     def put_transaction_defaults(self, ip: str, settings: dict) -> answers.TransactionSettings:
         return self._call(ip, "PUT", "/api/v1/config/transaction", settings, answer=answers.TransactionSettings)
@@ -169,3 +186,8 @@ class BrokerInfo:
     @property
     def is_master(self) -> bool:
         return self.role == c.ROLE_MASTER
+
+    @property
+    def hands_over(self) -> bool:
+        """It has POST /api/v1/handover (0.2.0 on, which also reports its store format)."""
+        return self.store_format > 0

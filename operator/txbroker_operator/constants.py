@@ -27,6 +27,10 @@ ANNOTATION_POD_SPEC = "txbroker.dev/pod-spec-hash"   # which TxBroker spec a pod
 # On a TxBroker: "true" lets a scale-down remove a broker group that still holds undelivered messages
 # or pending transactions (they are lost; an Event says so)
 ANNOTATION_FORCE_SCALE_DOWN = "txbroker.dev/force-scale-down"
+# On a TxBroker: a planned switchover, asked for by hand. Comma-separated, each a broker group
+# ("g0": its master moves to its most caught-up slave in sync) or a broker pod ("orders-2": it
+# becomes its group's master). The operator removes what it carried out (or refused: an Event says why).
+ANNOTATION_SWITCHOVER = "txbroker.dev/switchover"
 
 ROLE_MASTER = "master"
 ROLE_SLAVE = "slave"

@@ -152,9 +152,11 @@ def fence_before_promotion(members: Mapping[str, Member], successor: str) -> lis
     the old master would acknowledge its writes should it come back (a paused master resumes with
     client requests queued in its sockets), and under SYNC replication that acknowledgement is all
     it needs: writes acknowledged at the old epoch that the new master lacks (found by the fault
-    harness, chaos/, seed 19). A broker that does not answer now is turned at the next pass."""
+    harness, chaos/, seed 19). A broker that does not answer now is turned at the next pass. A pod
+    being deleted is left to stop, unless its broker still acts as master: one told to stop serves
+    on while it waits for a handover (a drain), and must not take writes beside the successor."""
     return [m for m in members.values()
-            if m.name != successor and m.info is not None and not m.deleting]
+            if m.name != successor and m.info is not None and (not m.deleting or m.info.is_master)]
 
 
 def decide_switchover(members: Mapping[str, Member], status: Mapping[str, Any], master: str,

@@ -125,6 +125,8 @@ def pod_spec_hash(spec: Mapping[str, Any]) -> str:
 
 
 AUTH_DIR = f"{c.CONFIG_DIR}/auth"
+TERMINATION_GRACE_S = 30
+STOP_HANDOVER_WAIT_MS = 20_000   # within the grace period, leaving the broker 10 s to stop
 TLS_DIR = f"{c.CONFIG_DIR}/tls"
 
 
@@ -179,6 +181,9 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         _field_env("POD_IP", "status.podIP"),
         _field_env("TXBROKER_ROLE", f"metadata.labels['{c.LABEL_ROLE}']"),
         _field_env("TXBROKER_MASTER", f"metadata.annotations['{c.ANNOTATION_MASTER}']"),
+        # a master whose pod is deleted (a drain) serves on while the operator switches over; an
+        # environment variable, not a flag: a broker before 0.2.0 ignores it (a flag would stop it)
+        {"name": "TXBROKER_STOP_HANDOVER_WAIT_MS", "value": str(STOP_HANDOVER_WAIT_MS)},
     ]
     container: dict[str, Any] = {
         "name": c.CONTAINER_NAME,
@@ -226,7 +231,7 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         "serviceAccountName": service_account_name(name),
         "automountServiceAccountToken": False,   # brokers never call the Kubernetes API
         "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,   # the image's user
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
@@ -290,11 +295,19 @@ def service_account(name: str, namespace: str) -> dict:
             "automountServiceAccountToken": False}
 
 
-def pod_disruption_budget(name: str, namespace: str) -> dict:
-    """Voluntary evictions (node drains) take one broker at a time."""
+def pdb_name(broker: str, group: int = 0) -> str:
+    """A broker group's PodDisruptionBudget: `<name>` for g0 (as before groups), `<name>-gK`."""
+    return broker if group == 0 else f"{broker}-g{group}"
+
+
+def pod_disruption_budget(name: str, namespace: str, group: int = 0) -> dict:
+    """Voluntary evictions (node drains) take one broker of a group at a time: the group keeps a
+    master and (with 3 replicas) a slave in sync, so it stays writable; a master evicted hands over
+    first (a switchover: the broker serves on after SIGTERM until the operator has moved mastership)."""
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": name, "namespace": namespace, "labels": common_labels(name)},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}
+            "metadata": {"name": pdb_name(name, group), "namespace": namespace,
+                         "labels": {**common_labels(name), c.LABEL_GROUP: group_name(group)}},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": group_selector_labels(name, group)}}}
 
 
 def network_policy(name: str, namespace: str, spec: Mapping[str, Any], operator_namespace: str) -> dict:

@@ -64,12 +64,13 @@ class Member:
 
 def observe(pods: list[dict], access: brokers.Access, ask_brokers: bool = True) -> dict[str, Member]:
     """The pods as members, each with what its broker says. The brokers are asked at once: a silent
-    one (paused, partitioned) costs the pass one request timeout, not one per silent broker."""
+    one (paused, partitioned) costs the pass one request timeout, not one per silent broker. A pod
+    being deleted is asked too: its broker may serve on until it has handed over (a drain)."""
     members = {}
     for p in pods:
         idx = int(p["metadata"].get("labels", {}).get(c.LABEL_INDEX, 0))
         members[p["metadata"]["name"]] = Member(p["metadata"]["name"], idx, p, None)
-    asked = [m for m in members.values() if ask_brokers and m.ip and not m.deleting]
+    asked = [m for m in members.values() if ask_brokers and m.ip]
     if len(asked) > 1:
         with ThreadPoolExecutor(len(asked), thread_name_prefix="observe") as pool:
             list(pool.map(lambda m: _ask(m, access), asked))
@@ -113,8 +114,12 @@ def in_sync(master: Member | None, slave: Member) -> bool:
 
 
 def caught_up(master: Member | None, slave: Member) -> bool:
-    """In sync and, at this moment, with nothing unacknowledged: safe to hand mastership to."""
+    """Safe to hand mastership to: in sync (fed live) when the master hands over gracefully (it
+    waits for the slave to hold its exact end); from a master that cannot (before 0.2.0), in sync
+    with nothing unacknowledged at this moment."""
     s = slave_sync(master).get(slave.name)
+    if master is not None and master.info is not None and master.info.hands_over:
+        return bool(s and s.get("in_sync"))
     return bool(s and s.get("in_sync") and s.get("lag", 1) == 0)
 
 

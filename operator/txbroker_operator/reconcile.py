@@ -37,7 +37,8 @@ from typing import Any, Mapping
 
 import kopf
 
-from . import brokers, drift, events, kube, manifests, metrics, observe, producer_groups, route, scaling, security, status
+from . import brokers, drift, events, failover, kube, manifests, metrics, observe, producer_groups, route, scaling, security, status
+from . import constants as c
 from .broker_group import GroupPass, load_view
 from .observe import Member
 from .scaling import ACTIVE, DRAINING, REMOVING
@@ -123,6 +124,7 @@ class Pass:
             g.create_missing_pods()
             g.converge_roles()
             g.report_incompatible()
+        self.requested_switchovers()
         self.report_master_state()
         self.apply_live_settings()
         producer_groups.remove_orphans(self.ns, self.name, self.members, self.access, self.log)
@@ -155,14 +157,19 @@ class Pass:
                     manifests.master_service(self.name, self.ns)):
             self.ensure_owned(obj)
         self.ensure_owned(manifests.config_map(self.name, self.ns, self.spec), drift_event=False)  # follows the spec
-        if self.replicas > 1 or self.wanted > 1:
-            self.ensure_owned(manifests.pod_disruption_budget(self.name, self.ns))
-        else:   # a lone broker: a budget of one unavailable would not protect anything
-            self.delete_owned("PodDisruptionBudget", self.name, f"replicas is {self.replicas}")
         self.ensure_network_policy()
 
     def ensure_group_children(self) -> None:
-        """Per group kept running, with spec.storage: its claims."""
+        """Per group kept running: its PodDisruptionBudget (one unavailable at a time, so a drain
+        leaves the group a master and a slave: writable; a lone broker has none, it would protect
+        nothing) and, with spec.storage, its claims. A group being removed loses its budget."""
+        for g in sorted(self.groups.values(), key=lambda g: g.index):
+            pdb = manifests.pdb_name(self.name, g.index)
+            if g.state != REMOVING and self.replicas > 1:
+                self.ensure_owned(manifests.pod_disruption_budget(self.name, self.ns, g.index))
+            else:
+                self.delete_owned("PodDisruptionBudget", pdb, f"replicas is {self.replicas}" if self.replicas <= 1
+                                  else f"group {g.name} is being removed")
         for g in self.serving():
             if self.spec.get("storage"):   # not owned: like a StatefulSet's, claims outlive the broker
                 for i in range(self.replicas):
@@ -229,6 +236,40 @@ class Pass:
                 g.view["drainRouteVersion"] = version   # the first route that drains it
 
     # -- 4/5. failover and roles: broker_group.py ------------------------------------------------
+
+    def requested_switchovers(self) -> None:
+        """The annotation txbroker.dev/switchover: a switchover by hand, per broker group named (or
+        to the pod named). Carried out through the same handover as a rolling update's; what is
+        done or cannot be done is removed from the annotation (an Event says which and why), what
+        waits for a slave to be in sync stays."""
+        value = (self.meta.get("annotations") or {}).get(c.ANNOTATION_SWITCHOVER)
+        if value is None:
+            return
+        serving = {g.name: g for g in self.serving() if g.state == ACTIVE}
+        wanted, refused = failover.switchover_targets(value, {n: sorted(g.members) for n, g in serving.items()})
+        for why in refused:
+            events.post(self.body, events.WARNING, "SwitchoverRefused", f"{c.ANNOTATION_SWITCHOVER}: {why}")
+        waiting = []
+        for name, target in wanted.items():
+            g = serving[name]
+            if target == g.master:
+                events.post(self.body, events.NORMAL, "Switchover", g.say(f"{target} is master already"))
+                continue
+            p = failover.decide_switchover(g.members, g.view, g.master,
+                                           {target} if target else set(g.members) - {g.master},
+                                           f"{c.ANNOTATION_SWITCHOVER} asked for it")
+            if p is None:
+                waiting.append(target or name)
+                g.event_once(events.NORMAL, "SwitchoverWaiting",
+                             f"{c.ANNOTATION_SWITCHOVER}: waiting for {target or 'a slave'} to be ready and in "
+                             f"sync with master {g.master}")
+                continue
+            g.promote(p)
+        remaining = ",".join(waiting) or None
+        if remaining != value:
+            kube.merge_patch(c.TXBROKER_KIND, self.ns, self.name,
+                             {"metadata": {"annotations": {c.ANNOTATION_SWITCHOVER: remaining}}})
+            self.meta.setdefault("annotations", {})[c.ANNOTATION_SWITCHOVER] = remaining
 
     def report_master_state(self) -> None:
         """The operator's master gauges are per TxBroker: unavailable while any group's master is."""

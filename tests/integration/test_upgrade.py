@@ -85,38 +85,43 @@ def test_a_store_of_the_previous_release_is_upgraded_in_place_and_then_refused_b
         old.stop()
 
     new = BrokerProcess(data, tmp_path / "new.log", [*NO_CHECKS]).start()
-    now = info(new)
-    assert (now["version"], now["store_format"]) == (__version__, STORE_FORMAT_VERSION)
-    assert f"store {data}: format {PREVIOUS_STORE_FORMAT} upgraded to {STORE_FORMAT_VERSION} in place" in new.log()
-    # retention's deletions came along (an emptied queue's end did not survive even 0.1.0's own restart:
-    # that release deleted a queue's newest message too, fixed since; no upgrade can bring it back)
-    assert (now["log_end_offset"], now["log_start_offset"]) == (before["log_end_offset"], before["log_start_offset"])
-    assert transactions(new) == {"stays-pending": "PREPARED", "to-park": "PARKED", member: "PREPARED"}
-    assert AdminClient(new.admin_url).job(job.job_id).state == "OPEN"
-    assert txload.visible(new.address, "Orders") == {"committed-body": 1}
-    with PullConsumer(new.address) as c:
-        assert c.committed_offsets("billing", "Orders")[0] == {0: 1}
+    try:
+        now = info(new)
+        assert (now["version"], now["store_format"]) == (__version__, STORE_FORMAT_VERSION)
+        assert f"store {data}: format {PREVIOUS_STORE_FORMAT} upgraded to {STORE_FORMAT_VERSION} in place" in new.log()
+        # retention's deletions came along (an emptied queue's end did not survive even 0.1.0's own restart:
+        # that release deleted a queue's newest message too, fixed since; no upgrade can bring it back)
+        assert (now["log_end_offset"], now["log_start_offset"]) == (before["log_end_offset"], before["log_start_offset"])
+        assert transactions(new) == {"stays-pending": "PREPARED", "to-park": "PARKED", member: "PREPARED"}
+        assert AdminClient(new.admin_url).job(job.job_id).state == "OPEN"
+        assert txload.visible(new.address, "Orders") == {"committed-body": 1}
+        with PullConsumer(new.address) as c:
+            assert c.committed_offsets("billing", "Orders")[0] == {0: 1}
 
-    # retention over the upgraded store keeps what format 4 wrote for the undecided ones
-    new.extra_args[:] = ["--retention-ms", "300", "--retention-check-interval-ms", "100", *NO_CHECKS]
-    new.restart()
-    with Producer("p", new.address) as p:
-        p.send(Message("Plain", b"after"))
-    passed = info(new)["log_end_offset"]
-    wait_until(lambda: info(new)["log_start_offset"] >= passed, what="retention after the upgrade")
-    assert transactions(new) == {"stays-pending": "PREPARED", "to-park": "PARKED", member: "PREPARED"}
-    new.extra_args[1] = "3600000"   # retention off again: what it deletes next would race the reads below
-    new.restart()
-    end(new, "up-pg", "stays-pending", S.COMMIT)
-    AdminClient(new.admin_url).post("/api/v1/transactions/to-park/resume")
-    end(new, "park-pg", "to-park", S.COMMIT)
-    with JobCoordinator("job-pg", new.address) as c:
-        c.commit(job.job_id, [member])
-    decided = {"pending-body": 1, "parked-body": 1, "job-body": 1}
-    seen = wait_until(lambda: (lambda v: v if decided.keys() <= v.keys() else None)(txload.visible(new.address, "Orders")),
-                      what="each undecided one, decided after the upgrade, visible")
-    assert dict(seen) in (decided, {**decided, "committed-body": 1}), seen   # once each (retention may delete that one)
-    new.stop()
+        # retention over the upgraded store keeps what format 4 wrote for the undecided ones
+        new.extra_args[:] = ["--retention-ms", "300", "--retention-check-interval-ms", "100", *NO_CHECKS]
+        new.restart()
+        with Producer("p", new.address) as p:
+            p.send(Message("Plain", b"after"))
+        passed = info(new)["log_end_offset"]
+        wait_until(lambda: info(new)["log_start_offset"] >= passed, what="retention after the upgrade")
+        assert transactions(new) == {"stays-pending": "PREPARED", "to-park": "PARKED", member: "PREPARED"}
+        new.extra_args[1] = "3600000"   # retention off again: what it deletes next would race the reads below
+        new.restart()
+        end(new, "up-pg", "stays-pending", S.COMMIT)
+        AdminClient(new.admin_url).post("/api/v1/transactions/to-park/resume")
+        end(new, "park-pg", "to-park", S.COMMIT)
+        with JobCoordinator("job-pg", new.address) as c:
+            c.commit(job.job_id, [member])
+        decided = {"pending-body": 1, "parked-body": 1, "job-body": 1}
+
+        def all_visible():
+            seen = txload.visible(new.address, "Orders")
+            return seen if decided.keys() <= seen.keys() else None
+        seen = wait_until(all_visible, what="each undecided one, decided after the upgrade, visible")
+        assert dict(seen) in (decided, {**decided, "committed-body": 1}), seen   # once each (retention may take that one)
+    finally:
+        new.stop()
 
     # the previous release refuses the upgraded store, naming it
     r = run_previous_cli("broker", "--data-dir", str(data), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")

@@ -34,9 +34,10 @@ class Ledger(TransactionListener):
             return self.decisions.get(msg.transaction_id, S.ROLLBACK)
 
 
-def run_load(addresses, ledger, acked, stop, producers=6, group="orders-pg", topic="Orders"):
+def run_load(addresses, ledger, acked, stop, producers=6, group="orders-pg", topic="Orders", failed=None):
     """Send `order-<i>` transactions until `stop` is set; `acked[body]` = the decision the broker
-    acknowledged (commits and rollbacks whose END_TRANSACTION was answered)."""
+    acknowledged (commits and rollbacks whose END_TRANSACTION was answered). `failed`, a list: each
+    client-visible failure (a transaction that raised, or whose END was not answered), as text."""
     async def one(w):
         p = AsyncTransactionProducer(group, addresses, ledger, request_timeout=8)
         await p.start()
@@ -45,11 +46,16 @@ def run_load(addresses, ledger, acked, stop, producers=6, group="orders-pg", top
             while not stop.is_set():
                 try:
                     r = await p.send_message_in_transaction(Message(topic, f"order-{i}".encode()), i)
-                except ClientError:
+                except ClientError as e:
+                    if failed is not None:
+                        failed.append(f"order-{i}: {e}")
                     i += producers
                     continue
                 if r.local_state is not S.UNKNOWN and not r.end_error:
                     acked[f"order-{i}"] = r.local_state
+                if failed is not None and (r.end_error or r.send_status != "SEND_OK"):
+                    failed.append(f"order-{i}: " + (f"END_TRANSACTION: {r.end_error}" if r.end_error else
+                                                    f"half message {r.send_status}: rolled back"))
                 i += producers
         finally:
             await p.close()
@@ -73,6 +79,18 @@ def settled(admin_url) -> bool:
         return False
     i = admin.broker_info()
     return i.durable_offset == i.log_end_offset
+
+
+def settle(address, admin_url, ledger, group="orders-pg", timeout=60) -> None:
+    """Until every transaction at `address` is decided and visible: a producer of `group` answers
+    the check-backs of those left undecided (from its ledger) meanwhile."""
+    from support.waiting import wait_until
+
+    async def go():
+        async with AsyncTransactionProducer(group, address, ledger):
+            await asyncio.get_running_loop().run_in_executor(None, lambda: wait_until(
+                lambda: settled(admin_url), timeout, what=f"every transaction on {address} decided and visible"))
+    asyncio.run(go())
 
 
 def invariant_violations(seen: Counter, acked: dict, must_keep_acked: bool) -> list[str]:

@@ -237,6 +237,18 @@ def test_before_a_promotion_every_broker_that_answers_stops_following_the_old_ma
     assert sorted(m.name for m in fenced) == ["b-0", "b-1"]
 
 
+def test_a_master_whose_pod_is_being_deleted_is_fenced_too_while_a_stopping_slave_is_left_alone():
+    """A master told to stop serves on while it waits for a handover (a drain's eviction): should a
+    failover promote another meanwhile, it must stop taking writes first."""
+    members = {"b-0": member("b-0", 0, info(role="master", offset=120)),
+               "b-1": member("b-1", 1, info(offset=120)),
+               "b-2": member("b-2", 2, info(offset=118))}
+    members["b-0"].pod["metadata"]["deletionTimestamp"] = members["b-2"].pod["metadata"]["deletionTimestamp"] = \
+        "2026-11-26T00:00:00Z"
+    fenced = failover.fence_before_promotion(members, "b-1")
+    assert [m.name for m in fenced] == ["b-0"]
+
+
 def _sync_master(in_sync: int):
     slaves = [{"name": f"b-{i}", "in_sync": i <= in_sync, "lag": 0} for i in (1, 2)]
     return member("b-0", 0, info("master", slaves=slaves, sync_replicas=1))

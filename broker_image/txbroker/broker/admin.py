@@ -43,6 +43,7 @@ _HTTP_STATUS = {
     ResponseCode.TRANSACTION_SHOULD_ROLLBACK: 409,
     ResponseCode.ILLEGAL_OPERATION: 409,
     ResponseCode.SLAVE_NOT_AVAILABLE: 503,
+    ResponseCode.SERVICE_NOT_AVAILABLE: 503,
     ResponseCode.NO_PERMISSION: 403,
     ResponseCode.UNAUTHORIZED: 401,
 }
@@ -104,6 +105,7 @@ class AdminApp:
         r.add_get("/metrics", self.metrics)
         r.add_get("/api/v1/broker", self.broker_info)
         r.add_post("/api/v1/role", self.change_role)
+        r.add_post("/api/v1/handover", self.handover)
         r.add_get("/api/v1/config", self.get_config)
         r.add_put("/api/v1/config/transaction", self.put_transaction_defaults)
         r.add_get("/api/v1/groups", self.list_groups)
@@ -213,7 +215,7 @@ class AdminApp:
                                   b.config.idle_timeout_ms, b.config.max_inflight_per_connection),
             retention_mark_offset=b.retention.newest_mark_lsn, synced_offset=b.wal_sync.synced_lsn,
             probation=b.role.probation, stepped_down=b.role.stepped_down,
-            store_format=STORE_FORMAT_VERSION, readable_formats=sorted(READABLE_FORMATS),
+            store_format=STORE_FORMAT_VERSION, readable_formats=sorted(READABLE_FORMATS), handover=b.role.handover,
         )
 
     async def broker_info(self, request):
@@ -250,6 +252,22 @@ class AdminApp:
                 return _error(400, "demotion needs the new master's address as master: HOST:PORT", "MALFORMED")
             await self.b.roles.demote(doc["master"], doc["epoch"])
         return await self.broker_info(request)
+
+    async def handover(self, request):
+        """{"successor": NAME or HOST:PORT, "epoch": E[, "timeout_ms": T]}: a planned switchover. This
+        master takes no write until the successor (one of its slaves) holds its log to the end, then
+        becomes its slave; the caller then promotes the successor at E (failover.py, hand_over)."""
+        doc = await request.json()
+        if not isinstance(doc, dict) or not isinstance(doc.get("successor"), str) or not doc["successor"] \
+                or not isinstance(doc.get("epoch"), int) or not isinstance(doc.get("timeout_ms", 0), int):
+            return _error(400, 'body must be {"successor": "<slave name or HOST:PORT>", "epoch": N'
+                               '[, "timeout_ms": N]}', "MALFORMED")
+        timeout_ms = doc.get("timeout_ms", 5000)
+        if not 1 <= timeout_ms <= 120_000:
+            return _error(400, f"timeout_ms must be between 1 and 120000, got {timeout_ms}", "MALFORMED")
+        end = await self.b.roles.hand_over(doc["successor"], doc["epoch"], timeout_ms / 1000)
+        return _answer(answers.Handover(successor=doc["successor"], epoch=doc["epoch"], offset=end,
+                                        broker=self.info()))
 
     async def get_config(self, request):
         b = self.b

@@ -42,6 +42,9 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     # SILENT_HEARTBEATS of them (a paused or cut-off peer sends no FIN) is dropped by either side.
     replication_heartbeat_ms: int = 1_000
     slave_read_enable: bool = False  # a slave serves pulls of replicated messages
+    # Told to stop (SIGTERM) as a master with a slave in sync: keep serving up to this long while the
+    # operator hands mastership over (a switchover: a drain evicting the master's pod), then stop. 0: stop at once.
+    stop_handover_wait_ms: int = 0
     # Retention (store/retention.py): records older than retention_ms go (RocketMQ's fileReservedTime,
     # 72 h), and the oldest go while the log holds more than retention_bytes (0: no size limit);
     # checked every retention_check_interval_ms.
@@ -115,6 +118,8 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
             raise ConfigError(f"retention_check_interval_ms must be at least 10, got {self.retention_check_interval_ms}")
         if self.replication_heartbeat_ms < 10:
             raise ConfigError(f"replication_heartbeat_ms must be at least 10, got {self.replication_heartbeat_ms}")
+        if not 0 <= self.stop_handover_wait_ms <= 600_000:
+            raise ConfigError(f"stop_handover_wait_ms must be between 0 and 600000, got {self.stop_handover_wait_ms}")
         if self.replication_timeout_ms < 10:
             raise ConfigError(f"replication_timeout_ms must be at least 10, got {self.replication_timeout_ms}")
         self._validate_cluster()

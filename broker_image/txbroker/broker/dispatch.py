@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 
 REQUEST_NAMES = {c.value: c.name for c in RequestCode}
 _SASL = RequestCode.SASL_AUTHENTICATE
+# What a master handing over answers at once (role.gate): who it is, where the route is, and its
+# slaves' replication. Every other request waits until the handover is done or abandoned, and is
+# then answered by what the broker has become (a slave: "not master", and the client moves).
+UNGATED = frozenset({RequestCode.HEARTBEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                     RequestCode.GET_BROKER_CLUSTER_INFO, RequestCode.REPLICATION_SUBSCRIBE,
+                     RequestCode.REPLICATION_ACK, RequestCode.REPLICATION_SNAPSHOT, RequestCode.SASL_AUTHENTICATE})
 
 # A processor's exception -> its answer, given the request's name: the first entry whose type
 # matches. Anything else is SYSTEM_ERROR (see Dispatcher.failure). Frames that cannot be decoded
@@ -58,17 +64,31 @@ def held_reply(reply: Reply, durable: asyncio.Future) -> Reply:
     return Reply(ResponseCode.SYSTEM_ERROR, None, "the broker could not store the request; it is restarting")
 
 
+async def _after_gate(gate: asyncio.Future, handler, conn: BrokerConnection, body: bytes) -> Reply | None:
+    """A request that came while its master hands over: handled once the gate opens, by whatever the
+    broker is then (a slave answers "not master"; a master whose handover was abandoned, as usual)."""
+    await asyncio.shield(gate)
+    reply = handler(conn, body)
+    if inspect.isawaitable(reply):
+        reply = await reply
+    if reply is not None and reply.durable is not None:
+        await asyncio.wait((reply.durable,))
+        reply = held_reply(reply, reply.durable)
+    return reply
+
+
 class Dispatcher:
     """The broker's side of dispatch (processors, authentication, budget, metrics). The connection
     is passed in, never kept: one connection's state stays on it, and no reference cycle forms."""
 
-    __slots__ = ("_handlers", "_auth", "_budget", "_metrics")
+    __slots__ = ("_handlers", "_auth", "_budget", "_metrics", "_role")
 
     def __init__(self, broker):
         self._handlers = broker.handlers
         self._auth = broker.auth  # AuthService, or None when authentication is off
         self._budget = broker.unacked
         self._metrics = broker.metrics
+        self._role = broker.role
 
     def dispatch(self, conn: BrokerConnection, frame: Frame) -> None:
         if frame.flags & FLAG_RESPONSE:
@@ -93,10 +113,14 @@ class Dispatcher:
                                                           f"not yet answered (limit {budget.limit})"), 0.0)
             return
         started = time.perf_counter()
-        try:
-            reply = handler(conn, frame.body)
-        except Exception as e:  # noqa: BLE001 - every failure becomes an answer, see failure()
-            reply = self.failure(conn, frame, e)
+        gate = self._role.gate
+        if gate is not None and frame.code not in UNGATED:
+            reply = _after_gate(gate, handler, conn, frame.body)
+        else:
+            try:
+                reply = handler(conn, frame.body)
+            except Exception as e:  # noqa: BLE001 - every failure becomes an answer, see failure()
+                reply = self.failure(conn, frame, e)
         if reply is None:  # a one-way request handled in full
             return
         if inspect.isawaitable(reply):
@@ -133,7 +157,8 @@ class Dispatcher:
             return
         exc = task.exception()
         reply = self.failure(conn, frame, exc) if exc is not None else task.result()
-        conn.respond(frame, reply, started)
+        if reply is not None:  # (None: a one-way request that waited at the gate)
+            conn.respond(frame, reply, started)
 
     @staticmethod
     def failure(conn: BrokerConnection, frame: Frame, e: BaseException) -> Reply:

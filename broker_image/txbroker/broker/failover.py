@@ -32,6 +32,14 @@ class RoleChanges:
     def __init__(self, broker):
         self._b = broker
         self._checking_master: asyncio.Task | None = None
+        self._stepped_down: asyncio.Event | None = None   # set when this broker stops acting as master
+
+    async def not_master(self) -> None:
+        """Until this broker no longer acts as master (handed over, demoted, fenced)."""
+        if self._stepped_down is None:
+            self._stepped_down = asyncio.Event()
+        if self._b.role.is_master:
+            await self._stepped_down.wait()
 
     async def promote(self, epoch: int) -> None:
         """Become master at `epoch`, which must be above every epoch this broker has seen."""
@@ -45,11 +53,13 @@ class RoleChanges:
         await self._b.state.drain()
         self._b.state.publish_limit = None  # its own publication from now on (the leader's rule)
         self._b.role.role = MASTER
+        if self._stepped_down is not None:
+            self._stepped_down.clear()
         self._b.role.master_address = ""
         self._b.role.fenced_by = 0
         self._b.role.probation = self._b.role.stepped_down = ""
         await self._b.state.append(EpochRecord(epoch, self._b.config.broker_name, now_ms()))[1]
-        self._b.leader.attach()
+        self._b.leader.attach(promoted=True)
         self.start_master_services()
         pending, parked = self._b.transactions.counts()
         log.warning("promoted to master at epoch %d at LSN %d; checking back %d pending transactions (%d parked)",
@@ -116,6 +126,72 @@ class RoleChanges:
         self._b.follower.start()
         log.warning("now a slave of %s (epoch %d)", master, epoch)
 
+    async def hand_over(self, successor: str, epoch: int, timeout: float) -> int:
+        """A planned move of mastership (a switchover): take no write, wait until `successor` (a slave
+        replicating from this master: its broker name or address) has acknowledged this log to its
+        exact end, then become its slave at `epoch`, which the caller then promotes it at. So the old
+        master is fenced only once the new one has everything: nothing acknowledged is lost, under
+        ASYNC replication too (a failover's fence-first may lose what the slave had not received).
+        Client requests that come meanwhile wait (dispatch.py's gate) and are answered once it is
+        done ("not master": clients move to the successor) or abandoned. Returns the LSN handed over
+        at. Refused, changing nothing, when there is no such slave or the epoch is not above this
+        broker's; abandoned (this broker takes writes again, as master) when the successor has not
+        caught up within `timeout` s or leaves."""
+        b, role = self._b, self._b.role
+        self._refuse_while_truncating()
+        if not role.is_master or role.probation or role.stepped_down:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION, "only a master taking writes hands over; this broker is "
+                               + (role.probation or role.stepped_down or f"a {role.role}"))
+        if role.handover:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"this master is already handing over {role.handover}")
+        if epoch <= b.state.epoch:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"the successor's epoch must be above this master's {b.state.epoch}, got {epoch}")
+        feed = b.leader.feed_of(successor)
+        if feed is None:
+            names = ", ".join(f"{f.name} ({f.address})" for f in b.leader.feeds.values()) or "none"
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"{successor} is not a slave replicating from this master (its slaves: {names})")
+        loop = asyncio.get_running_loop()
+        role.handover = f"to {feed.name} ({feed.address}) at epoch {epoch}"
+        role.gate = loop.create_future()
+        started = loop.time()
+        log.warning("handing over %s: taking no write until it holds this log to its end (LSN %d)", role.handover,
+                    b.state.next_lsn - 1)
+        try:
+            await self._stop_master_services()
+            deadline = started + timeout
+            while not (role.is_master and b.leader.feeds.get(feed.conn) is feed
+                       and feed.acked_lsn >= b.state.next_lsn - 1):
+                if not role.is_master or b.leader.feeds.get(feed.conn) is not feed or loop.time() >= deadline:
+                    why = ("this broker was fenced meanwhile" if not role.is_master else
+                           f"{feed.name} disconnected" if b.leader.feeds.get(feed.conn) is not feed else
+                           f"{feed.name} acknowledged up to LSN {feed.acked_lsn} of {b.state.next_lsn - 1} "
+                           f"within {timeout:.1f}s")
+                    raise RequestError(ResponseCode.SERVICE_NOT_AVAILABLE, f"handover {role.handover} abandoned: "
+                                       f"{why}" + ("; this broker takes writes again" if role.is_master else ""))
+                await b.leader.progress(deadline - loop.time())
+            # from the check above to here nothing yields: the successor holds everything written
+            end = b.state.next_lsn - 1
+            self._step_down(f"handed over to {feed.name} at epoch {epoch}")
+            role.master_address = feed.address
+            if b.follower is not None:
+                await b.follower.stop()
+            b.follower = ReplicationFollower(b, feed.address)
+            b.follower.start()
+            log.warning("handed over to %s at LSN %d in %.3fs: now its slave (epoch %d once it is promoted)",
+                        feed.name, end, loop.time() - started, epoch)
+            return end
+        except BaseException:
+            if role.is_master and not role.fenced_by:
+                self.start_master_services()
+            log.warning("handover %s abandoned after %.3fs", role.handover, loop.time() - started)
+            raise
+        finally:
+            role.handover = ""
+            gate, role.gate = role.gate, None
+            gate.set_result(None)
+
     def check_newer_master(self, address: str, epoch: int, told_by: str) -> None:
         """Someone says `address` leads at `epoch`, above ours: ask it, and fence if it does. (Not
         taken on trust: a client's word alone must not depose a master.)"""
@@ -166,3 +242,5 @@ class RoleChanges:
         self._b.role.role = SLAVE
         if self._b.leader.active:
             self._b.leader.detach(reason)
+        if self._stepped_down is not None:
+            self._stepped_down.set()

@@ -34,9 +34,9 @@ def _event_loop_policy() -> None:
 async def serve(config: BrokerConfig) -> int:
     broker = await open_broker(config)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda s=sig: (log.info("received %s", signal.Signals(s).name),
-                                                    loop.create_task(broker.stop())))
+    loop.add_signal_handler(signal.SIGINT, lambda: (log.info("received SIGINT"), loop.create_task(broker.stop())))
+    loop.add_signal_handler(signal.SIGTERM, lambda: (log.info("received SIGTERM"),
+                                                     loop.create_task(broker.stop_after_handover())))
     loop.add_signal_handler(signal.SIGHUP, lambda: (log.info("received SIGHUP: reloading credentials and TLS files"),
                                                     broker.reload_security()))
     try:

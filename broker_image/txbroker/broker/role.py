@@ -7,6 +7,7 @@ CONTROLLER_FENCED_MASTER_EPOCH until it is told where the new master is.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Callable
 
 from txbroker.broker.replies import RequestError
@@ -24,6 +25,10 @@ class RoleState:
         self.fenced_by = 0  # the higher epoch that deposed this broker, if any
         self.probation = ""  # a master that takes no write yet: why (broker/failover.py)
         self.stepped_down = ""  # a master that gave up its role (lost records its slaves have): why
+        # A master handing over to a successor (a switchover, broker/failover.py hand_over): to whom.
+        # It takes no write meanwhile; client requests wait at `gate` (dispatch.py) until it is done.
+        self.handover = ""
+        self.gate: asyncio.Future | None = None
 
     @property
     def epoch(self) -> int:
@@ -37,6 +42,9 @@ class RoleState:
         if self.role == MASTER:
             if self.probation:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.probation)
+            if self.handover:
+                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
+                                   f"this master is handing over {self.handover} and takes no write")
             return
         if self.stepped_down:
             raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.stepped_down)

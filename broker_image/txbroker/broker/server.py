@@ -83,6 +83,7 @@ class Broker:
         self.scrub = ScrubService(self)
         self.wal_sync = WalSyncService(self)
         self._housekeeping: asyncio.Task | None = None
+        self._handover_wait: asyncio.Future | None = None  # stopping: a master waiting to hand over first
         self.transactions = TransactionService(self.state, self.topics, self.role, self.metrics, self.settings,
                                                config.reject_transaction_message, self.cluster)
         self.participants = Participants(self.state, self.transactions, self.cluster, self.settings, self.role)
@@ -222,6 +223,27 @@ class Broker:
                 conn.authenticated(current)
             else:
                 log.warning("connection from %s: credentials of %s revoked or changed", conn.peer, p.access_key)
+
+    async def stop_after_handover(self) -> None:
+        """Stop; a master with a slave in sync first serves on for up to stop_handover_wait_ms while
+        mastership is handed over (its pod is being deleted: the operator switches over), so a
+        planned stop is a switchover, not a failover. A second SIGTERM stops at once."""
+        wait = self.config.stop_handover_wait_ms / 1000
+        if self._handover_wait is not None:   # a second SIGTERM: the first one's wait ends, and it stops
+            self._handover_wait.cancel()
+            return
+        if not wait or not self.role.is_master or not self.leader.in_sync():
+            await self.stop()
+            return
+        log.warning("told to stop as master with %d slave(s) in sync: serving on for up to %.0fs while mastership is "
+                    "handed over (a switchover)", self.leader.in_sync(), wait)
+        self._handover_wait = asyncio.ensure_future(self.roles.not_master())
+        try:
+            await asyncio.wait_for(self._handover_wait, wait)
+            log.info("handed over: stopping")
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            log.warning("stopping%s", " with no handover within %.0fs" % wait if self.role.is_master else "")
+        await self.stop()
 
     async def stop(self) -> None:
         if not self.ready and self._server is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from txbroker.broker.config import load_config
@@ -61,6 +62,13 @@ def register(sub) -> None:
                    help="a slave: replace this data directory's store with a copy of its master's before starting "
                         "(the previous one is kept in DATA_DIR/.damaged). A slave does this by itself when its store "
                         "is damaged or its master deleted records it needs")
+    p.add_argument("--stop-handover-wait-ms", type=int,
+                   default=int(os.environ["TXBROKER_STOP_HANDOVER_WAIT_MS"])
+                   if os.environ.get("TXBROKER_STOP_HANDOVER_WAIT_MS", "").isdigit() else None,
+                   help="told to stop (SIGTERM) as a master with a slave in sync, keep serving up to this long "
+                        "while mastership is handed over (POST /api/v1/handover, the operator's switchover when "
+                        "a drain evicts the master's pod), then stop (default: env TXBROKER_STOP_HANDOVER_WAIT_MS, "
+                        "else 0: stop at once)")
     p.add_argument("--slave-read-enable", action="store_true", default=None,
                    help="as a slave, serve pulls of replicated messages")
     p.add_argument("--message-delay-level",
@@ -109,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         "replication_heartbeat_ms": args.replication_heartbeat_ms, "retention_ms": args.retention_ms,
         "retention_bytes": args.retention_bytes, "retention_check_interval_ms": args.retention_check_interval_ms,
         "job_retention_ms": args.job_retention_ms, "scrub_interval_ms": args.scrub_interval_ms,
-        "slave_read_enable": args.slave_read_enable,
+        "slave_read_enable": args.slave_read_enable, "stop_handover_wait_ms": args.stop_handover_wait_ms,
         "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
         "auth_file": args.auth_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
         "tls_client_ca": args.tls_client_ca, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name,

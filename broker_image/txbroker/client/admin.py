@@ -114,6 +114,13 @@ class AdminClient:
         body = {"role": role, "epoch": epoch, **({"master": master} if master else {})}
         return self.answer("POST", "/api/v1/role", answers.BrokerInfo, body)
 
+    def handover(self, successor: str, epoch: int, timeout_ms: int = 5000) -> answers.Handover:
+        """A planned switchover: this (master) broker stops taking writes, waits until `successor`
+        (one of its slaves, by name or HOST:PORT) holds its log to the end, and becomes its slave;
+        then promote the successor at `epoch` (change_role)."""
+        return self.answer("POST", "/api/v1/handover", answers.Handover,
+                           {"successor": successor, "epoch": epoch, "timeout_ms": timeout_ms})
+
     def groups(self) -> dict[str, answers.GroupSettings]:
         return self.answer("GET", "/api/v1/groups", dict[str, answers.GroupSettings])
 

@@ -153,6 +153,16 @@ class BrokerInfo(Struct):
     handover: str = ""  # a master handing over to a successor (a switchover): to whom; it takes no write meanwhile
 
 
+class Handover(Struct):
+    """The answer to POST /api/v1/handover: the master handed over to `successor` at log offset
+    `offset` (the successor holds everything up to there) and is now its slave."""
+
+    successor: str
+    epoch: int
+    offset: int
+    broker: BrokerInfo
+
+
 class TopicSummary(Struct):
     name: str
     queues: int

@@ -36,6 +36,13 @@ _error = decoder(ErrorBody)
 INCOMPATIBLE_RETRY_S = 10.0  # a master refused for its version is asked again this often (it may be replaced)
 
 
+SOON_S = 5.0  # for this long after it starts, a follower whose master is not master yet asks again at once
+
+
+class NotMasterYet(Exception):
+    """The master to follow is still a slave (it is about to be promoted)."""
+
+
 class Incompatible(Exception):
     """The master and this broker cannot replicate: their versions do not work together."""
 
@@ -55,7 +62,12 @@ class ReplicationFollower:
         self._heard = 0.0  # loop time of the master's last push or heartbeat
 
     def start(self) -> None:
+        self._since = self._loop_time()
         self._task = asyncio.ensure_future(self._run())
+
+    @staticmethod
+    def _loop_time() -> float:
+        return asyncio.get_running_loop().time()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -75,6 +87,9 @@ class ReplicationFollower:
             except (OSError, asyncio.TimeoutError, ConnectionLost, RequestTimeout) as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.info("replication from %s: %s; retrying", self.master, self.last_error)
+            except NotMasterYet:
+                await asyncio.sleep(0.02)
+                continue
             except Incompatible as e:  # nothing replicated: say so, and ask again now and then
                 if str(e) != self.incompatible:
                     log.error("replication from %s stopped: %s", self.master, e)
@@ -119,6 +134,12 @@ class ReplicationFollower:
             conn.close()
             if frame.code == ResponseCode.REPLICATION_INCOMPATIBLE:
                 raise Incompatible(f"master {self.master} refused it: {_error.decode(frame.body).remark}")
+            if frame.code == ResponseCode.SLAVE_NOT_AVAILABLE and self._loop_time() - self._since < SOON_S:
+                # not master yet: made a follower of a slave about to be promoted (a switchover, a
+                # failover): ask again at once, so that it has its slaves as it starts taking writes
+                _warnings.warning("not master yet", "%s is not master yet (%s); subscribing again", self.master,
+                                  self.last_error)
+                raise NotMasterYet()
             if frame.code == ResponseCode.PULL_OFFSET_MOVED:  # its master deleted what it needs: seed anew
                 self._stopping = True
                 self._broker.needs_seed(f"master {self.master} refused replication: {self.last_error}")

@@ -66,6 +66,8 @@ class ReplicationLeader:
         self._heartbeats: asyncio.Task | None = None
         self.feeds: dict[object, ReplicaFeed] = {}
         self.refused: dict[str, tuple[float, str]] = {}  # slave name -> (when, why): refused for its version
+        self._progress: asyncio.Event | None = None  # set on every acknowledgement while someone waits (a handover)
+        self._grace_until = 0.0  # just promoted: writes wait for slaves until then (attach)
         # Batches written and not yet published, in LSN order: [future, last LSN, deadline, answered].
         self._held: collections.deque[list] = collections.deque()
         self._waits: list[list] = []  # retried requests waiting for a record: [future, LSN, deadline]
@@ -77,8 +79,12 @@ class ReplicationLeader:
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
-    def attach(self) -> None:
+    def attach(self, promoted: bool = False) -> None:
+        """Lead. Just `promoted`, a SYNC master's slaves are still moving over to it (they could not
+        subscribe before): for one replication timeout a write waits for them, as any SYNC write
+        waits for its acknowledgements, instead of being refused at once for want of a slave."""
         self.active = True
+        self._grace_until = time.monotonic() + self.timeout if promoted else 0.0
         self._marks.clear()
         self._state.replication_hold = self.hold
         self._heartbeats = asyncio.ensure_future(self._beat())
@@ -160,6 +166,22 @@ class ReplicationLeader:
             if feed.task is not None:
                 feed.task.cancel()
             log.warning("slave %s disconnected (acknowledged up to %d)", feed.name, feed.acked_lsn)
+            if self._progress is not None:
+                self._progress.set()
+
+    def feed_of(self, slave: str) -> ReplicaFeed | None:
+        """The link of the slave named `slave` (its broker name, or its data-plane address)."""
+        return next((f for f in self.feeds.values() if slave in (f.name, f.address)), None)
+
+    async def progress(self, timeout: float) -> None:
+        """Until a slave acknowledges something or leaves, or `timeout` s pass."""
+        self._progress = event = asyncio.Event()
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._progress = None
 
     def ack(self, conn, req: ReplicaAck) -> None:
         feed = self.feeds.get(conn)
@@ -172,6 +194,8 @@ class ReplicationLeader:
         if req.durable_lsn > feed.acked_lsn:
             feed.acked_lsn = req.durable_lsn
             self._release()
+            if self._progress is not None:
+                self._progress.set()
 
     # ---- shipping ----------------------------------------------------------------------------------
 
@@ -200,8 +224,9 @@ class ReplicationLeader:
             self._state.publish_through(b.last_lsn)
             answer(b.future)
             return
-        self._held.append([b.future, b.last_lsn, time.monotonic() + self.timeout, False])
-        if self.in_sync() < self.sync_replicas:
+        now = time.monotonic()
+        self._held.append([b.future, b.last_lsn, now + self.timeout, False])
+        if self.in_sync() < self.sync_replicas and now >= self._grace_until:
             self._refuse(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark()))
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
@@ -210,7 +235,7 @@ class ReplicationLeader:
     def wait(self, lsn: int) -> asyncio.Future:
         """A future for record `lsn`, written earlier and not yet published: it resolves when the
         slaves have it, or fails as a new write would now."""
-        if self.in_sync() < self.sync_replicas:
+        if self.in_sync() < self.sync_replicas and time.monotonic() >= self._grace_until:
             raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark())
         fut = asyncio.get_running_loop().create_future()
         self._waits.append([fut, lsn, time.monotonic() + self.timeout])
