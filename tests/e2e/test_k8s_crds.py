@@ -96,10 +96,12 @@ def test_printer_columns_and_status_subresource(crds, namespace):
     crds.apply(txb("shown", replicas=3), namespace)
     # status is a subresource: a spec write does not touch it, a /status write does
     crds.kubectl("-n", namespace, "patch", "txb", "shown", "--subresource=status", "--type=merge",
-                 "-p", json.dumps({"status": {"phase": "Running", "master": "shown-0", "epoch": 2}}))
+                 "-p", json.dumps({"status": {"phase": "Running", "master": "shown-0", "epoch": 2,
+                                              "masters": "g0=shown-0", "version": "0.2.0"}}))
     table = crds.kubectl("-n", namespace, "get", "txb", "shown").stdout.splitlines()
-    assert table[0].split() == ["NAME", "REPLICAS", "MASTER", "EPOCH", "PHASE", "GROUPS", "MASTERS", "AGE"]
-    assert table[1].split()[:6] == ["shown", "3", "shown-0", "2", "Running", "1"]   # groups: the default
+    assert table[0].split() == ["NAME", "REPLICAS", "MASTER", "EPOCH", "PHASE", "GROUPS", "MASTERS", "VERSION", "AGE"]
+    # groups: the default
+    assert table[1].split()[:8] == ["shown", "3", "shown-0", "2", "Running", "1", "g0=shown-0", "0.2.0"]
 
     crds.apply(txpg("pg", brokerRef={"name": "shown"}, checkIntervalSeconds=5), namespace)
     crds.kubectl("-n", namespace, "patch", "txpg", "pg", "--subresource=status", "--type=merge",
