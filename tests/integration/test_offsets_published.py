@@ -43,6 +43,41 @@ def test_an_offset_commit_the_slave_lacks_is_not_read_until_it_has_it(broker_fac
                    what="the offset commit read once the slave holds it")
 
 
+def test_a_retried_offset_commit_is_acknowledged_only_once_the_slave_holds_it(broker_factory):
+    """The fault harness, seed 21: a push consumer's offset commit timed out while its master was cut
+    off from the slaves; its retry (only forward) found the same offset already written, unpublished,
+    and was acknowledged at once. The consumer took it as saved and never sent it again; the failover
+    took it away, so the group's offset stayed one message behind for good and its group never
+    drained. A retry finding its offset already written waits, as the first try did, for the slave."""
+    m, s = sync_pair(broker_factory)
+    queue = _five_messages(m)
+    with PullConsumer(m.address, request_timeout=5) as c:
+        c.commit_offsets("offsets-cg", {("Offsets", queue): 1}, only_forward=True)
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            for attempt in ("first", "retried"):
+                try:
+                    c.commit_offsets("offsets-cg", {("Offsets", queue): 2}, only_forward=True)
+                    raise AssertionError(f"the {attempt} offset commit was acknowledged while the only slave was paused")
+                except BrokerError as e:
+                    assert e.code_name in ("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"), e
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+
+        def retried() -> bool:
+            try:
+                c.commit_offsets("offsets-cg", {("Offsets", queue): 2}, only_forward=True)
+                return True
+            except BrokerError as e:
+                assert e.code_name in ("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"), e
+                return False
+        wait_until(retried, what="the retried offset commit acknowledged once the slave is back")
+        assert c.committed_offsets("offsets-cg", "Offsets")[0][queue] == 2
+        # an offset behind the group's is not written, and not an error
+        c.commit_offsets("offsets-cg", {("Offsets", queue): 1}, only_forward=True)
+        assert c.committed_offsets("offsets-cg", "Offsets")[0][queue] == 2
+
+
 def test_a_broker_that_is_no_longer_master_does_not_answer_offset_queries(broker_factory):
     """The fault harness, seed 406: a consumer whose connection was made to the master kept it after
     that broker was demoted (and had truncated its log), asked it for the group's offsets when it

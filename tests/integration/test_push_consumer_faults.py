@@ -10,7 +10,7 @@ from support.credentials import write_credentials
 from support.metrics import metric
 from support.waiting import wait_until
 from txbroker.client import (
-    AsyncPushConsumer, ConsumeOrderlyStatus, ConsumeStatus, Credentials, Message, Producer, PushConsumer,
+    AsyncPushConsumer, ConsumeOrderlyStatus, ConsumeStatus, Credentials, Message, Producer, PullConsumer, PushConsumer,
 )
 from txbroker.client.admin import AdminClient
 
@@ -154,3 +154,27 @@ def test_orderly_queue_whose_offset_commit_is_refused_goes_on(broker_factory, tm
         wait_until(lambda: "second" in consumed, 30, what="a message sent after the refusal ended")
         assert consumer.stats.queue_errors >= 1
     assert consumed == ["first", "second"]
+
+
+# ---- the fault harness, seed 21: an acknowledged offset commit lost with its master ---------------
+
+def test_a_group_offset_behind_what_was_consumed_is_saved_again_without_new_messages(broker_factory, monkeypatch):
+    """An acknowledged offset commit can still be lost with its master (ASYNC replication, a failover
+    while a consumer keeps its queues); the group's offset would then stay behind until the next
+    message, which a draining group never gets, and the group would never drain (the fault harness,
+    seed 21). The consumer saves every offset again each interval, changed or not (RocketMQ's
+    clients persist them all), so the group's offset comes back. Here the loss is made by writing
+    the group's offset back by hand, which is what the failover leaves."""
+    from txbroker.client.push.offsets import OffsetStore
+    monkeypatch.setattr(OffsetStore, "RESAVE_S", 1.0, raising=False)
+    b = broker_factory()
+    one_queue_topic(b, "Lost")
+    send(b, "Lost", "a", "b")
+    seen = Collect()
+    with PushConsumer("lost-cg", b.address, "Lost", seen, request_timeout=2, **FAST), \
+            PullConsumer(b.address, request_timeout=5) as c:
+        wait_until(lambda: c.committed_offsets("lost-cg", "Lost")[0].get(0) == 2, what="both messages committed")
+        c.commit_offsets("lost-cg", {("Lost", 0): 0})   # what a failover that took the commit away leaves
+        wait_until(lambda: c.committed_offsets("lost-cg", "Lost")[0].get(0) == 2,
+                   what="the consumer saved the group's offset again")
+    assert sorted(seen.bodies()) == ["a", "b"]   # saved again, not consumed again

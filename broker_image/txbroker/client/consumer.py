@@ -48,9 +48,12 @@ class AsyncPullConsumer:
             RequestCode.QUERY_CONSUMER_OFFSET, QueryOffsetsRequest(group, topic), QueryOffsetsResponse)
         return r.offsets, r.max_offsets
 
-    async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+    async def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int], *,
+                             only_forward: bool = False) -> None:
+        """`only_forward`: a queue's offset is not moved back if the group's is already further (as
+        push consumers commit, so two members of a rebalance never undo each other's progress)."""
         await self.client.request(RequestCode.UPDATE_CONSUMER_OFFSET, CommitOffsetsRequest(
-            group, [QueueOffset(t, q, o) for (t, q), o in offsets.items()]))
+            group, [QueueOffset(t, q, o) for (t, q), o in offsets.items()], only_forward=only_forward))
 
     async def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         r: SearchOffsetResponse = await self.client.request(
@@ -106,8 +109,8 @@ class PullConsumer:
     def committed_offsets(self, group: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
         return background.run(self._async.committed_offsets(group, topic))
 
-    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
-        background.run(self._async.commit_offsets(group, offsets))
+    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int], *, only_forward: bool = False) -> None:
+        background.run(self._async.commit_offsets(group, offsets, only_forward=only_forward))
 
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return background.run(self._async.search_offset(topic, queue_id, timestamp_ms))

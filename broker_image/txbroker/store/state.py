@@ -437,6 +437,9 @@ class StateMachine:
     def committed_offset(self, group: str, topic: str, queue_id: int, published: bool = True) -> int | None:
         return self.offsets.committed(group, topic, queue_id, published)
 
+    def offset_written_at(self, group: str, topic: str, queue_id: int) -> int:
+        return self.offsets.written_at(group, topic, queue_id)
+
     def offset_for_reader(self, group: str, topic: str, queue_id: int) -> tuple[int | None, int]:
         return self.offsets.for_reader(group, topic, queue_id)
 

@@ -45,22 +45,27 @@ class CommitOffsetsProcessor:
         self._b.role.require_master()
         if not req.consumer_group:
             return error(ResponseCode.MESSAGE_ILLEGAL, "committing offsets needs a consumer group")
+        state = self._b.state
         entries = []
+        kept_at = 0  # the newest record holding an offset that stands instead of the one asked for
         for o in req.offsets:
             self._b.topics.require(o.topic, o.queue_id)
-            end = self._b.state.queue_end(o.topic, o.queue_id)
+            end = state.queue_end(o.topic, o.queue_id)
             if not 0 <= o.offset <= end:
                 return error(ResponseCode.PULL_OFFSET_MOVED,
                              f"offset {o.offset} is outside queue {o.topic}:{o.queue_id} (0..{end})")
             if req.only_forward:
-                current = self._b.state.committed_offset(req.consumer_group, o.topic, o.queue_id, published=False)
+                current = state.committed_offset(req.consumer_group, o.topic, o.queue_id, published=False)
                 if current is not None and o.offset <= current:
-                    continue  # another member of the group got further: its progress stands
+                    # another member got further, or this is a retry of a commit already written:
+                    # acknowledged once that write is published, as the first try would have been
+                    kept_at = max(kept_at, state.offset_written_at(req.consumer_group, o.topic, o.queue_id))
+                    continue
             entries.append((o.topic, o.queue_id, o.offset))
         if not entries:
-            return ok(None)
-        _lsn, durable = self._b.state.append(OffsetRecord(req.consumer_group, entries))
-        return ok(None, durable)
+            return ok(None, state.published_future(kept_at) if kept_at else None)
+        _lsn, durable = state.append(OffsetRecord(req.consumer_group, entries))
+        return ok(None, durable)  # published in log order: the records kept_at names come first
 
 
 class QueryOffsetsProcessor:

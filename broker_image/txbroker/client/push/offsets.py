@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import TYPE_CHECKING
 
 from txbroker.protocol.bodies import CommitOffsetsRequest, QueueOffset
@@ -16,10 +17,17 @@ if TYPE_CHECKING:
 
 
 class OffsetStore:
+    # Every queue's offset is saved again this often, changed or not (as RocketMQ's clients persist
+    # all offsets each interval): a commit the broker acknowledged can still be lost with its master
+    # under ASYNC replication, and the group's offset would otherwise stay behind until the next
+    # message, which a drained group never gets.
+    RESAVE_S = 10.0
+
     def __init__(self, orderly: bool):
         # Orderly consumption hands out one batch at a time and records how far it got; concurrent
         # batches end in any order, so only what precedes the oldest one still in flight is done.
         self.orderly = orderly
+        self._resave_at = time.monotonic() + self.RESAVE_S
 
     def committed(self, topic: str, on_broker: dict[int, int]) -> dict[int, int]:
         """The committed offsets of `topic`'s queues; `on_broker` is what the broker has."""
@@ -29,14 +37,17 @@ class OffsetStore:
         raise NotImplementedError
 
     async def commit(self, queues: list[ProcessQueue]) -> None:
+        resave = time.monotonic() >= self._resave_at
         changed = []
         for q in queues:
             off = q.done_offset() if not self.orderly else q.consumed_to
-            if off != q.committed:
+            if off != q.committed or (resave and off >= 0):
                 changed.append((q, off))
         if not changed:
             return
         await self.save(changed)
+        if resave:
+            self._resave_at = time.monotonic() + self.RESAVE_S
         for q, off in changed:
             q.committed = off
 

@@ -86,6 +86,11 @@ class Offsets(Family):
             del self._unpublished[k]
         return self.stored(k)
 
+    def written_at(self, group: str, topic: str, queue_id: int) -> int:
+        """The LSN of the record that set the group's offset as written (0: none): a commit that
+        finds its offset already written is acknowledged once that is published."""
+        return self._set_at.get(keys.offset_key(group, topic, queue_id), 0)
+
     def for_reader(self, group: str, topic: str, queue_id: int) -> tuple[int | None, int]:
         """The group's offset for a reader, and the LSN its answer must wait for to be published (0:
         none). That is an offset a restart left unconfirmed (`hide_writes`): answered as stored,
