@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-unit test-e2e demo demo-broker bench clean help
+.PHONY: venv test test-unit test-e2e demo demo-broker bench chaos chaos-k8s clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -53,9 +53,14 @@ bench: venv  ## run the benchmarks, then txbroker beside Apache RocketMQ (writes
 
 SEEDS ?= 1-3
 CHAOS_ARGS ?=
+CHAOS_K8S_ARGS ?=
 chaos: venv  ## randomized fault schedules with the history checker (root; SEEDS=1-100 CHAOS_ARGS=--mode ASYNC, chaos/README.md)
 	bash chaos/setup.sh
 	$(PY) -m chaos --seeds $(SEEDS) $(CHAOS_ARGS)
+
+chaos-k8s: venv  ## fault schedules on the real node: an operator-deployed TxBroker, clients in a pod, the same checker (root; SEEDS=1-20, chaos/k8s/README.md)
+	bash chaos/setup.sh
+	$(PY) -m chaos.k8s --seeds $(SEEDS) $(CHAOS_K8S_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
