@@ -37,10 +37,10 @@ def _spec_patch(kind: str, have: Mapping[str, Any], want: Mapping[str, Any]) -> 
         if have.get("publishNotReadyAddresses", False) != want.get("publishNotReadyAddresses", False):
             patch["publishNotReadyAddresses"] = want.get("publishNotReadyAddresses", False)
     elif kind == "PodDisruptionBudget":
-        if have.get("maxUnavailable") != want["maxUnavailable"]:
-            patch["maxUnavailable"] = want["maxUnavailable"]
-        if "minAvailable" in have:   # the two are exclusive; ours is maxUnavailable
-            patch["minAvailable"] = None
+        if have.get("minAvailable") != want["minAvailable"]:
+            patch["minAvailable"] = want["minAvailable"]
+        if "maxUnavailable" in have:   # the two are exclusive; ours is minAvailable (manifests.py says why)
+            patch["maxUnavailable"] = None
         selector = (have.get("selector") or {})
         if selector.get("matchLabels") != want["selector"]["matchLabels"] or selector.get("matchExpressions"):
             patch["selector"] = {"matchLabels": exact_map(selector.get("matchLabels"), want["selector"]["matchLabels"]),

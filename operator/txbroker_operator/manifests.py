@@ -300,14 +300,18 @@ def pdb_name(broker: str, group: int = 0) -> str:
     return broker if group == 0 else f"{broker}-g{group}"
 
 
-def pod_disruption_budget(name: str, namespace: str, group: int = 0) -> dict:
+def pod_disruption_budget(name: str, namespace: str, replicas: int, group: int = 0) -> dict:
     """Voluntary evictions (node drains) take one broker of a group at a time: the group keeps a
     master and (with 3 replicas) a slave in sync, so it stays writable; a master evicted hands over
-    first (a switchover: the broker serves on after SIGTERM until the operator has moved mastership)."""
+    first (a switchover: the broker serves on after SIGTERM until the operator has moved mastership).
+    minAvailable replicas - 1, not maxUnavailable 1: the disruption controller counts the pods a
+    maxUnavailable allows for from their controller's scale, and a TxBroker's pods have none it can
+    read (InsufficientPods: every eviction refused, as for bare pods)."""
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": pdb_name(name, group), "namespace": namespace,
                          "labels": {**common_labels(name), c.LABEL_GROUP: group_name(group)}},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": group_selector_labels(name, group)}}}
+            "spec": {"minAvailable": max(replicas - 1, 1),
+                     "selector": {"matchLabels": group_selector_labels(name, group)}}}
 
 
 def network_policy(name: str, namespace: str, spec: Mapping[str, Any], operator_namespace: str) -> dict:

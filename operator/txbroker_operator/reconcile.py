@@ -166,7 +166,7 @@ class Pass:
         for g in sorted(self.groups.values(), key=lambda g: g.index):
             pdb = manifests.pdb_name(self.name, g.index)
             if g.state != REMOVING and self.replicas > 1:
-                self.ensure_owned(manifests.pod_disruption_budget(self.name, self.ns, g.index))
+                self.ensure_owned(manifests.pod_disruption_budget(self.name, self.ns, self.replicas, g.index))
             else:
                 self.delete_owned("PodDisruptionBudget", pdb, f"replicas is {self.replicas}" if self.replicas <= 1
                                   else f"group {g.name} is being removed")

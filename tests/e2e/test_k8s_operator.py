@@ -123,7 +123,7 @@ def test_master_and_two_slaves_replicate_and_commit(operator):
     tb, namespace = operator.testbed, operator.namespace
     tb.apply(txbroker("trio", replicas=3, replication="SYNC", flush="SYNC"), namespace)
     wait_broker(operator, namespace, "trio")
-    assert tb.get("pdb", "trio", namespace)["spec"]["maxUnavailable"] == 1
+    assert tb.get("pdb", "trio", namespace)["spec"]["minAvailable"] == 2
     assert broker_info(tb, namespace, "trio-0")["role"] == "master"
     for slave in ("trio-1", "trio-2"):
         info = broker_info(tb, namespace, slave)
@@ -241,13 +241,13 @@ def test_edited_children_are_put_back(operator):
     # someone points the master Service at the slaves, loosens the budget and mounts API tokens
     tb.kubectl("-n", namespace, "patch", "service", "mended-master", "--type=merge",
                "-p", '{"spec": {"selector": {"txbroker.dev/role": "slave"}}}')
-    tb.kubectl("-n", namespace, "patch", "pdb", "mended", "--type=merge", "-p", '{"spec": {"maxUnavailable": 2}}')
+    tb.kubectl("-n", namespace, "patch", "pdb", "mended", "--type=merge", "-p", '{"spec": {"minAvailable": 0}}')
     tb.kubectl("-n", namespace, "patch", "serviceaccount", "mended-broker", "--type=merge",
                "-p", '{"automountServiceAccountToken": true}')
 
     wait_until(lambda: tb.get("service", "mended-master", namespace)["spec"]["selector"].get("txbroker.dev/role")
              == "master", 30, "mended-master selecting the master again")
-    wait_until(lambda: tb.get("pdb", "mended", namespace)["spec"]["maxUnavailable"] == 1, 30, "the budget back at 1")
+    wait_until(lambda: tb.get("pdb", "mended", namespace)["spec"]["minAvailable"] == 1, 30, "the budget back at 1")
     wait_until(lambda: tb.get("serviceaccount", "mended-broker", namespace)["automountServiceAccountToken"] is False,
              30, "no API token for brokers again")
 

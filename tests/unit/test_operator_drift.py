@@ -28,7 +28,7 @@ def as_stored(obj):
 
 def test_nothing_to_patch_when_only_server_fields_differ():
     for want in (manifests.master_service("orders", "shop"), manifests.headless_service("orders", "shop"),
-                 manifests.service_account("orders", "shop"), manifests.pod_disruption_budget("orders", "shop"),
+                 manifests.service_account("orders", "shop"), manifests.pod_disruption_budget("orders", "shop", 3),
                  manifests.config_map("orders", "shop", {})):
         want = built(want)
         assert drift.repair(as_stored(want), want) is None, want["kind"]
@@ -69,13 +69,15 @@ def test_a_lost_owner_reference_is_added_back_beside_the_others():
     assert drift.repair(edited, want) == {"metadata": {"ownerReferences": [someone, OWNER]}}
 
 
-def test_a_pod_disruption_budget_edited_to_min_available_gets_its_budget_back():
-    want = built(manifests.pod_disruption_budget("orders", "shop"))
+def test_a_pod_disruption_budget_edited_to_max_unavailable_gets_its_budget_back():
+    """(also what an operator before 0.2.0 made: maxUnavailable 1, which refuses every eviction of
+    pods whose controller has no scale the disruption controller can read)"""
+    want = built(manifests.pod_disruption_budget("orders", "shop", 3))
     edited = as_stored(want)
-    del edited["spec"]["maxUnavailable"]
-    edited["spec"]["minAvailable"] = 3
+    del edited["spec"]["minAvailable"]
+    edited["spec"]["maxUnavailable"] = 1
     patch = drift.repair(edited, want)
-    assert patch == {"spec": {"maxUnavailable": 1, "minAvailable": None}}
+    assert patch == {"spec": {"minAvailable": 2, "maxUnavailable": None}}
 
 
 def test_config_map_data_follows_exactly():
