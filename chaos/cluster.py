@@ -194,6 +194,10 @@ class Cluster:
             if other is g:
                 continue
             try:
+                running = brokers.PLAIN.route_version(other.master.ip)
+                if running < g.drain_version:  # (the operator's rule: reconcile.waiting_on)
+                    waiting, waiting_why = None, f"{other.name}'s master runs route version {running}"
+                    break
                 for home, n in brokers.PLAIN.drain(other.master.ip).waiting_on.items():
                     if home == g.name:
                         waiting[other.name] = n

@@ -301,10 +301,10 @@ class Pass:
                 if report is not None:
                     g.view.update(undelivered=report.undelivered, pendingTransactions=report.pending_transactions,
                                   undeliveredTopics={t: n for t, n in report.topics.items() if n} or None)
-                waiting, waiting_why = self.waiting_on(g) if report is not None and report.drained else ({}, "")
-                decision = scaling.decide_removal(g.name, report, why,
-                                                  int(g.view.get("drainRouteVersion") or self.route_version), force,
-                                                  waiting, waiting_why)
+                drain_version = int(g.view.get("drainRouteVersion") or self.route_version)
+                waiting, waiting_why = (self.waiting_on(g, drain_version) if report is not None and report.drained
+                                        else ({}, ""))
+                decision = scaling.decide_removal(g.name, report, why, drain_version, force, waiting, waiting_why)
                 if isinstance(decision, scaling.Wait):
                     self.blocked.append((g.name, decision.reason, decision.message))
                     if decision.reason != "RouteNotLoaded":   # that one passes within a kubelet sync: no Event
@@ -335,9 +335,10 @@ class Pass:
                                    drained=drain.drained, route_version=running, topics=drain.topics,
                                    undecided_jobs=drain.undecided_jobs), ""
 
-    def waiting_on(self, g: GroupPass) -> tuple[dict[str, int] | None, str]:
+    def waiting_on(self, g: GroupPass, drain_version: int) -> tuple[dict[str, int] | None, str]:
         """Per other group kept running, its participants whose decision lives on `g` (their masters'
-        drain `waiting_on`); (None, why) when a master cannot be asked."""
+        drain `waiting_on`); (None, why) when a master cannot be asked, or still runs a route before
+        `drain_version` (until it loads it, it takes new work that waits on `g`, after any look)."""
         out: dict[str, int] = {}
         for other in self.serving():
             if other is g:
@@ -346,6 +347,10 @@ class Pass:
             if head is None or not head.ip or not head.alive_master:
                 return None, f"{other.name}'s master {other.master} does not answer as master"
             try:
+                running = self.access.route_version(head.ip)
+                if running < drain_version:
+                    return None, (f"{other.name}'s master runs route version {running}, before version "
+                                  f"{drain_version} that drains {g.name}")
                 out[other.name] = self.access.drain(head.ip).waiting_on.get(g.name, 0)
             except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
                 return None, str(e)

@@ -198,3 +198,40 @@ def test_a_jobs_home_group_does_not_drain_while_a_group_waits_on_its_decision(cl
                what="the other group no longer waiting on the home once it followed the decision")
     assert AdminClient(cluster.group(job.home).master.admin_url).get("/api/v1/drain")["undecided_jobs"] == 0
     assert visible(cluster) == {"on the other group": 1}
+
+
+def test_no_new_work_waits_on_a_draining_home(cluster):
+    """The fault harness, seed 19: a job's member reached its other group after the home group had
+    aborted the job at its deadline and been found drained (nothing there waited on it yet); the
+    home was removed, and the member waited on a group that no longer existed, forever. A group
+    takes no new member of a job, nor a new participant of a transaction, whose home the route
+    drains; what it stored before is answered, and ends as the home decides."""
+    with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:
+        job = c.open(timeout=60, name="late")
+        other = job.groups[0]
+        stored = c.send(job, other, Message("Out", b"before the drain"))
+        cluster.publish(**{job.home: "draining"})
+        with pytest.raises(BrokerError) as refused:
+            c.send(job, other, Message("Out", b"after the drain"))
+        assert refused.value.code_name == "SERVICE_NOT_AVAILABLE", refused.value
+        assert f"home group {job.home} is draining" in refused.value.remark, refused.value.remark
+        assert c.send(job, other, Message("Out", b"before the drain"), transaction_id=stored) == stored  # a retry
+        c.commit(job, {other: [stored]})
+        assert c.wait_resolved(job, 30).resolved
+    assert visible(cluster) == {"before the drain": 1}
+
+    from txbroker.client.connection import BrokerClient
+    from txbroker.client.transaction_session import TransactionSession
+
+    async def participant():
+        client = BrokerClient([cluster.group(other).master.address], request_timeout=5)
+        try:
+            await TransactionSession(client, GROUP).prepare([Message("Out", b"a late participant")], "late-tx",
+                                                            home=job.home)
+        finally:
+            await client.close()
+    with pytest.raises(BrokerError) as refused:
+        asyncio.run(participant())
+    assert refused.value.code_name == "SERVICE_NOT_AVAILABLE", refused.value
+    assert f"home group {job.home} is draining" in refused.value.remark, refused.value.remark
+    assert AdminClient(cluster.group(other).master.admin_url).get("/api/v1/drain")["waiting_on"] == {}

@@ -73,6 +73,17 @@ class ClusterMembership:
         """A participant's home: another group of this cluster."""
         self.check_other_group(home, "home")
 
+    def refuse_if_home_leaving(self, home: str, what: str) -> None:
+        """New work that waits on `home`'s decision (a participant, a job's member), while the route
+        drains `home`: refused. The group may leave once nothing here waits on it, and what came
+        after that look could never ask it how it ended."""
+        g = self.route.group(home) if self.route is not None else None
+        if g is not None and not g.active:
+            raise RequestError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                               f"{what}: its home group {home} is draining (cluster route version "
+                               f"{self.route.version}): nothing new may wait on its decision; start it on an "
+                               "active group (refresh the route)")
+
     def check_other_group(self, name: str, role: str) -> None:
         """A group a spanning transaction names (its `role` there: home, participant): another group
         of this cluster."""

@@ -123,6 +123,7 @@ class JobService:
                                    f"job {j.job_id} is here already, " + (f"decided by group {j.home}" if j.home else
                                                                          "as a job of this group"))
             return self._answer(j, already=True)
+        self._require_cluster().refuse_if_home_leaving(req.home, f"job {req.job_id}")
         _lsn, durable = self._state.append(JobOpenRecord(req.job_id, req.producer_group, now_ms(), 0, home=req.home))
         self._metrics.jobs_opened.inc()
         return self._when_published(self._state.jobs[req.job_id], durable)

@@ -105,6 +105,7 @@ class TransactionService:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "this broker belongs to no cluster of broker groups")
         if req.home:
             self._cluster.check_home(req.home)
+            self._cluster.refuse_if_home_leaving(req.home, f"transaction {txid}")
         for group in req.participants:
             self._cluster.check_other_group(group, "participant")
 
@@ -122,6 +123,8 @@ class TransactionService:
         if not j.home and now_ms() >= j.deadline_ms:  # (a member group's entry: its home keeps the deadline)
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"job {j.job_id} passed its deadline; it is being aborted")
+        if j.home and self._cluster is not None:
+            self._cluster.refuse_if_home_leaving(j.home, f"job {j.job_id}")
 
     def _duplicate_prepare(self, req: SendRequest, existing: PendingTx | FinishedTx) -> Reply:
         if existing.producer_group != req.producer_group:
