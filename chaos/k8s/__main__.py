@@ -3,6 +3,7 @@ TxBroker on the testbed's one-node Kubernetes cluster, each judged by the histor
 
     .venv/bin/python -m chaos.k8s --seeds 1-20 [--duration 90] [--families process,pod,network,operator]
                                   [--no-storage] [--keep-logs] [--results DIR] [--image-tag TAG]
+    .venv/bin/python -m chaos.k8s --seeds 1-20 --results DIR --summarize   # summary.txt of runs made in chunks
 
 Brings the cluster up when none is (testbed/cluster.sh up; down again at the end) and runs itself
 inside its network namespace, one schedule at a time; each schedule in a namespace of its own
@@ -96,8 +97,15 @@ def main() -> int:
     ap.add_argument("--keep-namespace", action="store_true", help="leave each schedule's namespace running")
     ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-k8s-<time>)")
     ap.add_argument("--resume", action="store_true", help="skip the seeds that already have a report in --results")
+    ap.add_argument("--stop-at-anomaly", action="store_true",
+                    help="end the run after a schedule with an anomaly (the rest of the seeds not run)")
+    ap.add_argument("--summarize", action="store_true",
+                    help="run nothing: write --results' summary.txt from its reports of --seeds (runs in chunks)")
     args = ap.parse_args()
     results = Path(args.results or ROOT / "bench" / "results" / f"chaos-k8s-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.summarize:
+        from chaos.__main__ import parse_seeds
+        return write_summary(results, parse_seeds(args.seeds), args.duration)
     if not _inside_cluster_network():
         argv = [a for a in sys.argv[1:] if a != "--resume"]
         if args.results:
@@ -105,7 +113,7 @@ def main() -> int:
             argv = argv[:i] + argv[i + 2:] if i is not None else [a for a in argv if not a.startswith("--results=")]
         return _outside(argv, str(results))
 
-    from chaos.__main__ import parse_seeds, summary
+    from chaos.__main__ import parse_seeds
     from chaos.k8s import schedule
     from chaos.k8s.deploy import Api, Cluster
 
@@ -130,17 +138,37 @@ def main() -> int:
             return CLUSTER_WENT_AWAY
         r["code"] = commit
         report.write_text(json.dumps(r, indent=2))
-        t = r.get("timings", {}).get("total_s", 0)
-        if "error" in r:
-            print(f"seed {seed}: ERROR (see {results}) ({t:.0f}s, load {r['load_average']})", flush=True)
-            continue
-        print(f"seed {seed}: {sum(r['faults'].values())} faults ({dict(r['faults'])}), {r['failovers']} failovers, "
-              f"{r['commits_acknowledged']} commits acknowledged, {r['failed_operations']} failed operations, "
-              f"anomalies {r['anomalies'] or 'none'} ({t:.0f}s, load max {r['load_average'].get('max_1min')})",
-              flush=True)
-    reports = [json.loads((results / f"seed-{s}.json").read_text()) for s in parse_seeds(args.seeds)
+        print(seed_line(r) + ("" if "error" not in r else f" (see {results})"), flush=True)
+        if args.stop_at_anomaly and r.get("anomalies"):
+            print(f"seed {seed}: anomalies; the rest of the seeds not run (--stop-at-anomaly)", flush=True)
+            break
+    return write_summary(results, parse_seeds(args.seeds), args.duration)
+
+
+def seed_line(r: dict) -> str:
+    """One schedule in a line: its faults by family, failovers, commits, anomalies, time."""
+    t = r.get("timings", {}).get("total_s", 0)
+    if "error" in r:
+        return f"seed {r['seed']}: ERROR ({t:.0f}s, load {r.get('load_average')})"
+    families = ", ".join(f"{k} {v}" for k, v in sorted(r["faults_by_family"].items()))
+    return (f"seed {r['seed']}: {sum(r['faults'].values())} faults ({families}; skipped {len(r['faults_skipped'])}), "
+            f"failovers {r['failovers']}, Lease handovers {r['operator']['lease_transitions']}, "
+            f"{r['commits_acknowledged']} commits acknowledged, {r['failed_operations']} failed operations, "
+            f"anomalies {r['anomalies'] or 'none'} ({t:.0f}s, load max {r['load_average'].get('max_1min')})")
+
+
+def write_summary(results: Path, seeds: list[int], duration: float) -> int:
+    """summary.txt in `results` from the reports there of `seeds`: a line per schedule, then the
+    summary; 1 if any had an anomaly or an error."""
+    from chaos.__main__ import summary
+    reports = [json.loads((results / f"seed-{s}.json").read_text()) for s in seeds
                if (results / f"seed-{s}.json").exists()]
-    text = summary(reports) + "\n" + node_summary(reports, args.duration)
+    if not reports:
+        print(f"no reports of seeds {seeds[0]}-{seeds[-1]} in {results}")
+        return 1
+    code = sorted({r.get("code", "") for r in reports})
+    text = "\n".join([f"code: {', '.join(code)}", *(seed_line(r) for r in reports), "",
+                       summary(reports), node_summary(reports, duration)])
     (results / "summary.txt").write_text(text + "\n")
     print(text)
     return 1 if any(r.get("anomalies") or "error" in r for r in reports) else 0
