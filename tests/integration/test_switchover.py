@@ -119,6 +119,33 @@ def test_bad_handover_requests_are_refused_and_change_nothing(broker_factory):
         p.send(Message("Orders", b"still-master"))
 
 
+def test_a_handover_to_a_slave_not_in_sync_is_refused_at_once(broker_factory):
+    """Not an abandoned handover after its timeout, with writes stalled meanwhile: a slave catching
+    up from disk is refused up front, naming how far it is and which slaves are in sync."""
+    # heartbeats far apart: the paused slave stays connected (a silent one would be dropped)
+    m = broker_factory("--replication-mode", "ASYNC", *FLAGS, "--replication-heartbeat-ms", "20000",
+                       "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, *FLAGS, "--broker-name", "s", name="s")
+    t = broker_factory("--role", "slave", "--master", m.address, *FLAGS, "--broker-name", "t", name="t")
+    wait_until(lambda: in_sync(m, "s", "t"), what="both slaves in sync")
+    s.proc.send_signal(signal.SIGSTOP)
+    try:
+        with Producer("p", m.address) as p:
+            def s_behind():   # what s cannot take while paused fills its socket: fed from disk later
+                p.send(Message("Big", b"x" * 256 * 1024))
+                return [x for x in info(m)["replication"]["slaves"] if x["name"] == "s" and not x["in_sync"]]
+            wait_until(s_behind, 60, what="s out of sync")
+            with pytest.raises(AdminError) as e:
+                admin(m).handover("s", 2)
+            assert e.value.status == 409, str(e.value)
+            assert f"s ({s.address}) is not in sync with this master: it has acknowledged up to LSN" in str(e.value)
+            assert f"hand over to a slave in sync (now: t ({t.address}))" in str(e.value)
+            assert (info(m)["role"], info(m)["handover"]) == ("master", "")
+            p.send(Message("Orders", b"still-master"))
+    finally:
+        s.proc.send_signal(signal.SIGCONT)
+
+
 def test_a_master_told_to_stop_serves_until_it_has_handed_over(broker_factory):
     m = broker_factory("--replication-mode", "SYNC", *FLAGS, "--stop-handover-wait-ms", "60000",
                        "--broker-name", "m", name="m")

@@ -134,9 +134,9 @@ class RoleChanges:
         ASYNC replication too (a failover's fence-first may lose what the slave had not received).
         Client requests that come meanwhile wait (dispatch.py's gate) and are answered once it is
         done ("not master": clients move to the successor) or abandoned. Returns the LSN handed over
-        at. Refused, changing nothing, when there is no such slave or the epoch is not above this
-        broker's; abandoned (this broker takes writes again, as master) when the successor has not
-        caught up within `timeout` s or leaves."""
+        at. Refused, changing nothing, when there is no such slave, it is not in sync (not fed live:
+        catching up from disk) or the epoch is not above this broker's; abandoned (this broker takes
+        writes again, as master) when the successor has not caught up within `timeout` s or leaves."""
         b, role = self._b, self._b.role
         self._refuse_while_truncating()
         if not role.is_master or role.probation or role.stepped_down:
@@ -152,6 +152,12 @@ class RoleChanges:
             names = ", ".join(f"{f.name} ({f.address})" for f in b.leader.feeds.values()) or "none"
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"{successor} is not a slave replicating from this master (its slaves: {names})")
+        if not feed.live:   # catching up from disk: writes would stall until it is through, or the timeout
+            live = ", ".join(f"{f.name} ({f.address})" for f in b.leader.feeds.values() if f.live) or "none"
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"{feed.name} ({feed.address}) is not in sync with this master: it has acknowledged up "
+                               f"to LSN {feed.acked_lsn} of {b.state.next_lsn - 1} and catches up from disk; hand "
+                               f"over to a slave in sync (now: {live})")
         loop = asyncio.get_running_loop()
         role.handover = f"to {feed.name} ({feed.address}) at epoch {epoch}"
         role.gate = loop.create_future()
