@@ -333,7 +333,8 @@ class Pass:
             return None, str(e)
         return scaling.DrainReport(undelivered=drain.undelivered, pending_transactions=drain.pending_transactions,
                                    drained=drain.drained, route_version=running, topics=drain.topics,
-                                   undecided_jobs=drain.undecided_jobs), ""
+                                   undecided_jobs=drain.undecided_jobs,
+                                   unreleased_jobs=drain.unreleased_jobs), ""
 
     def waiting_on(self, g: GroupPass, drain_version: int) -> tuple[dict[str, int] | None, str]:
         """Per other group kept running, its participants whose decision lives on `g` (their masters'

@@ -67,6 +67,7 @@ class DrainReport:
     route_version: int
     topics: Mapping[str, int] = field(default_factory=dict)
     undecided_jobs: int = 0  # jobs whose home is the group, not decided yet (other groups follow its decision)
+    unreleased_jobs: int = 0  # decided there, not yet followed by every group they span
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,8 @@ def decide_removal(group: str, report: DrainReport | None, unknown_why: str, dra
                                            f"first{hint}")
     if report.pending_transactions > 0 or report.undecided_jobs > 0 or not report.drained:
         jobs = f" and {report.undecided_jobs} undecided job(s)" if report.undecided_jobs else ""
+        if report.unreleased_jobs:
+            jobs += f" and {report.unreleased_jobs} decided job(s) other groups have not followed yet"
         return Wait("PendingTransactions", f"{group} is draining and holds {report.pending_transactions} pending "
                                            f"transaction(s){jobs}: they must be committed, rolled back or parked "
                                            f"first{hint}")

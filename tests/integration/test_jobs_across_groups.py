@@ -235,3 +235,23 @@ def test_no_new_work_waits_on_a_draining_home(cluster):
     assert refused.value.code_name == "SERVICE_NOT_AVAILABLE", refused.value
     assert f"home group {job.home} is draining" in refused.value.remark, refused.value.remark
     assert AdminClient(cluster.group(other).master.admin_url).get("/api/v1/drain")["waiting_on"] == {}
+
+
+def test_a_jobs_home_does_not_drain_before_every_group_followed_its_decision(cluster):
+    """The fault harness, seeds 19 and 24: jobs homed on g0 were decided (aborted at their deadline),
+    g0 was found drained and removed, and g1's entries of those jobs, holding no member, had not yet
+    asked g0 how they ended: they stayed undecided for good. A home holds its decided jobs until
+    every group it spans has followed (released), as it keeps a spanning transaction's decision."""
+    with ClusterJobCoordinator(GROUP, cluster.bootstrap, request_timeout=2) as c:
+        job = c.open(timeout=60, name="follow-me")     # an entry on the other group, no member there
+        other = cluster.group(job.groups[0]).master
+        home = AdminClient(cluster.group(job.home).master.admin_url)
+        other.proc.send_signal(signal.SIGSTOP)         # it cannot follow for now
+        try:
+            assert c.abort(job).state == "ABORTED"
+            held = home.get("/api/v1/drain")
+            assert (held["drained"], held.get("unreleased_jobs")) == (False, 1), held
+        finally:
+            other.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: home.get("/api/v1/drain")["drained"], what="the home drained once the other group followed")
+        assert job_at(cluster, job.groups[0], job.job_id)["state"] == "ABORTED"

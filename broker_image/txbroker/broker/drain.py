@@ -2,8 +2,10 @@
 from a cluster (scale-down). Undelivered is, per queue, the messages past the lowest offset any
 consumer group committed on the topic (all of them when no group consumes it: nobody has them
 yet), delayed messages not yet due, retries and dead letters (someone may still want those); plus
-every pending or parked transaction, since either may still become messages, and every undecided
-job whose home is here (its decision is still to be taken here, for every group it spans).
+every pending or parked transaction, since either may still become messages, every undecided
+job whose home is here (its decision is still to be taken here, for every group it spans), and
+every decided one some group it spans has not followed yet (it will ask here how the job ended,
+even holding no member: released, broker/transaction/job_groups.py).
 `waiting_on` counts, by the group that decides them, the participants held here and the jobs whose
 members here still wait for their home's decision: the group they wait on may not leave before they
 have asked it (whoever removes a group asks every other group's master). A home group keeps its
@@ -69,6 +71,7 @@ def drain_status(broker) -> DrainStatus:
         if p.home and p.state != "PARKED":  # a parked one no longer asks: an operator decides it
             waiting_on[p.home] = waiting_on.get(p.home, 0) + 1
     undecided_jobs = 0
+    unreleased_jobs = len(state.unreleased_jobs())
     for j in list(state.jobs.values()):
         if j.decided:
             continue
@@ -77,5 +80,6 @@ def drain_status(broker) -> DrainStatus:
         elif any((p := state.pending_transaction(t)) is not None and p.state != "PARKED"
                  for t in state.job_members.get(j.job_id, ())):
             waiting_on[j.home] = waiting_on.get(j.home, 0) + 1
-    return DrainStatus(broker.cluster.group, broker.cluster.draining, undelivered, topics, pending,
-                       undelivered == 0 and pending == 0 and undecided_jobs == 0, waiting_on, undecided_jobs)
+    drained = undelivered == 0 and pending == 0 and undecided_jobs == 0 and unreleased_jobs == 0
+    return DrainStatus(broker.cluster.group, broker.cluster.draining, undelivered, topics, pending, drained,
+                       waiting_on, undecided_jobs, unreleased_jobs)

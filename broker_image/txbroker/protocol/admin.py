@@ -362,3 +362,5 @@ class DrainStatus(Struct):
     # waits on it (each asks it how its transaction or job ended)
     waiting_on: dict[str, int] = msgspec.field(default_factory=dict)
     undecided_jobs: int = 0  # jobs whose home is here, not decided yet (their decision is taken here)
+    # jobs whose home is here, decided, that some group they span has not followed yet (it asks here)
+    unreleased_jobs: int = 0

@@ -178,7 +178,7 @@ class JobGroups:
         if not self._role.is_master:
             return 0
         decided = 0
-        for j in [j for j in self._state.jobs.values() if j.home]:
+        for j in [j for j in self._state.jobs.values() if j.home and not j.decided]:
             if await self._follow(j):
                 decided += 1
         return decided
