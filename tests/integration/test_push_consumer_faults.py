@@ -178,3 +178,64 @@ def test_a_group_offset_behind_what_was_consumed_is_saved_again_without_new_mess
         wait_until(lambda: c.committed_offsets("lost-cg", "Lost")[0].get(0) == 2,
                    what="the consumer saved the group's offset again")
     assert sorted(seen.bodies()) == ["a", "b"]   # saved again, not consumed again
+
+
+# ---- the fault harness on the real node, seed 3: consumers out of their group for good ----------
+
+def _members(b, group):
+    return AdminClient(b.admin_url).get("/api/v1/broker")["consumer_groups"].get(group, [])
+
+
+def test_a_probe_for_a_newer_master_does_not_take_a_consumer_out_of_its_group(broker_factory):
+    """A client that waits too long for an answer asks its other addresses whether a newer master
+    leads, on connections it closes at once. Its master can be among them under another name (a
+    slave's answer adds the master's address as the slave knows it): the probe's heartbeat carried
+    the consumer groups, moved the member's registration to the probe's connection, and its close
+    took the member out of the group (chaos-k8s, seed 3: two orderly consumers left with no queue)."""
+    b = broker_factory()
+    one_queue_topic(b, "Probe")
+    same_broker = "localhost:" + b.address.rsplit(":", 1)[1]
+
+    async def main():
+        c = AsyncPushConsumer("probe-cg", [b.address], "Probe", Collect(), **FAST)
+        await c.start()
+        try:
+            assert await asyncio.to_thread(_members, b, "probe-cg") == [c.client_id]
+            before = len(await asyncio.to_thread(AdminClient(b.admin_url).get, "/api/v1/connections"))
+            assert (await c.client._probe(same_broker)).role == "master"
+            await asyncio.to_thread(wait_until, lambda: len(AdminClient(b.admin_url).get("/api/v1/connections"))
+                                    <= before, what="the probe's connection closed on the broker")
+            assert await asyncio.to_thread(_members, b, "probe-cg") == [c.client_id]
+        finally:
+            await c.shutdown()
+    asyncio.run(main())
+
+
+def test_a_heartbeat_on_a_lost_connection_does_not_end_the_consumers_heartbeats(broker_factory, monkeypatch):
+    """A heartbeat whose connection ended raised ConnectionLost, which is no ClientError: the loop
+    that renews the member's registration ended for good, and once the broker forgot the member
+    (its connection closed, or silence past the expiry) it was never given queues again (chaos-k8s,
+    seed 3: no heartbeat for 5 minutes, 813 messages left unconsumed)."""
+    from txbroker.client.connection import BrokerClient, ConnectionLost
+
+    b = broker_factory()
+    one_queue_topic(b, "Beat")
+    real = BrokerClient._heartbeat
+    beats = {"lost": 0, "after": 0}
+
+    async def first_lost(self, conn, timeout=None):
+        if self.consumer_groups == ["beat-cg"]:
+            if not beats["lost"]:
+                beats["lost"] += 1
+                raise ConnectionLost(f"connection to {conn.address} lost")
+            beats["after"] += 1
+        return await real(self, conn, timeout)
+
+    seen = Collect()
+    with PushConsumer("beat-cg", b.address, "Beat", seen, **FAST):
+        wait_until(lambda: _members(b, "beat-cg"), what="the consumer in its group")
+        monkeypatch.setattr(BrokerClient, "_heartbeat", first_lost)
+        wait_until(lambda: beats["after"] >= 3, what="heartbeats going on after one on a lost connection")
+        assert _members(b, "beat-cg")
+        send(b, "Beat", "after")
+        wait_until(lambda: "after" in seen.bodies(), what="a message consumed after the lost heartbeat")

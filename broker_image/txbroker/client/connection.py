@@ -270,16 +270,23 @@ class BrokerClient:
                 delay = min(delay * 2, 2.0)
         raise BrokerUnavailable("client is closed")
 
-    def _heartbeat_body(self) -> bytes:
+    def _heartbeat_body(self, register: bool = True) -> bytes:
+        """`register`: as this client's producer and consumer groups' member. A probe does not: the
+        broker ties a member to the connection of its latest heartbeat and drops it when that one
+        closes, and a probe's closes at once (it may reach this client's own master under another
+        name)."""
         epoch, address = self.newest_master
+        if not register:
+            return encode(HeartbeatRequest(self.client_id, [], [], epoch, address))
         return encode(HeartbeatRequest(self.client_id, self.producer_groups, self.consumer_groups, epoch, address))
 
     def _saw_master(self, epoch: int, address: str) -> None:
         if epoch > self.newest_master[0]:
             self.newest_master = (epoch, address)
 
-    async def _heartbeat(self, conn: Connection, timeout: float | None = None) -> HeartbeatResponse:
-        frame = await conn.call(RequestCode.HEARTBEAT, self._heartbeat_body(), timeout or self.connect_timeout)
+    async def _heartbeat(self, conn: Connection, timeout: float | None = None, register: bool = True
+                         ) -> HeartbeatResponse:
+        frame = await conn.call(RequestCode.HEARTBEAT, self._heartbeat_body(register), timeout or self.connect_timeout)
         if frame.code in (ResponseCode.UNAUTHORIZED, ResponseCode.NO_PERMISSION, ResponseCode.TLS_REQUIRED):
             # wrong or missing credentials, or a group these credentials may not act for: final
             raise broker_error(conn.address, "HEARTBEAT", frame.code, _remark(frame))
@@ -377,7 +384,7 @@ class BrokerClient:
             await conn.open(SUSPECT_AFTER)
             if self.credentials is not None:
                 await authenticate(conn, self.credentials, SUSPECT_AFTER)
-            return await self._heartbeat(conn, SUSPECT_AFTER)
+            return await self._heartbeat(conn, SUSPECT_AFTER, register=False)
         except (ClientError, ConnectionLost, OSError, asyncio.TimeoutError):
             return None
         finally:
@@ -399,9 +406,14 @@ class BrokerClient:
             self._conn.send_oneway(code, encode(body))
 
     async def heartbeat(self) -> HeartbeatResponse:
-        """Renew this client's registration (producer and consumer groups) with the broker."""
+        """Renew this client's registration (producer and consumer groups) with the broker. A lost
+        connection is a ClientError here too (BrokerUnavailable): the next call connects again."""
         conn = await self.connection(time.monotonic() + self.request_timeout)
-        return await self._heartbeat(conn)
+        try:
+            return await self._heartbeat(conn)
+        except ConnectionLost as e:
+            self._drop(conn)
+            raise BrokerUnavailable(f"heartbeat to {conn.address}: {e}") from e
 
     async def close(self) -> None:
         self._closed = True

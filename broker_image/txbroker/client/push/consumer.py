@@ -130,12 +130,16 @@ class AsyncPushConsumer:
         await self.shutdown()
 
     async def _every(self, interval: float, fn) -> None:
+        """`fn` every `interval` until shutdown; a failure is logged and the next round goes on (a
+        dead heartbeat loop would leave the member out of its group for good)."""
         while self._member.running:
             await asyncio.sleep(interval)
             try:
                 await fn()
             except ClientError as e:
                 log.warning("consumer %s: %s failed: %s", self.group, fn.__name__, e)
+            except Exception:  # noqa: BLE001 - a bug must not end the loop; it says so with its traceback
+                log.exception("consumer %s: %s failed", self.group, fn.__name__)
 
     def _on_request(self, conn, frame: Frame) -> None:
         if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
