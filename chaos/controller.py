@@ -112,8 +112,8 @@ class Controller:
         if isinstance(decision, failover.Blocked):
             self.save(blocked={**(st.get("blocked") or {}),
                                decision.reason: (st.get("blocked") or {}).get(decision.reason, 0) + 1})
-            return
-        if decision is None:
+        if decision is None or isinstance(decision, failover.Blocked):
+            self.converge(members)  # as the operator's pass does every time (a master that answers keeps its slaves)
             return
         failovers = [*(st.get("failovers") or []), {"at": time.time(), "from": master, "to": decision.successor,
                                                      "epoch": decision.epoch, "message": decision.message}]

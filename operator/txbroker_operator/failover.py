@@ -76,11 +76,14 @@ def cut_off_reason(members: Mapping[str, Member], master: str) -> str:
     none of whose slaves can reach it (or it them) acknowledges no write; when enough slaves answer
     the operator and replicate from nobody, promoting one of them restores service (the fault
     harness held such partitions for their whole length before this). A slave that replicates but
-    lags is slow, not cut off; a master whose slaves are down has nobody to hand over to."""
+    lags is slow, not cut off; a master whose slaves are down has nobody to hand over to. A slave
+    that does not follow this master (a fenced old master following nobody) is not cut off from
+    it: the pass points it at the master (counting it here blocked that pass for good)."""
     head = members.get(master)
     if head is None or head.info is None or not head.info.is_master or acknowledging(head):
         return ""
-    cut = [m.name for m in candidates(members, master) if m.ready and not m.info.connected]
+    cut = [m.name for m in candidates(members, master)
+           if m.ready and not m.info.connected and m.info.master == head.address]
     if not cut or len(cut) < head.info.sync_replicas:
         return ""
     return (f"it acknowledges no write: SYNC replication needs {head.info.sync_replicas} slave(s) in sync, and "

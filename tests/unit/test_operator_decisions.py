@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgspec
 from txbroker.store.state import StateMachine
@@ -279,6 +280,25 @@ def test_a_master_that_acknowledges_or_has_nobody_to_hand_over_to_is_not_cut_off
     # ASYNC: a master acknowledges without slaves
     asynchronous = member("b-0", 0, info("master", slaves=[]))
     assert failover.master_down_reason({"b-0": asynchronous, "b-1": _cut_slave("b-1", 1)}, "b-0") == ""
+
+
+def test_a_slave_that_follows_nobody_is_pointed_at_the_master_not_counted_as_cut_off():
+    """The grown fault harness, seed 29: g2's master b6 was cut off from clients and the controller,
+    b7 was promoted, and b6, fenced on its return, followed nobody. Counted as a slave 'cut off'
+    from b7, it made b7 a master down (no slave in sync) whose failover was blocked (no slave in
+    sync); the harness's controller, which unlike the operator converged roles only while its master
+    served, never pointed b6 at b7: 363 transactions left pending. A slave not following this master
+    is told to (every pass converges roles), not a reason to call the master down."""
+    fenced = member("b-1", 1, BrokerInfo(role="slave", epoch=1, log_end_offset=90, master="", fenced_by=2, pending=0,
+                                         parked=0, slaves=(), connected=False, sync_replicas=0))
+    assert failover.master_down_reason({"b-0": _sync_master(0), "b-1": fenced}, "b-0") == ""
+    # following another broker (a deposed master's old address): the same
+    elsewhere = _cut_slave("b-2", 2)
+    elsewhere.info = dataclasses.replace(elsewhere.info, master="10.0.0.9:10911")
+    assert failover.master_down_reason({"b-0": _sync_master(0), "b-2": elsewhere}, "b-0") == ""
+    # while a slave that follows it and cannot reach it still counts
+    assert "acknowledges no write" in failover.master_down_reason({"b-0": _sync_master(0),
+                                                                   "b-1": _cut_slave("b-1", 1)}, "b-0")
 
 
 def test_sync_failover_waits_for_every_slave_that_may_hold_an_acknowledged_write():
