@@ -16,7 +16,7 @@ from support.groups import FLAGS, start_cluster
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
-    AsyncClusterJobCoordinator, BrokerError, ClusterJobCoordinator, JobCoordinator, Message,
+    AsyncClusterJobCoordinator, AsyncJobCoordinator, BrokerError, ClusterJobCoordinator, JobCoordinator, Message,
 )
 from txbroker.client.admin import AdminClient
 
@@ -88,6 +88,39 @@ def test_a_member_group_not_told_follows_its_home_by_itself(cluster):
                what="the member group to follow its home")
     wait_until(lambda: job_at(cluster, job.home, job.job_id)["resolved"], 10, what="the home to see it resolved")
     assert visible(cluster) == {"told by nobody": 1}
+
+
+def test_a_member_that_joins_while_its_group_asks_the_home_ends_as_the_decision_says(cluster):
+    """The fault harness, seed 26: g1 asked g0 about its members of a job before they joined (none
+    yet); g0's master had just died, so the question waited (the peer client retrying) until g0's
+    slave was promoted, and meanwhile the members joined g1 and the job was committed keeping them.
+    The answer covered the members asked about (none): g1 recorded COMMIT keeping nothing and
+    rolled back the two members the coordinator had been told were committed. Here the home's
+    master is paused while g1's question waits on it, and a kept member joins g1 meanwhile."""
+    g0, g1 = cluster.group("g0").master, cluster.group("g1").master
+    with JobCoordinator(GROUP, g0.address) as home, JobCoordinator(GROUP, g1.address) as member:
+        job = home.open(timeout=60, groups=["g1"])
+        member.open(60, home="g0", job_id=job.job_id)
+        late = f"{job.job_id}-m1"
+        assert home.commit(job.job_id, [], {"g1": [late]}).state == "COMMITTED"
+
+    async def main():
+        async with AsyncJobCoordinator(GROUP, [g1.address]) as c:
+            g0.proc.send_signal(signal.SIGSTOP)
+            try:
+                told = asyncio.ensure_future(c.commit(job.job_id, []))  # g1 asks its home now: no member yet
+                await asyncio.sleep(0.5)
+                assert not told.done()
+                assert await c.send(job.job_id, Message("Out", b"joined while its group asked"), late) == late
+            finally:
+                g0.proc.send_signal(signal.SIGCONT)
+            await asyncio.wait([told])
+            told.exception()  # answered as g1's entry then stood (maybe not yet published there): no matter
+
+    asyncio.run(main())
+    wait_until(lambda: job_at(cluster, "g1", job.job_id)["state"] == "COMMITTED", 10, what="g1 to follow its home")
+    assert AdminClient(g1.admin_url).transaction(late).state == "COMMITTED"
+    assert visible(cluster) == {"joined while its group asked": 1}
 
 
 def test_the_homes_deadline_aborts_the_job_on_every_group(cluster):

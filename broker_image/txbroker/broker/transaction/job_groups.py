@@ -48,6 +48,7 @@ _warnings = RepeatedWarnings(log)
 
 UNKNOWN = "UNKNOWN"
 ASK_BATCH = 5000  # member ids per QUERY_JOB_MEMBERS
+ASK_ROUNDS = 3  # asks of the home in one pass, each about the members that joined during the one before
 UNKNOWN_AT_HOME_LIMIT = 3  # answers "UNKNOWN" from the home before a member group parks the members
 TICK_S = 1.0
 
@@ -213,23 +214,38 @@ class JobGroups:
             _warnings.warning("job home not in route", "job %s: its home group %s is not in cluster route version %d",
                               j.job_id, j.home, self._cluster.route.version if self._cluster.route else 0)
             return False
-        members = sorted(self._state.job_members.get(j.job_id, ()))
+        # The decision is recorded for the members pending when it is, so each of them must have been
+        # asked about: one that joined while the home was asked (an answer can take seconds, the home
+        # failing over) is asked about next, else a COMMIT would roll it back though the home keeps it.
+        asked: set[str] = set()
         kept: list[str] = []
         state = None
-        for i in range(0, max(len(members), 1), ASK_BATCH):
-            batch = members[i:i + ASK_BATCH]
-            try:
-                r: JobMembersResponse = await client.request(
-                    RequestCode.QUERY_JOB_MEMBERS, JobMembersRequest(j.producer_group, j.job_id, self._cluster.group,
-                                                                     batch), JobMembersResponse)
-            except ClientError as e:
-                _warnings.warning("job home unreachable", "job %s: could not ask its home group %s: %s", j.job_id,
-                                  j.home, e)
+        rounds = 0
+        while True:
+            members = sorted(set(self._state.job_members.get(j.job_id, ())) - asked)
+            if state is not None and not members:
+                break
+            if rounds == ASK_ROUNDS:  # members still joining as fast as the home answers: ask again next time
                 return False
-            if state is not None and r.state != state:  # decided between two batches: ask again next time
-                return False
-            state = r.state
-            kept += [t for t, keep in zip(batch, r.kept) if keep]
+            rounds += 1
+            for i in range(0, max(len(members), 1), ASK_BATCH):
+                batch = members[i:i + ASK_BATCH]
+                try:
+                    r: JobMembersResponse = await client.request(
+                        RequestCode.QUERY_JOB_MEMBERS, JobMembersRequest(j.producer_group, j.job_id,
+                                                                         self._cluster.group, batch),
+                        JobMembersResponse)
+                except ClientError as e:
+                    _warnings.warning("job home unreachable", "job %s: could not ask its home group %s: %s",
+                                      j.job_id, j.home, e)
+                    return False
+                if state is not None and r.state != state:  # decided between two batches: ask again next time
+                    return False
+                state = r.state
+                asked.update(batch)
+                kept += [t for t, keep in zip(batch, r.kept) if keep]
+            if state != JOB_COMMITTED:  # only a COMMIT treats members apart: an ABORT ends all alike
+                break
         if state == UNKNOWN:
             return self._unknown_at_home(j)
         self._unknown.pop(j.job_id, None)
