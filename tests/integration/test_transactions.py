@@ -438,3 +438,33 @@ def test_metrics_follow_transactions(broker):
     assert m("txbroker_transactions_total", outcome="rollback") == 1
     assert m("txbroker_transactions_total", outcome="commit") == 1
     assert m("txbroker_messages_sent_total", kind="half") == 2
+
+
+class _UnknownThenCommit(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return None   # UNKNOWN: the broker asks back
+
+    def check_local_transaction(self, msg):
+        return S.COMMIT
+
+
+def test_an_idle_producer_answers_check_backs_from_a_new_master_before_they_park(broker_factory):
+    """The fault harness on the real node, seed 5: a group's master was deleted while the operator's
+    leader was down, and the idle transactional producers reached the new master only at their next
+    heartbeat, 30 s on; the new master counted its checks without them and parked 28 transactions
+    the producers would have committed. A producer registers with the new master as soon as its
+    connection ends (and after a failed heartbeat, soon again), not at its next interval."""
+    flags = ("--replication-mode", "ASYNC", "--replication-heartbeat-ms", "100", "--check-interval-ms", "300",
+             "--transaction-timeout-ms", "200", "--check-max", "20")
+    m = broker_factory(*flags, "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *flags, name="s")
+    with TransactionProducer("idle-pg", [m.address, s.address], _UnknownThenCommit(), request_timeout=2) as p:
+        r = p.send_message_in_transaction(Message("Idle", b"decided by a check"))
+        txid = r.transaction_id
+        wait_until(lambda: AdminClient(s.admin_url).get("/api/v1/broker")["log_end_offset"]
+                   == AdminClient(m.admin_url).get("/api/v1/broker")["log_end_offset"], what="the slave caught up")
+        m.kill()
+        AdminClient(s.admin_url).post("/api/v1/role", {"role": "master", "epoch": 2})
+        wait_until(lambda: AdminClient(s.admin_url).transaction(txid).state in ("COMMITTED", "ROLLED_BACK", "PARKED"), 20,
+                   what="the transaction decided or parked on the new master")
+        assert AdminClient(s.admin_url).transaction(txid).state == "COMMITTED"

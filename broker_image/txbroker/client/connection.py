@@ -405,6 +405,17 @@ class BrokerClient:
         if self._conn is not None:
             self._conn.send_oneway(code, encode(body))
 
+    async def until_lost(self, timeout: float) -> None:
+        """Return once the connection in use now ends, or after `timeout` s (at once: none is open).
+        A client the broker calls back (check-backs) connects again then, not at its next heartbeat."""
+        conn = self._conn
+        if conn is None or not conn.is_open:
+            return
+        try:
+            await asyncio.wait_for(conn.closed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
     async def heartbeat(self) -> HeartbeatResponse:
         """Renew this client's registration (producer and consumer groups) with the broker. A lost
         connection is a ClientError here too (BrokerUnavailable): the next call connects again."""

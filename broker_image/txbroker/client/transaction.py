@@ -23,6 +23,7 @@ import time
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient, Connection
 from txbroker.client.errors import ClientError
+from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.producer import as_list, new_client_id
 from txbroker.client.transaction_session import (
     LocalTransactionState, TransactionSendResult, TransactionSession, local_decision, local_decision_async,
@@ -37,6 +38,10 @@ __all__ = ["AsyncTransactionProducer", "LocalTransactionState", "TransactionList
            "TransactionSendResult"]
 
 log = logging.getLogger(__name__)
+_warnings = RepeatedWarnings(log)
+
+HEARTBEAT_S = 30.0  # RocketMQ's heartbeatBrokerInterval
+RETRY_FIRST_S = 0.5  # after a failed heartbeat, doubling up to HEARTBEAT_S
 
 _check_decoder = decoder(CheckTransactionStateRequest)
 _EXECUTE, _CHECK = "execute_local_transaction", "check_local_transaction"
@@ -84,12 +89,28 @@ class AsyncTransactionProducer:
         return self
 
     async def _heartbeats(self) -> None:
+        """Keep this producer registered with its group's master, which sends it check-backs: every
+        HEARTBEAT_S, at once when the connection ends (a new master counts its checks whether or not a
+        producer is there, and parks what nobody answers), and soon again after a failure."""
+        retry = 0.0
         while not self.client.closed:
-            await asyncio.sleep(30)
+            if retry:
+                await asyncio.sleep(retry)
+            else:
+                await self.client.until_lost(HEARTBEAT_S)
+                await asyncio.sleep(0)  # (a closed client ends the loop before it reconnects)
+                if self.client.closed:
+                    return
             try:
                 await self.client.request(RequestCode.HEARTBEAT, HeartbeatRequest(self.client_id, [self.group]))
+                retry = 0.0
             except ClientError as e:
-                log.warning("heartbeat failed: %s", e)
+                retry = min(max(retry * 2, RETRY_FIRST_S), HEARTBEAT_S)
+                _warnings.warning("producer heartbeat failed", "producer group %s: heartbeat failed (again in "
+                                  "%.1f s): %s", self.group, retry, e)
+            except Exception:  # noqa: BLE001 - a bug must not end the loop unseen
+                retry = HEARTBEAT_S
+                log.exception("producer group %s: heartbeat failed", self.group)
 
     async def close(self) -> None:
         if self._heartbeat_task is not None:
