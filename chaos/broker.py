@@ -29,8 +29,12 @@ from chaos.net import Network, in_ns
 TXBROKER = str(Path(sys.executable).with_name("txbroker"))
 BROKER_PORT = 20911  # where the broker listens when the proxy holds the client port
 # Fast timers, so a schedule of a minute sees check-back, retention, job expiry and scrubs at work.
+# Checks count whether or not a producer is connected (as RocketMQ's do), so the check budget
+# (40 x 0.5 s) outlasts any one fault's hold plus a failover: at 15 checks, a master cut off from
+# its clients for 4.6 s and the failover after it parked 4 transactions their producers would have
+# decided (seed 46), the harness's own timers, not what a user runs (60 s x 15).
 FLAGS = ("--replication-timeout-ms", "1000", "--replication-heartbeat-ms", "200", "--check-interval-ms", "500",
-         "--transaction-timeout-ms", "300", "--log-level", os.environ.get("CHAOS_BROKER_LOG_LEVEL", "INFO"),
+         "--check-max", "40", "--transaction-timeout-ms", "300", "--log-level", os.environ.get("CHAOS_BROKER_LOG_LEVEL", "INFO"),
          "--message-delay-level", "1s 1s 1s 2s 2s 2s 3s 3s 3s 4s 4s 4s 5s 5s 5s 6s 6s 6s")
 # A broker's wall clock is skewed through libfaketime (chaos/setup.sh installs it): the offset is
 # read from a file the nemesis rewrites; monotonic clocks stay true, as a skewed NTP would leave them.
