@@ -51,6 +51,14 @@ def only(env, payload: str) -> bool:
     return published(env) == Counter((i, f"{payload}{i}") for i in range(120))
 
 
+def wait_only(env, payload: str) -> None:
+    """Exactly one run's rows readable: a group ends its members once it has asked the home (no
+    transaction pending then), and they are readable once its slave holds those ends."""
+    from support.waiting import wait_until
+
+    wait_until(lambda: only(env, payload), what=f"exactly the {payload!r} run's 120 rows readable")
+
+
 def test_no_job_then_open_then_rerun_then_committed(cluster_env, tmp_path):
     env, name = cluster_env, "orders-2026-11-26"
     r = job_show(env, name, check=False)
@@ -61,7 +69,7 @@ def test_no_job_then_open_then_rerun_then_committed(cluster_env, tmp_path):
     shown = job_show(env, name)
     assert (shown["state"], shown["resolved"]) == ("COMMITTED", True)  # row 4: nothing to do
     env.wait_settled()
-    assert only(env, "rerun-")
+    wait_only(env, "rerun-")
     with pytest.raises(AssertionError) as refused:  # a re-run with that jobId is refused
         driver(env, tmp_path, name, "again-", tag="again")
     assert "already COMMITTED" in str(refused.value)
@@ -77,7 +85,7 @@ def test_prepared_then_committed_by_hand(cluster_env, tmp_path):
     out = run_cli("job", "commit", shown["job_id"], "--admin", home.admin_url).stdout
     assert "COMMITTED" in out
     env.wait_settled()
-    assert only(env, "deferred-")
+    wait_only(env, "deferred-")
 
 
 def test_aborted_then_rerun_opens_a_new_job(cluster_env, tmp_path):
@@ -92,5 +100,5 @@ def test_aborted_then_rerun_opens_a_new_job(cluster_env, tmp_path):
     again = job_show(env, name)
     assert again["state"] == "COMMITTED" and again["job_id"] != shown["job_id"]
     env.wait_settled()
-    assert only(env, "fresh-")
+    wait_only(env, "fresh-")
     assert re.search(r"ABORTED", run_cli("job", "show", shown["job_id"], "--admin", home.admin_url).stdout)
