@@ -146,8 +146,12 @@ class World:
 
 @pytest.fixture
 def world(monkeypatch):
-    w = World({"image": "txbroker/broker:1.0", "replicas": 2, "groups": 2, "replication": "ASYNC",
-               "failover": {"gracePeriodSeconds": 5}})
+    return install(World({"image": "txbroker/broker:1.0", "replicas": 2, "groups": 2, "replication": "ASYNC",
+                          "failover": {"gracePeriodSeconds": 5}}), monkeypatch)
+
+
+def install(w: World, monkeypatch) -> World:
+    """The operator's Kubernetes and broker calls answered by `w`."""
     for fn in ("get", "create_if_absent", "merge_patch", "list_objects", "delete"):
         monkeypatch.setattr(kube, fn, getattr(w, fn))
     monkeypatch.setattr(kube, "list_pods", lambda ns, labels: w.list_objects("Pod", ns, labels))

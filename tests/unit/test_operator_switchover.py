@@ -10,11 +10,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from txbroker_operator import brokers, events, kube, reconcile
+from txbroker_operator import brokers, reconcile
 from txbroker_operator import constants as c
 from txbroker_operator.brokers import BrokerInfo
 
-from test_operator_group_passes import LOG, NAME, NS, World, _merge
+from test_operator_group_passes import LOG, NAME, NS, World, install
 
 ADDR = "{}:10911"
 
@@ -70,18 +70,8 @@ class Brokers(World):
 
 @pytest.fixture
 def world(monkeypatch):
-    w = Brokers({"image": "txbroker/broker:1.0", "replicas": 3, "replication": "SYNC",
-                 "failover": {"gracePeriodSeconds": 5}})
-    for fn in ("get", "create_if_absent", "merge_patch", "list_objects", "delete"):
-        monkeypatch.setattr(kube, fn, getattr(w, fn))
-    monkeypatch.setattr(kube, "list_pods", lambda ns, labels: w.list_objects("Pod", ns, labels))
-    monkeypatch.setattr(kube, "delete_pod", lambda ns, name: w.delete("Pod", ns, name))
-    monkeypatch.setattr(kube, "get_txbroker", lambda ns, name: w.get(c.TXBROKER_KIND, ns, name))
-    monkeypatch.setattr(kube, "patch_txbroker_status", lambda ns, name, st: _merge(w.status(), dict(st)))
-    monkeypatch.setattr(kube, "own_namespace", lambda: "txbroker-system")
-    monkeypatch.setattr(reconcile.security, "access_for", lambda body: w)
-    monkeypatch.setattr(events, "_last_posted", {})
-    monkeypatch.setattr(events, "_last_at", {})
+    w = install(Brokers({"image": "txbroker/broker:1.0", "replicas": 3, "replication": "SYNC",
+                         "failover": {"gracePeriodSeconds": 5}}), monkeypatch)
     for _ in range(4):
         reconcile.sync(w.txb(), LOG)
     assert w.status()["phase"] == "Running" and w.status()["master"] == f"{NAME}-0"
