@@ -90,12 +90,14 @@ def test_prepared_then_committed_by_hand(cluster_env, tmp_path):
 
 def test_aborted_then_rerun_opens_a_new_job(cluster_env, tmp_path):
     env, name = cluster_env, "orders-2026-11-28"
-    driver(env, tmp_path, name, "dead-", "deadlineSeconds=3", hang="before-decision", tag="dead")
+    # The deadline must outlast the tasks' writes on a loaded machine (3 s did not, in CI: the job
+    # aborted while its tasks still sent, so the driver failed before its hook).
+    driver(env, tmp_path, name, "dead-", "deadlineSeconds=20", hang="before-decision", tag="dead")
     shown = job_show(env, name)
     home = env.cluster.group(shown["at"]).master
     from support.waiting import wait_until
 
-    wait_until(lambda: job_show(env, name)["state"] == "ABORTED", 30, what="the deadline to abort the job")  # row 5
+    wait_until(lambda: job_show(env, name)["state"] == "ABORTED", 90, what="the deadline to abort the job")  # row 5
     driver(env, tmp_path, name, "fresh-", tag="fresh")
     again = job_show(env, name)
     assert again["state"] == "COMMITTED" and again["job_id"] != shown["job_id"]
