@@ -5,7 +5,7 @@ Security: /healthz, /readyz and /metrics stay open (kubelet probes and Prometheu
 credentials; they reveal no message data). Everything under /api/ needs, when the broker has
 --auth-file, HTTP Basic credentials (access key:secret, checked against the same hashed store as
 the data plane) of a user with the admin permission (or, for GET requests only, the monitor
-permission; /api/v1/whoami answers any authenticated user): 401 without or with wrong credentials,
+permission, except a backup's files; /api/v1/whoami answers any authenticated user): 401 without or with wrong credentials,
 403 without the permission; and, when the broker has --tls-client-ca, a verified client certificate.
 """
 
@@ -25,6 +25,7 @@ from aiohttp import web
 from txbroker import __version__
 from txbroker.store.records import READABLE_FORMATS, STORE_FORMAT_VERSION
 from txbroker.broker.auth.handshake import AuthFailure
+from txbroker.broker.backup import BackupRefused
 from txbroker.broker.drain import drain_status
 from txbroker.protocol import admin as answers
 from txbroker.protocol.admin import SettingsError
@@ -106,6 +107,9 @@ class AdminApp:
         r.add_get("/api/v1/broker", self.broker_info)
         r.add_post("/api/v1/role", self.change_role)
         r.add_post("/api/v1/handover", self.handover)
+        r.add_post("/api/v1/backups", self.create_backup)
+        r.add_get("/api/v1/backups/{backup_id}/files/{name}", self.backup_file)
+        r.add_delete("/api/v1/backups/{backup_id}", self.drop_backup)
         r.add_get("/api/v1/config", self.get_config)
         r.add_put("/api/v1/config/transaction", self.put_transaction_defaults)
         r.add_get("/api/v1/groups", self.list_groups)
@@ -157,8 +161,8 @@ class AdminApp:
         try:
             if request.path == "/api/v1/whoami":
                 pass  # any authenticated user may ask who it is
-            elif request.method in ("GET", "HEAD"):
-                got.require_admin_read()
+            elif request.method in ("GET", "HEAD") and not request.path.startswith("/api/v1/backups/"):
+                got.require_admin_read()  # (a backup's files are the whole store: admin only)
             else:
                 got.require_admin()
         except RequestError as e:
@@ -268,6 +272,30 @@ class AdminApp:
         end = await self.b.roles.hand_over(doc["successor"], doc["epoch"], timeout_ms / 1000)
         return _answer(answers.Handover(successor=doc["successor"], epoch=doc["epoch"], offset=end,
                                         broker=self.info()))
+
+    async def create_backup(self, request):
+        """A slave in sync makes a consistent copy of its store and answers its manifest (broker/backup.py);
+        the caller fetches the files, then DELETEs it. A master, or a slave not in sync, refuses (409)."""
+        try:
+            return _answer(await self.b.backups.create(), 201)
+        except BackupRefused as e:
+            return _error(e.status, str(e), e.code)
+
+    async def backup_file(self, request):
+        try:
+            path = self.b.backups.file(request.match_info["backup_id"], request.match_info["name"])
+        except BackupRefused as e:
+            return _error(e.status, str(e), e.code)
+        except ValueError as e:  # a name that is a path
+            return _error(400, str(e), "MALFORMED")
+        return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+
+    async def drop_backup(self, request):
+        try:
+            self.b.backups.drop(request.match_info["backup_id"])
+        except BackupRefused as e:
+            return _error(e.status, str(e), e.code)
+        return web.json_response({"ok": True})
 
     async def get_config(self, request):
         b = self.b

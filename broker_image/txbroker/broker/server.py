@@ -30,6 +30,7 @@ from txbroker.broker.producers import ProducerRegistry
 from txbroker.broker.replication.follower import ReplicationFollower
 from txbroker.broker.replication.leader import ReplicationLeader
 from txbroker.broker.replication.seed import SnapshotService
+from txbroker.broker.backup import BackupService
 from txbroker.broker.retention_service import RetentionService
 from txbroker.broker.scrub_service import ScrubService
 from txbroker.broker.wal_sync_service import WalSyncService
@@ -97,6 +98,7 @@ class Broker:
                                           self.producers, self.metrics)
         self.leader = ReplicationLeader(self)
         self.snapshots = SnapshotService(self)
+        self.backups = BackupService(self)
         self.roles = RoleChanges(self)
         self.follower: ReplicationFollower | None = None
         self.metrics.registry.register(StateCollector(self))  # read at scrape time only

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import ssl
 import urllib.error
 import urllib.parse
@@ -23,6 +24,7 @@ import msgspec
 from txbroker.client.errors import BrokerUnavailable, ClientError
 from txbroker.client.security import as_credentials, as_tls, tls_error
 from txbroker.protocol import admin as answers
+from txbroker.store.backup import Manifest
 
 T = TypeVar("T")
 
@@ -69,7 +71,9 @@ class AdminClient:
         except msgspec.ValidationError as e:
             raise AdminIncompatible(self.url, path, e) from None
 
-    def _exchange(self, method: str, path: str, body) -> tuple[bytes, str]:
+    def _exchange(self, method: str, path: str, body, sink=None) -> tuple[bytes, str]:
+        """The answer's body and content type; with `sink` (a binary file) a success's body is
+        written there as it arrives instead (a backup's files: larger than memory should hold)."""
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data else {}
         if self._auth is not None:
@@ -77,8 +81,12 @@ class AdminClient:
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
-                raw = resp.read()
                 ctype = resp.headers.get("Content-Type", "")
+                if sink is None:
+                    raw = resp.read()
+                else:
+                    raw = b""
+                    shutil.copyfileobj(resp, sink, 1 << 20)
         except urllib.error.HTTPError as e:
             raw = e.read()
             try:
@@ -187,6 +195,18 @@ class AdminClient:
 
     def connections(self) -> answers.ConnectionList:
         return self.answer("GET", "/api/v1/connections", answers.ConnectionList)
+
+    def create_backup(self) -> Manifest:
+        """A slave in sync makes a consistent copy of its store (a master, or a slave not in sync,
+        refuses: AdminError 409 NOT_IN_SYNC, naming why); fetch its files, then drop_backup."""
+        return self.answer("POST", "/api/v1/backups", Manifest, {})
+
+    def fetch_backup_file(self, backup_id: str, name: str, sink) -> None:
+        """One file of a backup, written into the binary file `sink`."""
+        self._exchange("GET", f"/api/v1/backups/{_quote(backup_id)}/files/{_quote(name)}", None, sink)
+
+    def drop_backup(self, backup_id: str) -> None:
+        self.request("DELETE", f"/api/v1/backups/{_quote(backup_id)}")
 
     def whoami(self) -> answers.Identity:
         """Who these credentials are on the broker, and whether they may write (admin) or only read (monitor)."""

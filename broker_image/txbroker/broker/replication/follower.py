@@ -60,6 +60,7 @@ class ReplicationFollower:
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._heard = 0.0  # loop time of the master's last push or heartbeat
+        self.master_published: int | None = None  # how far the master had published at its last word (this link)
 
     def start(self) -> None:
         self._since = self._loop_time()
@@ -157,6 +158,7 @@ class ReplicationFollower:
             conn.close()
             await state.truncate_after(welcome.truncate_after)
             return True
+        self.master_published = None
         if state.publish_limit is None:  # until the master says how far it published: no further than now
             state.publish_limit = state.durable_lsn
         self.connected = True
@@ -199,6 +201,7 @@ class ReplicationFollower:
             for i, raw in enumerate(batch.records):
                 fut = self._state.apply_replicated(batch.first_lsn + i, raw)
             self._state.follow_published(batch.published)
+            self.master_published = batch.published
         except ValueError as e:  # a gap or overlap: subscribe again from our log end
             log.warning("replication from %s out of step (%s); resubscribing", self.master, e)
             conn.close()
@@ -214,6 +217,21 @@ class ReplicationFollower:
         if fut.cancelled() or fut.exception() is not None:
             return
         conn.send_oneway(RequestCode.REPLICATION_ACK, encode(ReplicaAck(lsn, self._state.epoch)))
+
+    def out_of_sync(self, fresh_heartbeats: int) -> str:
+        """Why this slave is not in sync with its master ("" if it is): connected, heard from it within
+        `fresh_heartbeats` heartbeat intervals, and holding all it had published then (a backup's rule)."""
+        where = f"slave {self._broker.config.broker_name} is not in sync with its master {self.master}"
+        if not self.connected:
+            return f"{where}: not connected ({self.last_error or 'connecting'})"
+        silent = self._loop_time() - self._heard
+        beat = self._broker.config.replication_heartbeat_ms / 1000
+        if self.master_published is None or silent > fresh_heartbeats * beat:
+            return f"{where}: nothing heard from it for {silent:.1f}s (paused or cut off?)"
+        held = self._state.next_lsn - 1
+        if held < self.master_published:
+            return f"{where}: it holds the log to LSN {held}, its master had published LSN {self.master_published}"
+        return ""
 
     def status(self) -> Replication:
         return Replication(master=self.master, connected=self.connected, replicated_offset=self._state.durable_lsn,
