@@ -4,6 +4,9 @@
 #
 #   testbed/images.sh            install what is missing, build what changed, export the archives
 #   testbed/images.sh --list     what would be built, and whether it is cached
+#   testbed/images.sh --source DIR   the broker and operator images of another tree of this
+#                                repository (a `git archive` of an older commit: the upgrade tests'
+#                                previous release), tagged with that tree's version
 #
 # Cache (outside the clone): ${TXBROKER_CACHE:-~/.cache/txbroker}/images/
 #   base-python-3.11.tar         the Debian bookworm base, tagged docker.io/library/python:3.11-slim
@@ -21,9 +24,14 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
+SOURCE=""      # another tree to build from (--source), its archives named apart from ours
+if [[ "${1:-}" == --source ]]; then
+    [[ -f "${2:-}/pyproject.toml" ]] || { printf '[images] ERROR: --source needs a tree of this repository, got %s\n' "${2:-nothing}" >&2; exit 2; }
+    SOURCE="$(cd "$2" && pwd)"
+fi
 CACHE="${TXBROKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/txbroker}/images"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
-VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml")"
+VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "${SOURCE:-$ROOT}/pyproject.toml")"
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -119,10 +127,15 @@ wheelhouse() {  # rebuilt when constraints.txt or the extras change
     printf '[global]\nno-index = true\nfind-links = /wheels\n' > "$CACHE/pip.conf"
 }
 
+files_of() {  # the files a build copies: tracked ones here, every file of a --source tree (no .git)
+    if [[ -n "$SOURCE" ]]; then find "$@" pyproject.toml README.md -type f -not -path '*/__pycache__/*' -print0 | sort -z
+    else git ls-files -z -- pyproject.toml README.md "$@"; fi
+}
+
 inputs_hash() {  # Dockerfile, then every tracked file under the folders it copies, then its base
     local dockerfile=$1; shift
     # the working tree's content of the tracked files (what the build copies), not the index's
-    (cd "$ROOT" && { cat "$dockerfile" constraints.txt; git ls-files -z -- pyproject.toml README.md "$@" | xargs -0 sha256sum; \
+    (cd "${SOURCE:-$ROOT}" && { cat "$dockerfile" constraints.txt; files_of "$@" | xargs -0 sha256sum; \
         if [[ "$dockerfile" == spark/* ]]; then echo "$SPARK_BASE_KEY"; else sha256sum "$CACHE/base-python-3.11.tar"; fi; } \
         | sha256sum | cut -c1-16)
 }
@@ -131,14 +144,15 @@ build() {  # name dockerfile [--build-arg A=B] copied-folders...
     local name=$1 dockerfile=$2 args=(); shift 2
     [[ "${1:-}" == --build-arg ]] && { args=(--build-arg "$2"); shift 2; }
     local hash; hash="$(inputs_hash "$dockerfile" "$@")"
-    local tar="$CACHE/$name-$hash.tar" tag="docker.io/txbroker/$name:$VERSION"
+    local file=$name; [[ -n "$SOURCE" ]] && file="source-$VERSION-$name"   # never our own cache's name
+    local tar="$CACHE/$file-$hash.tar" tag="docker.io/txbroker/$name:$VERSION"
     if [[ -f "$tar" ]]; then log "$tag: cached ($tar)"; echo "$tar"; return; fi
     log "$tag: building from $dockerfile"
     local t0=$SECONDS
     buildah bud --quiet --runtime /usr/sbin/runc --pull=never --network host --layers=false \
         -v "$CACHE/wheels:/wheels:ro" -v "$CACHE/pip.conf:/etc/pip.conf:ro" \
-        "${args[@]}" -f "$ROOT/$dockerfile" -t "$tag" "$ROOT" >/dev/null
-    rm -f "$CACHE/$name"-*.tar
+        "${args[@]}" -f "${SOURCE:-$ROOT}/$dockerfile" -t "$tag" "${SOURCE:-$ROOT}" >/dev/null
+    rm -f "$CACHE/$file"-*.tar
     buildah push --quiet "$tag" "docker-archive:$tar.tmp:$tag" && mv "$tar.tmp" "$tar"
     log "$tag: built in $((SECONDS - t0)) s, $(du -h "$tar" | cut -f1)"
     echo "$tar"
@@ -150,5 +164,6 @@ base_image
 wheelhouse
 build broker broker_image/Dockerfile broker_image
 build operator operator/Dockerfile broker_image operator spark
+[[ -n "$SOURCE" ]] && exit 0    # an older tree: its broker and operator are what an upgrade needs
 spark_base_image
 build spark spark/Dockerfile --build-arg "SPARK_IMAGE=$SPARK_BASE" broker_image spark
