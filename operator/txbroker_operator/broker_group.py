@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import kopf
 
-from . import brokers, events, failover, kube, manifests, metrics, observe, status
+from . import brokers, events, failover, kube, manifests, metrics, observe, restore, status
 from . import constants as c
 from .failover import Blocked, Promote
 from .observe import Member
@@ -179,7 +179,10 @@ class GroupPass:
             if pod_name == self.master:
                 if any(n != pod_name for n in members):
                     continue   # the master's pod is gone: failover first, then it returns as a slave
-                pod = manifests.broker_pod(self.p.name, self.p.ns, self.spec, i, c.ROLE_MASTER, group=self.index)
+                # a new TxBroker's first master, with spec.restore: it starts from its backup (restore.py)
+                pod = manifests.broker_pod(self.p.name, self.p.ns, self.spec, i, c.ROLE_MASTER, group=self.index,
+                                           restore_from=restore.path_in_claim(self.spec, self.name)
+                                           if restore.active(self.p.status) else None)
             elif master is not None and master.address:
                 pod = manifests.broker_pod(self.p.name, self.p.ns, self.spec, i, c.ROLE_SLAVE, master.address,
                                            group=self.index)

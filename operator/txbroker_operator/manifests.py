@@ -165,10 +165,15 @@ def _field_env(name: str, path: str) -> dict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+RESTORE_MOUNT = "/restore"
+RESTORE_CONTAINER = "restore"
+
+
 def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, role: str,
-               master_address: str = "", group: int = 0) -> dict:
+               master_address: str = "", group: int = 0, restore_from: str | None = None) -> dict:
     """Pod `index` of broker group `group` (pod_name()) in `role`; a slave replicates from
-    `master_address`, a broker of its own group."""
+    `master_address`, a broker of its own group. `restore_from`: a path in spec.restore's claim; the
+    pod first restores the backup there into its data directory (restore.py)."""
     tmpl = spec.get("podTemplate") or {}
     labels = {**(tmpl.get("labels") or {}), **common_labels(name), c.LABEL_COMPONENT: "broker",
               c.LABEL_ROLE: role, c.LABEL_INDEX: str(index), c.LABEL_GROUP: group_name(group)}
@@ -238,11 +243,33 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         "volumes": [data_volume, {"name": "config", "configMap": {"name": config_map_name(name)}},
                     {"name": "route", "configMap": {"name": route_config_map_name(name)}}, *volumes],
     }
+    if restore_from is not None:
+        pod_spec["initContainers"] = [restore_step(container, restore_from)]
+        pod_spec["volumes"].append({"name": RESTORE_CONTAINER, "persistentVolumeClaim": {
+            "claimName": spec["restore"]["claimName"], "readOnly": True}})
     for key in ("nodeSelector", "tolerations", "affinity"):
         if tmpl.get(key):
             pod_spec[key] = tmpl[key]
     meta = {"name": pod_name(name, index, group), "namespace": namespace, "labels": labels, "annotations": annotations}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def restore_step(broker: Mapping[str, Any], path: str) -> dict:
+    """The init container that restores a backup (`txbroker backup restore`) into the data directory,
+    with the broker container's image and security context, the backup's claim read-only; it passes
+    over a directory it restored already (a restarted pod), and refuses any other content."""
+    return {
+        "name": RESTORE_CONTAINER,
+        "image": broker["image"],
+        "imagePullPolicy": broker["imagePullPolicy"],
+        "command": ["txbroker"],
+        "args": ["backup", "restore", "--from", f"{RESTORE_MOUNT}/{path}".rstrip("/"), "--data-dir", c.DATA_DIR,
+                 "--if-not-restored"],
+        "volumeMounts": [{"name": "data", "mountPath": c.DATA_DIR},
+                         {"name": RESTORE_CONTAINER, "mountPath": RESTORE_MOUNT, "readOnly": True}],
+        "securityContext": dict(broker["securityContext"]),
+        "terminationMessagePolicy": "FallbackToLogsOnError",   # the command's refusal, in the pod's status
+    }
 
 
 def data_pvc(name: str, namespace: str, spec: Mapping[str, Any], index: int, group: int = 0) -> dict:

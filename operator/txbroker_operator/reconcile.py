@@ -37,7 +37,10 @@ from typing import Any, Mapping
 
 import kopf
 
-from . import brokers, drift, events, failover, kube, manifests, metrics, observe, producer_groups, route, scaling, security, status
+from . import (
+    brokers, drift, events, failover, kube, manifests, metrics, observe, producer_groups, restore, route, scaling, security,
+    status,
+)
 from . import constants as c
 from .broker_group import GroupPass, load_view
 from .observe import Member
@@ -109,6 +112,7 @@ class Pass:
             self.secret_problem = str(e)
             events.post_once(self.body, events.WARNING, "SecretInvalid", self.secret_problem)
             self.look(ask_brokers=False)
+            self.restore_begin()
             self.plan_groups()
             self.ensure_route()
             for g in self.serving():
@@ -116,6 +120,7 @@ class Pass:
             self.look(ask_brokers=False)
             return self.write_status()
         self.look()
+        self.restore_begin()
         self.plan_groups()
         self.ensure_group_children()
         self.ensure_route()
@@ -124,6 +129,7 @@ class Pass:
             g.create_missing_pods()
             g.converge_roles()
             g.report_incompatible()
+        self.restore_progress()
         self.requested_switchovers()
         self.report_master_state()
         self.apply_live_settings()
@@ -211,6 +217,40 @@ class Pass:
                               drift_event=False)
         else:
             self.delete_owned("NetworkPolicy", self.name, "spec.networkPolicy.enabled is false")
+
+    # -- spec.restore (restore.py) ----------------------------------------------------------------
+
+    def restore_begin(self) -> None:
+        """At the first pass that sees spec.restore: a new TxBroker restores; one running refuses."""
+        decided = restore.begin(self.spec, self.status, bool(self.members), status.now())
+        if decided is None:
+            return
+        self.save_status(restore=decided)
+        if decided["phase"] == restore.REFUSED:
+            events.post(self.body, events.WARNING, "RestoreRefused", decided["message"])
+        else:
+            events.post(self.body, events.NORMAL, "Restoring", f"from {decided['source']}: {decided['message']}")
+
+    def restore_progress(self) -> None:
+        """While restoring: a master's restore step that failed is said (its pod's broker never
+        started); once every group's master serves, the restore is done."""
+        if not restore.active(self.status):
+            return
+        serving = [g for g in self.serving() if g.state == ACTIVE]
+        refused = [(g, restore.refusal(g.members.get(g.master))) for g in serving]
+        refused = [(g, why) for g, why in refused if why]
+        current = dict(self.status["restore"])
+        said = "; ".join(g.say(f"{restore.source(self.spec, g.name)}: {why}") for g, why in refused)
+        if said != current.get("refused", ""):
+            if said:
+                events.post(self.body, events.WARNING, "RestoreRefused", said)
+            self.save_status(restore={**current, "refused": said or None})
+            current["refused"] = said
+        if serving and all(g.members.get(g.master) is not None and g.members[g.master].alive_master for g in serving):
+            done = {"phase": restore.RESTORED, "time": status.now(), "refused": None,
+                    "message": "; ".join(f"{g.name} from {restore.source(self.spec, g.name)}" for g in serving)}
+            self.save_status(restore={**current, **done})
+            events.post(self.body, events.NORMAL, "Restored", "restored: " + done["message"])
 
     # -- 3. the route ----------------------------------------------------------------------------
 
@@ -409,7 +449,10 @@ class Pass:
     def write_status(self) -> dict:
         reports = [status.GroupReport(i, g.members, g.master, g.epoch, g.state, g.extra())
                    for i, g in sorted(self.groups.items())]
-        new = status.compute_groups(self.body, reports, {"routeVersion": self.route_version or None}, self.blocked)
+        extra = {"routeVersion": self.route_version or None}
+        if self.status.get("restore"):
+            extra["restore"] = self.status["restore"]
+        new = status.compute_groups(self.body, reports, extra, self.blocked)
         old = self.body.get("status") or {}
         changed = {k: v for k, v in new.items() if old.get(k) != v}
         if changed:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from . import __version__, manifests
+from . import __version__, manifests, restore
 from .observe import Member, acknowledging, in_sync
 
 
@@ -273,6 +273,9 @@ def compute_groups(body: Mapping[str, Any], groups: list[GroupReport], extra: Ma
         # stays True after a failover; its time is the latest failover's, so a second one shows
         conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds,
                                     since=last.get("time")))
+    restored = restore.condition(extra.get("restore") or old.get("restore"))
+    if restored is not None:
+        conditions.append(condition("Restored", *restored, old_conds))
     if blocked:
         conditions.append(condition("ScaleDownBlocked", True, blocked[0][1], "; ".join(m for _, _, m in blocked),
                                     old_conds))
