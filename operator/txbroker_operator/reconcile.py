@@ -222,6 +222,9 @@ class Pass:
 
     def restore_begin(self) -> None:
         """At the first pass that sees spec.restore: a new TxBroker restores; one running refuses."""
+        if not self.spec.get("restore") and self.status.get("restore"):
+            self.save_status(restore=None)   # spec.restore removed: what was said of it goes too
+            return
         decided = restore.begin(self.spec, self.status, bool(self.members), status.now())
         if decided is None:
             return
@@ -449,10 +452,8 @@ class Pass:
     def write_status(self) -> dict:
         reports = [status.GroupReport(i, g.members, g.master, g.epoch, g.state, g.extra())
                    for i, g in sorted(self.groups.items())]
-        extra = {"routeVersion": self.route_version or None}
-        if self.status.get("restore"):
-            extra["restore"] = self.status["restore"]
-        new = status.compute_groups(self.body, reports, extra, self.blocked)
+        new = status.compute_groups(self.body, reports, {"routeVersion": self.route_version or None,
+                                                         "restore": self.status.get("restore") or None}, self.blocked)
         old = self.body.get("status") or {}
         changed = {k: v for k, v in new.items() if old.get(k) != v}
         if changed:

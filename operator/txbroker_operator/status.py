@@ -273,7 +273,7 @@ def compute_groups(body: Mapping[str, Any], groups: list[GroupReport], extra: Ma
         # stays True after a failover; its time is the latest failover's, so a second one shows
         conditions.append(condition("FailedOver", True, "MasterLost", last.get("message", ""), old_conds,
                                     since=last.get("time")))
-    restored = restore.condition(extra.get("restore") or old.get("restore"))
+    restored = restore.condition(extra["restore"] if "restore" in extra else old.get("restore"))
     if restored is not None:
         conditions.append(condition("Restored", *restored, old_conds))
     if blocked:

@@ -94,3 +94,13 @@ def test_spec_restore_on_a_running_txbroker_is_refused_and_changes_nothing(monke
     assert {k[1]: o["metadata"]["uid"] for k, o in w.objects.items() if k[0] == "Pod"} == uids
     assert all(restore_step(o) is None for k, o in w.objects.items() if k[0] == "Pod")
     assert st["phase"] == "Running"
+
+
+def test_spec_restore_removed_takes_what_was_said_of_it_along(monkeypatch):
+    w = install(World(dict(SPEC)), monkeypatch)
+    passes(w, 2)
+    w.txb()["spec"]["restore"] = RESTORE
+    assert passes(w, 1)["restore"]["phase"] == "Refused"
+    del w.txb()["spec"]["restore"]
+    st = passes(w, 2)
+    assert "restore" not in st and not any(x["type"] == "Restored" for x in st["conditions"])
