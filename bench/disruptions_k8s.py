@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import threading
 import time
@@ -114,10 +115,13 @@ def disrupt(kind: str, tb, ns: str) -> str:
     if kind == "rolling":
         tb.kubectl("-n", ns, "patch", "txb", NAME, "--type", "merge", "-p", json.dumps({"spec": {"image": "txbroker/broker:v2"}}))
         return "txbroker/broker:v2"
-    if kind == "switchover":
-        tb.kubectl("-n", ns, "annotate", "txb", NAME, f"txbroker.dev/switchover={NAME}-2")
-    elif kind == "drain":
-        wait_until(lambda: evict(tb, ns, master), 60, f"the eviction of {master} accepted")
+    if kind in ("switchover", "drain"):
+        if kind == "switchover":
+            tb.kubectl("-n", ns, "annotate", "txb", NAME, f"txbroker.dev/switchover={NAME}-2")
+        else:
+            wait_until(lambda: evict(tb, ns, master), 60, f"the eviction of {master} accepted")
+        wait_until(lambda: tb.get("txb", NAME, ns)["status"].get("master") not in (master, None), 120,
+                   f"mastership to move away from {master}", interval=0.1)
     else:   # failover: killed until a slave is promoted (a crash-looping master)
         def promoted():
             if (tb.get("txb", NAME, ns)["status"].get("master") or master) != master:
@@ -140,7 +144,7 @@ def one_run(kind: str, tb, seconds: float) -> dict:
         load.thread.start()
         wait_until(lambda: len(load.acked) >= 200, 60, "load on the master")
         time.sleep(seconds)   # a steady stretch before the event, for the stall window's baseline
-        at = time.monotonic()
+        at, wall = time.monotonic(), time.strftime("%H:%M:%S", time.gmtime())
         image = disrupt(kind, tb, ns)
         wait_until(lambda: healthy(tb, ns, image), 600, f"{NAME} Running again on {image}", interval=0.5)
         done = time.monotonic()
@@ -153,10 +157,15 @@ def one_run(kind: str, tb, seconds: float) -> dict:
         with PullConsumer(f"{ip}:10911") as c:
             seen = {m.body.decode() for m in c.read_all(TOPIC)}
         window = [t for t in load.acks if t >= at - 1.0]
-        stall = max((b - a for a, b in zip(window, window[1:])), default=None)
+        gaps = [(b - a, a) for a, b in zip(window, window[1:])]
+        stall, stall_start = max(gaps, default=(None, None))
+        steps = [line for line in op.log.read_text().splitlines()
+                 if re.search(r"handed over|promoted|follows|labelled|switchover|fail", line, re.I)]
         return {"kind": kind, "acknowledged": len(load.acked), "failed_operations": len(load.failed),
                 "first_failure": load.failed[0] if load.failed else "", "acknowledged_lost": len(load.acked - seen),
-                "write_stall_ms": round(stall * 1e3, 1) if stall else None, "event_to_done_s": round(done - at, 1)}
+                "write_stall_ms": round(stall * 1e3, 1) if stall else None, "event_to_done_s": round(done - at, 1),
+                "stall_began_s": round(stall_start - at, 2) if stall else None, "event_utc": wall,
+                "operator_steps": steps[-12:]}
     finally:
         op.uninstall()
         tb.delete_namespace(ns)

@@ -266,6 +266,10 @@ cgroupDriver: cgroupfs
 failCgroupV1: false        # cgroups are v1 here
 failSwapOn: false
 cgroupsPerQOS: false       # no QoS cgroup hierarchy in this sandbox
+# ...and with none, an in-place resize action dereferences the nil pod cgroup config and the kubelet
+# panics (kubernetes/kubernetes#137993, fix open in #137999); it took a chaos schedule's node down
+# when a force-deleted pod was recreated under the same name. Nothing here resizes pods in place.
+featureGates: {InPlacePodVerticalScaling: false}
 enforceNodeAllocatable: []
 evictionHard: {}           # the host's disk is shared with everything else: no evictions by it
 imageGCHighThresholdPercent: 100   # images cannot be pulled back once collected
