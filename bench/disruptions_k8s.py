@@ -132,7 +132,7 @@ def disrupt(kind: str, tb, ns: str) -> str:
     return IMAGE
 
 
-def one_run(kind: str, tb, seconds: float) -> dict:
+def one_run(kind: str, tb, seconds: float, logs: str | None = None) -> dict:
     op = InClusterOperator(tb, f"bench-{kind}-{int(time.time()) % 100000}", 1)
     ns = op.namespace
     try:
@@ -159,8 +159,11 @@ def one_run(kind: str, tb, seconds: float) -> dict:
         window = [t for t in load.acks if t >= at - 1.0]
         gaps = [(b - a, a) for a, b in zip(window, window[1:])]
         stall, stall_start = max(gaps, default=(None, None))
-        steps = [line for line in op.log.read_text().splitlines()
-                 if re.search(r"handed over|promoted|follows|labelled|switchover|fail", line, re.I)]
+        text = op.log.read_text()
+        if logs:
+            Path(logs, f"{kind}-operator.log").write_text(text)
+        steps = [line for line in text.splitlines() if "DEBUG" not in line
+                 and re.search(r"handed over|promoted|follows|labelled|switchover|failed over", line, re.I)]
         return {"kind": kind, "acknowledged": len(load.acked), "failed_operations": len(load.failed),
                 "first_failure": load.failed[0] if load.failed else "", "acknowledged_lost": len(load.acked - seen),
                 "write_stall_ms": round(stall * 1e3, 1) if stall else None, "event_to_done_s": round(done - at, 1),
@@ -175,7 +178,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=",".join(KINDS), help="which disruptions, comma-separated")
     ap.add_argument("--seconds", type=float, default=5.0, help="steady load before the event and after it is over")
+    ap.add_argument("--logs", help="a directory to keep each run's operator log in")
     args = ap.parse_args()
+    if args.logs:
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
     tb = Cluster()
     tb.check_reachable()
     tb.kubectl("apply", "-f", str(ROOT / "crds"))
@@ -183,7 +189,7 @@ def main() -> int:
            "docker.io/txbroker/broker:v2")
     rows = []
     for kind in args.only.split(","):
-        rows.append(one_run(kind, tb, args.seconds))
+        rows.append(one_run(kind, tb, args.seconds, args.logs))
         print(f"[disruptions] {kind}: {rows[-1]}", file=sys.stderr, flush=True)
     print(f"\nTxBroker of 3 (SYNC replication and flush) on the node, one producer with 8 transactions in flight "
           f"through {NAME}-master")

@@ -117,16 +117,17 @@ def test_helm_upgrade_from_the_previous_release_under_load(crds, namespace, prev
     assert "RollingUpdate" in said and "Switchover" in said and "FailedOver" not in said, said
     assert "lastFailover" not in txb["status"]
 
-    # nothing acknowledged lost, nothing twice, nothing left undecided
+    # the job opened on the previous release decides on this one
     address = master_address(tb, namespace)
-    master_ip = tb.get("pod", txb["status"]["master"], namespace)["status"]["podIP"]
-    txload.settle(address, f"http://{master_ip}:10912", ledger, timeout=120)
-    problems = txload.invariant_violations(txload.visible(address), acked, must_keep_acked=True)
-    assert not problems, problems[:10]
     with JobCoordinator("upgrade-jobs", address) as c:
         assert c.describe(name="nightly-upgrade").state == "OPEN"
         assert c.commit(job.job_id, [member]).state == "COMMITTED"
     wait_until(lambda: txload.visible(address, "Jobs") == {"job-body": 1}, 60, "the job's member visible once")
+    # nothing acknowledged lost, nothing twice, nothing left undecided (the job's member was, until now)
+    master_ip = tb.get("pod", txb["status"]["master"], namespace)["status"]["podIP"]
+    txload.settle(address, f"http://{master_ip}:10912", ledger, timeout=120)
+    problems = txload.invariant_violations(txload.visible(address), acked, must_keep_acked=True)
+    assert not problems, problems[:10]
     with PullConsumer(address) as c:
         assert c.committed_offsets("billing", "Orders")[0] == {queue: offset}
     print(f"\nhelm upgrade {old} -> {VERSION} under load: {len(acked)} acknowledged, {len(failed)} client-visible "

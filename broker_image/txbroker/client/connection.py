@@ -218,6 +218,7 @@ class BrokerClient:
     async def _connect(self, deadline: float) -> Connection:
         delay = 0.05
         errors: dict[str, str] = {}
+        answered = True   # every broker of this round answered, none as master: a role change under way
         while not self._closed:
             address = self.addresses[self._index % len(self.addresses)]
             conn = Connection(address, ssl_context=self._ssl,
@@ -257,17 +258,22 @@ class BrokerClient:
                 if fatal is not None:
                     raise fatal from None
                 errors[address] = str(e)
+                answered = False
                 self._index += 1
             except (OSError, asyncio.TimeoutError, RequestTimeout, _NotMaster) as e:
                 conn.close()
                 errors[address] = str(e) or type(e).__name__
+                answered = answered and isinstance(e, _NotMaster)
                 self._index += 1
             if self._index % len(self.addresses) == 0:  # tried them all: back off
                 if time.monotonic() + delay > deadline:
                     raise BrokerUnavailable(("no master among " if self.require_master else "no broker reachable: ")
                                             + "; ".join(f"{a}: {m}" for a, m in errors.items()))
                 await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
+                # brokers that answer cost little to ask again, and a switchover promotes within
+                # moments: a long backoff there would be most of the stall clients see
+                delay = min(delay * 2, NOT_MASTER_BACKOFF_MAX if answered else 2.0)
+                answered = True
         raise BrokerUnavailable("client is closed")
 
     def _heartbeat_body(self, register: bool = True) -> bytes:
@@ -441,6 +447,9 @@ _NOT_MASTER = (ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.CONTROLLER_FENCED_
 # A repeatable request unanswered this long makes the client ask the other addresses whether a
 # newer master leads (a deposed master may be paused, or cut off, and never answer).
 SUSPECT_AFTER = 1.0
+# The longest wait between rounds of connecting while every broker answers and none is master
+# (elsewhere up to 2 s: brokers that do not answer are not asked in a tight loop).
+NOT_MASTER_BACKOFF_MAX = 0.2
 _heartbeat_decoder = decoder(HeartbeatResponse)
 
 
