@@ -6,7 +6,8 @@ see (operations that failed, acknowledged commits lost) and how long writes stal
 
 Each on a fresh TxBroker of 3 brokers (SYNC replication and flush) run by the operator in its pod,
 one producer with 8 transactions in flight through the master Service (kube-proxy sends each new
-connection to the master of the moment, as for any client in the cluster):
+connection to the master of the moment, as for any client in the cluster; `--via pods`: the three
+pods' addresses instead, the client finding the master among them):
 
 - **rolling**: `spec.image` changed (the broker image under another tag, as a registry's newer
   build): slaves replaced one at a time, a switchover, the old master replaced;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import re
 import sys
 import threading
@@ -58,13 +60,13 @@ class Commit(TransactionListener):
 class Load:
     """One producer, 8 transactions in flight, in a thread of its own; ack times kept."""
 
-    def __init__(self, address: str):
-        self.address, self.acks, self.acked, self.failed = address, [], set(), []
+    def __init__(self, addresses: list[str]):
+        self.addresses, self.acks, self.acked, self.failed = addresses, [], set(), []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self):
-        p = await AsyncTransactionProducer("bench-pg", [self.address], Commit(), request_timeout=15).start()
+        p = await AsyncTransactionProducer("bench-pg", self.addresses, Commit(), request_timeout=15).start()
         counter = iter(range(10**9))
 
         async def worker():
@@ -132,7 +134,7 @@ def disrupt(kind: str, tb, ns: str) -> str:
     return IMAGE
 
 
-def one_run(kind: str, tb, seconds: float, logs: str | None = None) -> dict:
+def one_run(kind: str, tb, seconds: float, logs: str | None = None, via: str = "service") -> dict:
     op = InClusterOperator(tb, f"bench-{kind}-{int(time.time()) % 100000}", 1)
     ns = op.namespace
     try:
@@ -140,7 +142,8 @@ def one_run(kind: str, tb, seconds: float, logs: str | None = None) -> dict:
                           transaction={"checkIntervalSeconds": 1, "timeoutSeconds": 1, "checkMax": 300}), ns)
         wait_until(lambda: healthy(tb, ns, IMAGE), 240, f"TxBroker {NAME} Running, slaves in sync")
         service = f"{tb.get('service', f'{NAME}-master', ns)['spec']['clusterIP']}:10911"
-        load = Load(service)
+        pods = [f"{tb.get('pod', f'{NAME}-{i}', ns)['status']['podIP']}:10911" for i in range(3)]
+        load = Load([service] if via == "service" else pods)
         load.thread.start()
         wait_until(lambda: len(load.acked) >= 200, 60, "load on the master")
         time.sleep(seconds)   # a steady stretch before the event, for the stall window's baseline
@@ -164,7 +167,7 @@ def one_run(kind: str, tb, seconds: float, logs: str | None = None) -> dict:
             Path(logs, f"{kind}-operator.log").write_text(text)
         steps = [line for line in text.splitlines() if "DEBUG" not in line
                  and re.search(r"handed over|promoted|follows|labelled|switchover|failed over", line, re.I)]
-        return {"kind": kind, "acknowledged": len(load.acked), "failed_operations": len(load.failed),
+        return {"kind": kind, "via": via, "acknowledged": len(load.acked), "failed_operations": len(load.failed),
                 "first_failure": load.failed[0] if load.failed else "", "acknowledged_lost": len(load.acked - seen),
                 "write_stall_ms": round(stall * 1e3, 1) if stall else None, "event_to_done_s": round(done - at, 1),
                 "stall_began_s": round(stall_start - at, 2) if stall else None, "event_utc": wall,
@@ -178,10 +181,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=",".join(KINDS), help="which disruptions, comma-separated")
     ap.add_argument("--seconds", type=float, default=5.0, help="steady load before the event and after it is over")
-    ap.add_argument("--logs", help="a directory to keep each run's operator log in")
+    ap.add_argument("--logs", help="a directory to keep each run's operator log, and the client's debug log, in")
+    ap.add_argument("--via", choices=("service", "pods"), default="service",
+                    help="the producer's addresses: the master Service (default), or the three pods' IPs")
     args = ap.parse_args()
     if args.logs:
         Path(args.logs).mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(filename=str(Path(args.logs, "client.log")), level=logging.DEBUG,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tb = Cluster()
     tb.check_reachable()
     tb.kubectl("apply", "-f", str(ROOT / "crds"))
@@ -189,7 +196,7 @@ def main() -> int:
            "docker.io/txbroker/broker:v2")
     rows = []
     for kind in args.only.split(","):
-        rows.append(one_run(kind, tb, args.seconds, args.logs))
+        rows.append(one_run(kind, tb, args.seconds, args.logs, args.via))
         print(f"[disruptions] {kind}: {rows[-1]}", file=sys.stderr, flush=True)
     print(f"\nTxBroker of 3 (SYNC replication and flush) on the node, one producer with 8 transactions in flight "
           f"through {NAME}-master")

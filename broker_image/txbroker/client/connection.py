@@ -258,11 +258,13 @@ class BrokerClient:
                 if fatal is not None:
                     raise fatal from None
                 errors[address] = str(e)
+                log.debug("connecting to %s: %s", address, e)
                 answered = False
                 self._index += 1
             except (OSError, asyncio.TimeoutError, RequestTimeout, _NotMaster) as e:
                 conn.close()
                 errors[address] = str(e) or type(e).__name__
+                log.debug("connecting to %s: %s", address, errors[address])
                 answered = answered and isinstance(e, _NotMaster)
                 self._index += 1
             if self._index % len(self.addresses) == 0:  # tried them all: back off
@@ -338,6 +340,7 @@ class BrokerClient:
             remark = _remark(frame)
             if (retry and self.require_master and frame.code in _NOT_MASTER and time.monotonic() < deadline
                     and (not await self._still_master(conn) or await self._move_to_newer_master(conn, now=True))):
+                log.debug("%s: %s is not the master (%s)", name, conn.address, remark)
                 _warnings.warning("not master", "%s: %s is not the master (%s); looking for the master", name,
                                   conn.address, remark)
                 self._drop(conn)
