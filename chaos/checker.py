@@ -34,6 +34,25 @@ and for the consumer groups (at-least-once: a message consumed again is counted 
 (A message retention deleted before a consumer group got to it - its consumer skipped past, as
 Kafka's do past log.retention - is counted as `skipped by retention`, not as an anomaly.)
 
+and for backups (chaos/backup.py: taken from a slave with the real CLI under faults, restored at the
+end into a standalone broker, its clock set back so it shows what the backup held), per restored
+copy of group G taken at time T (the request sent; acknowledged after it: may or may not be there):
+
+  backup failed       a backup neither taken nor refused with the broker's reason (nor its slave
+                      unreachable), or a failed one that left a backup.json (whole or absent)
+  restored lost       acknowledged COMMIT before T, read on G (above where retention had deleted
+                      to in the copy), not in the copy: a transaction or send on one group; a
+                      spanning transaction's part or a job member there neither visible nor pending
+                      (undecided in the copy is allowed: counted as `undecided`)
+  restored duplicate  a message at two positions of the copy
+  restored phantom    a message in the copy no client sent, whose transaction was rolled back (or
+                      meant to be), or a member of a job its home answered ABORTED
+  restored torn       a transaction's messages on G partly in the copy
+  restored moved      a message in the copy at another position than G served it at
+  restored decision   a job decided in the copy otherwise than its home answered or the coordinator
+                      was acknowledged
+  restored unreadable the restore refused a whole backup, or its broker did not serve it
+
 Each anomaly names the transaction and its messages; the run's report adds the seed and the
 nemesis events around it.
 """
@@ -217,3 +236,112 @@ def counts(h: History) -> dict[str, int]:
         if len(set(tx.groups)) > 1:
             c[f"{tx.kind}s spanning groups"] += 1
     return dict(c)
+
+
+REFUSAL_REASONS = ("not connected", "nothing heard", "holds the log to LSN", "is the master of its group",
+                   "no master to follow")
+
+
+def check_backups(backups: list[dict]) -> dict[str, list[str]]:
+    """Each backup's outcome: taken, refused naming why, or its slave unreachable; nothing else."""
+    out = []
+    for b in backups:
+        what = f"backup of {b['group']} from {b['target']} at {b['at_s']} s"
+        if b["outcome"] == "failed":
+            out.append(f"{what}: failed (exit {b['exit_code']}): {b['reason']}")
+        elif b["outcome"] == "refused" and not any(r in b["reason"] for r in REFUSAL_REASONS):
+            out.append(f"{what}: refused without saying why: {b['reason']}")
+        if b.get("left_whole"):
+            out.append(f"{what}: {b['outcome']}, yet its directory holds a backup.json")
+    return {"backup failed": out} if out else {}
+
+
+def _job_outcomes(h: History) -> dict[str, set[str]]:
+    """job id -> what the history says it ended as: COMMITTED and/or ABORTED (its home's answers,
+    and the coordinator's acknowledged decision)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for _t, job, state in h.decisions:
+        if state in ("COMMITTED", "ABORTED"):
+            out[job].add(state)
+    acked: dict[str, set[str]] = defaultdict(set)
+    for tx in h.txs.values():
+        if tx.job and tx.acked:
+            acked[tx.job].add(tx.acked)
+    for job, states in acked.items():
+        out[job].add("COMMITTED" if "COMMIT" in states else "ABORTED")
+    return out
+
+
+def check_restored(h: History, reader: Reader, backup: dict, restored: dict) -> tuple[dict[str, list[str]], dict]:
+    """A restored copy of one group against the history (the module's doc, `restored ...`).
+    `backup`: chaos/backup.take's record (`sent`: monotonic, `manifest`); `restored`:
+    chaos/backup.restore_and_read's. Returns the anomalies and counts of what was checked."""
+    out: dict[str, list[str]] = defaultdict(list)
+    m = backup["manifest"]
+    group = m["group"]
+    label = f"backup {m['id']} of {group} (from {m['broker']}, epoch {m['epoch']}, LSN {m['last_lsn']})"
+    counts = Counter()
+    if "error" in restored:
+        out["restored unreadable"].append(f"{label}: {restored['error']}")
+        return dict(out), dict(counts)
+    where: dict[str, list[tuple]] = defaultdict(list)
+    for pos, body in restored["seen"].items():
+        where[body].append(pos)
+    starts, pending = restored["starts"], set(restored["pending"])
+    live = {body: (t, q, o) for (g, t, q, o), body in reader.seen.items() if g == group}
+    owner = {b: key for key, tx in h.txs.items() for b in tx.bodies}
+    outcomes = _job_outcomes(h)
+    counts["messages in the copy"] = len(restored["seen"])
+    for body, positions in sorted(where.items()):
+        if len(positions) > 1:
+            out["restored duplicate"].append(f"{label}: {body} at {sorted(positions)}")
+        key = owner.get(body)
+        if key is None:
+            out["restored phantom"].append(f"{label}: {body} at {positions[0]}, never sent")
+            continue
+        tx = h.txs[key]
+        if tx.acked == "ROLLBACK" or tx.intended == "ROLLBACK":
+            out["restored phantom"].append(f"{label}: {body} of {key} ({tx.kind}), "
+                                           f"{'acknowledged' if tx.acked else 'decided'} ROLLBACK, in the copy")
+        elif tx.job and outcomes.get(tx.job) == {"ABORTED"}:
+            out["restored phantom"].append(f"{label}: {body}, a member of job {tx.job} its home answered ABORTED, "
+                                           "in the copy")
+    for key, tx in h.txs.items():
+        here = [b for b in tx.bodies if b in live]  # its messages the group held, as the reader read them
+        if not here:
+            continue
+        covered = [b for b in here if live[b][2] >= starts.get(live[b][:2], 0)]
+        got = [b for b in covered if b in where]
+        must = tx.acked == "COMMIT" and 0 < tx.acked_at <= backup["sent"]
+        spanning = tx.kind == "member" or len(set(tx.groups)) > 1
+        if must:
+            counts["acknowledged before the backup"] += 1
+            if len(covered) < len(here):
+                counts["unverified (retention before the backup)"] += 1
+        if got and len(got) != len(covered):
+            out["restored torn"].append(f"{label}: {key} ({tx.kind}): {len(got)} of its {len(covered)} messages "
+                                        f"there in the copy ({', '.join(got)})")
+        elif must and covered and not got:
+            if spanning and key in pending:
+                counts["undecided in the copy"] += 1
+            else:
+                out["restored lost"].append(
+                    f"{label}: {key} ({tx.kind}{' spanning' if spanning else ''}), acknowledged COMMIT "
+                    f"{backup['sent'] - tx.acked_at:.2f} s before the backup was asked for, not in the copy"
+                    f"{' nor pending there' if spanning else ''} ({', '.join(f'{b} at {live[b]}' for b in covered)})")
+        for b in got:
+            if live[b] not in where[b]:
+                out["restored moved"].append(f"{label}: {b} at {where[b]} in the copy, {group} served it at {live[b]}")
+        counts["checked present"] += len(got)
+    for job, state in sorted(restored["jobs"].items()):
+        said = outcomes.get(job, set())
+        if state in ("COMMITTED", "ABORTED"):
+            counts["jobs decided in the copy"] += 1
+            if said and state not in said:
+                out["restored decision"].append(f"{label}: job {job} {state} in the copy; the history says "
+                                                f"{' and '.join(sorted(said))}")
+        else:
+            counts["jobs undecided in the copy"] += 1
+    if restored.get("rewritten"):
+        out["restored moved"].extend(f"{label}: {r}" for r in restored["rewritten"])
+    return {k: v for k, v in out.items() if v}, dict(counts)

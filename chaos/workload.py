@@ -65,6 +65,7 @@ class Tx:
     job: str = ""  # a member's job
     groups: list[str] = field(default_factory=list)  # where its messages were placed (home first)
     topics: list[str] = field(default_factory=list)  # each body's topic
+    acked_at: float = 0.0  # monotonic time the decision was acknowledged (a backup's checker: before it or not)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class History:
     def ack(self, key: str, state: str) -> None:
         with self.lock:
             self.txs[key].acked = state
+            self.txs[key].acked_at = time.monotonic()
             if state == "COMMIT":
                 self.commits.append(time.monotonic())
 
