@@ -288,7 +288,7 @@ def check_restored(h: History, reader: Reader, backup: dict, restored: dict) -> 
     for pos, body in restored["seen"].items():
         where[body].append(pos)
     starts, pending = restored["starts"], set(restored["pending"])
-    live = {body: (t, q, o) for (g, t, q, o), body in reader.seen.items() if g == group}
+    live = {body: (t, q, o) for (g, t, q, o), body in reader.seen.items() if g == group and t in DATA_TOPICS}
     owner = {b: key for key, tx in h.txs.items() for b in tx.bodies}
     outcomes = _job_outcomes(h)
     counts["messages in the copy"] = len(restored["seen"])

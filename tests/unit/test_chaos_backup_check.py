@@ -40,7 +40,8 @@ def _world():
     reader = Reader(lambda: {})
     for pos, body in {("g0", "Orders", 0, 0): "t1.0", ("g0", "Orders", 0, 1): "t1.1", ("g0", "Orders", 0, 2): "s1.1",
                       ("g0", "Orders", 0, 3): "job1.0", ("g0", "Orders", 0, 4): "t2.0",
-                      ("g1", "Orders", 0, 0): "s1.0", ("g1", "Orders", 0, 1): "t9.0"}.items():
+                      ("g1", "Orders", 0, 0): "s1.0", ("g1", "Orders", 0, 1): "t9.0",
+                      ("g0", "%DLQ%chaos-cg", 0, 0): "t1.0"}.items():  # (as poison is: seen twice live, once stored)
         reader.seen[pos] = body
     restored = {"seen": {("Orders", 0, 0): "t1.0", ("Orders", 0, 1): "t1.1", ("Orders", 0, 2): "s1.1",
                          ("Orders", 0, 3): "job1.0"},
