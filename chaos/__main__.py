@@ -110,6 +110,12 @@ def summary(reports: list[dict]) -> str:
              *([f"ASYNC: acknowledged commits lost {sum(n for _, n in lost_async)} in {len(lost_async)} schedules "
                 f"(per seed: {dict((s, n) for s, n in lost_async if n)}); the group, after those losses: "
                 + (", ".join(f"{k} {v}" for k, v in sorted(after_loss.items())) or "nothing")] if lost_async else [])]
+    backups = Counter()
+    for r in ok:
+        backups.update(r.get("backup_outcomes", {}))
+        backups["restored and checked"] += r.get("backups_restored_and_checked", 0)
+    if backups:
+        lines.append("backups: " + ", ".join(f"{k} {v}" for k, v in sorted(backups.items())))
     promoted = [f["first_commit_after_s"] for r in ok for f in r.get("after_promotion", [])]
     got = sorted(t for t in promoted if t is not None)
     if got:

@@ -129,6 +129,9 @@ def restore_and_read(backup_dir: Path, root: Path, name: str, clock_back_s: int,
         out["jobs"] = {j.job_id: j.state for j in admin.jobs("all", limit=100000).jobs}
         out["rewritten"] = list(reader.rewritten) + list(reader.went_back)
         return out
+    except Exception as e:  # noqa: BLE001 - the checker's `restored unreadable`, not the schedule's end
+        out["error"] = f"reading the restored broker failed: {type(e).__name__}: {e}"
+        return out
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)

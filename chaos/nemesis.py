@@ -19,14 +19,20 @@ from the seed when it starts (the master as the controller's status names it the
   operator     a group's controller (the operator's failover) killed: at a random moment, or in the
                middle of a failover it is carrying out (after saving its decision, or after the
                other brokers follow the successor, before the promotion)
+  backup       a backup of a group's slave with the real CLI (chaos/backup.py), in the background,
+               0-3 s after it is drawn: while the next faults are held and the workload runs. Not a
+               fault of the machine but an operator's act that must hold up under them (a refusal,
+               the slave not in sync, is an outcome; restored and checked at the schedule's end)
 """
 
 from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 
+from chaos import backup
 from chaos.cluster import Cluster, Group
 from chaos.net import HUB_IP
 
@@ -40,8 +46,10 @@ FAMILIES = {
     "corruption": ("corrupt-slave", "corrupt-running-slave", "corrupt-master"),
     "membership": ("add-group", "drain-group"),
     "operator": ("kill-controller", "kill-controller-mid-failover"),
+    "backup": ("backup-slave",),
 }
-INSTANT = {"add-group", "drain-group", "corrupt-slave", "corrupt-master"}
+INSTANT = {"add-group", "drain-group", "corrupt-slave", "corrupt-master", "backup-slave"}
+MAX_BACKUPS = 3  # per schedule: each is restored and read at the end
 
 
 def family_of(kind: str) -> str:
@@ -54,6 +62,7 @@ class Nemesis:
         self.events: list[dict] = []
         self.draining: Group | None = None
         self.added = False
+        self.backups: list[threading.Thread] = []
 
     def _group(self) -> Group:
         live = [g for g in self.cluster.live_groups if g.state == "active"] or self.cluster.live_groups
@@ -69,6 +78,8 @@ class Nemesis:
             return self.draining is None and sum(g.state == "active" for g in self.cluster.live_groups) >= 2
         if kind.startswith("power"):
             return all(p.lazy for p in self.cluster.procs)
+        if kind == "backup-slave":  # one at a time
+            return len(self.backups) < MAX_BACKUPS and not any(t.is_alive() for t in self.backups)
         return True
 
     def inject(self, kind: str) -> dict:
@@ -149,8 +160,25 @@ class Nemesis:
             ev["target"] = g.name
             self.draining = g
             self.cluster.drain(g)
+        elif kind == "backup-slave":
+            ev["after_s"] = round(self.rnd.uniform(0.0, 3.0), 2)
+            dest = self.cluster.workdir / "backups" / f"{len(self.backups)}-{g.name}-{target.name}"
+            t = threading.Thread(target=self._backup, args=(ev, target.ip, dest), daemon=True)
+            self.backups.append(t)
+            t.start()
         self.events.append(ev)
         return ev
+
+    def _backup(self, ev: dict, ip: str, dest) -> None:
+        """Later (so the next fault is on meanwhile): the backup, its outcome kept in the event."""
+        time.sleep(ev["after_s"])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        ev["backup"] = backup.take(f"http://{ip}:10912", dest)
+
+    def wait_backups(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self.backups:
+            t.join(max(deadline - time.monotonic(), 0))
 
     def _power_off(self, procs, restart_after: float) -> dict[str, int]:
         """Every write these brokers did not fsync is gone, as after a power cut: the processes die
@@ -183,7 +211,7 @@ class Nemesis:
             ev["found_by"] = "scrub" if not target.running else "restart"
             target.down_until = time.monotonic()
             target.signal(signal.SIGKILL)
-        elif kind in ("add-group", "drain-group") or kind.startswith(("kill", "power", "corrupt")):
+        elif kind in ("add-group", "drain-group", "backup-slave") or kind.startswith(("kill", "power", "corrupt")):
             pass  # the kubelet loop restarts; a drained group is removed by the schedule's loop
         else:
             target = g.by_name(ev["target"])

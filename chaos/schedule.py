@@ -31,7 +31,7 @@ from txbroker.client import AsyncPullConsumer
 from txbroker.client.admin import AdminClient
 from txbroker_operator import scaling
 
-from chaos import checker, workload
+from chaos import backup, checker, workload
 from chaos.cluster import Cluster, start_cluster
 from chaos.nemesis import FAMILIES, INSTANT, Nemesis
 from chaos.net import Network
@@ -206,6 +206,38 @@ def run(seed: int, duration: float, workdir: Path, tag: str, mode: str, families
         cluster.stop()
 
 
+def _backups(nemesis: Nemesis, began: float) -> list[dict]:
+    """Every backup the nemesis took, with its times from the schedule's start."""
+    out = []
+    for ev in nemesis.events:
+        if ev["kind"] == "backup-slave":
+            b = ev.get("backup") or {"outcome": "failed", "reason": "the backup never ended", "exit_code": None,
+                                     "sent": ev["start"], "answered": ev["start"], "dir": ""}
+            out.append({"group": ev["group"], "target": ev["target"], "at_s": round(b["sent"] - began, 2),
+                        "took_s": round(b["answered"] - b["sent"], 2),
+                        **{k: v for k, v in b.items() if k not in ("sent_wall",)}})
+    return out
+
+
+def _check_backups(h: workload.History, reader: Reader, backups: list[dict], cluster: Cluster, began: float,
+                   anomalies: dict[str, list[str]]) -> None:
+    """Each backup taken: restored into a standalone broker and judged (checker.check_restored)."""
+    anomalies.update(checker.check_backups(backups))
+    root = cluster.workdir / "restored"
+    root.mkdir(exist_ok=True)
+    for n, b in enumerate(backups):
+        if b["outcome"] != "taken":
+            continue
+        back = int(time.monotonic() - began) + 300  # its clock before anything the schedule stamped
+        try:
+            restored = backup.restore_and_read(Path(b["dir"]), root, f"restored{n}", back)
+        except Exception as e:  # noqa: BLE001 - e.g. the restore hung: `restored unreadable`, the schedule goes on
+            restored = {"error": f"{type(e).__name__}: {e}"}
+        found, b["checked"] = checker.check_restored(h, reader, b, restored)
+        for kind, items in found.items():
+            anomalies.setdefault(kind, []).extend(items)
+
+
 def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode: str, families: list[str],
          retention_s: float) -> dict:  # noqa: C901 - one schedule, start to end, reads best in one piece
     h = workload.History()
@@ -249,6 +281,9 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     anomalies = checker.check(h, reader, unresolved, _acting(cluster))
     route_changed = any(e["kind"] in ("add-group", "drain-group") for e in nemesis.events)
     anomalies.update(checker.check_groups(h, reader, route_changed))
+    nemesis.wait_backups(150)
+    backups = _backups(nemesis, began)
+    _check_backups(h, reader, backups, cluster, began, anomalies)
     reordered = anomalies.pop("reordered after a route change", [])
     unverified = anomalies.pop("unverified", [])
     skipped = anomalies.pop("skipped by retention", [])
@@ -260,6 +295,8 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     if not read_whole:
         anomalies.setdefault("harness", []).append("the reader could not read every group to its end")
     lost_async = anomalies.pop("lost", []) if mode == "ASYNC" else []
+    # under ASYNC a slave in sync holds its master's writes up to its last heartbeat (docs/backup.md)
+    restored_lost_async = anomalies.pop("restored lost", []) if mode == "ASYNC" else []
     # What an ASYNC failover took away, the groups may have consumed (phantoms), committed offsets
     # past (regressions), or skipped: consequences of that loss, counted with it; without one they
     # stay anomalies.
@@ -273,7 +310,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     return {"seed": seed, "mode": mode, "families": families, "duration_s": duration, "retention_s": retention_s,
             "faults": Counter(e["kind"] for e in events),
             "faults_by_family": Counter(e["family"] for e in events),
-            "events": [{**{k: v for k, v in e.items() if k not in ("start", "healed")},
+            "events": [{**{k: v for k, v in e.items() if k not in ("start", "healed", "backup")},
                         "at_s": round(e["start"] - began, 2),
                         **({"held_s": round(e["healed"] - e["start"], 2)} if "healed" in e else {})} for e in events],
             "failover_log": {g.name: [{**f, "at_s": round(f["at"] + to_monotonic - began, 2)}
@@ -290,6 +327,11 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "anomalies": {k: len(v) for k, v in anomalies.items()},
             "anomaly_details": {k: v[:20] for k, v in anomalies.items()},
             "lost_under_async": len(lost_async), "lost_under_async_details": lost_async[:20],
+            "backups": [{k: v for k, v in b.items() if k not in ("sent", "answered", "dir")} for b in backups],
+            "backup_outcomes": Counter(b["outcome"] for b in backups),
+            "backups_restored_and_checked": sum(1 for b in backups if "checked" in b),
+            "restored_lost_under_async": len(restored_lost_async),
+            "restored_lost_under_async_details": restored_lost_async[:20],
             "group_after_async_loss": {k: len(v) for k, v in after_loss.items()},
             "reordered_after_route_change": len(reordered),
             "unverified": len(unverified), "unverified_details": unverified[:20],

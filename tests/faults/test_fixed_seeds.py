@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(900)
+SEED_BACKUP = 8  # two backups: one of a slave just killed (unreachable), one taken, restored and checked
 
 
 def _schedule(tmp_path, seed: int, families: str, duration: int = 30) -> dict:
@@ -64,3 +65,18 @@ def test_partitions_clock_skew_and_full_disks_keep_the_invariants(tmp_path):
     families = "network,clock,disk"
     out = _schedule(tmp_path, 101, families)
     _assert_held(out, families)
+
+
+def test_backups_under_faults_restore_to_the_acknowledged_prefix(tmp_path):
+    """Backups of slaves taken with the real CLI while slaves and masters are killed, paused and cut
+    off; each one taken restored at the end into a standalone broker and judged against the history
+    (chaos/checker.py, check_restored); a refusal must name why (check_backups)."""
+    families = "backup,process,network"
+    out = _schedule(tmp_path, SEED_BACKUP, families)
+    _assert_held(out, families)
+    outcomes = out["backup_outcomes"]
+    assert set(outcomes) <= {"taken", "refused", "unreachable"}, out["backups"]
+    assert outcomes.get("taken", 0) >= 1 and out["backups_restored_and_checked"] == outcomes["taken"], out["backups"]
+    checked = [b["checked"] for b in out["backups"] if "checked" in b]
+    assert sum(c.get("acknowledged before the backup", 0) for c in checked) > 0, checked
+    assert sum(c.get("checked present", 0) for c in checked) > 0, checked
