@@ -198,8 +198,8 @@ def main() -> int:
     for kind in args.only.split(","):
         rows.append(one_run(kind, tb, args.seconds, args.logs, args.via))
         print(f"[disruptions] {kind}: {rows[-1]}", file=sys.stderr, flush=True)
-    print(f"\nTxBroker of 3 (SYNC replication and flush) on the node, one producer with 8 transactions in flight "
-          f"through {NAME}-master")
+    print("\nTxBroker of 3 (SYNC replication and flush) on the node, one producer with 8 transactions in flight "
+          + (f"through {NAME}-master" if args.via == "service" else "given the three pods' addresses"))
     print(f"{'event':11} {'acked':>7} {'failed':>7} {'lost':>5} {'stall ms':>9} {'done s':>7}")
     for r in rows:
         print(f"{r['kind']:11} {r['acknowledged']:>7} {r['failed_operations']:>7} {r['acknowledged_lost']:>5} "
