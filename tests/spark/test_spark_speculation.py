@@ -108,7 +108,8 @@ def test_speculative_duplicate_never_publishes_twice(tx_env, standalone, tmp_pat
     losers = json.loads(marker.read_text())["txids"] if marker.exists() else []
     assert len(losers) in (0, ROWS // PARTITIONS // 10) and not set(losers) & set(job["member_ids"]), losers
     tx_env.wait_settled()
-    assert {(tx_env.transaction(t)["state"], tx_env.transaction(t)["by"]) for t in losers} == {("ROLLED_BACK", "job")}
+    if losers:   # (none when the copy won before the original sent)
+        assert {(tx_env.transaction(t)["state"], tx_env.transaction(t)["by"]) for t in losers} == {("ROLLED_BACK", "job")}
 
 
 def _executor_jvm(python_pid: int) -> int:
