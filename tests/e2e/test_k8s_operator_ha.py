@@ -2,8 +2,9 @@
 through a Lease (operator/txbroker_operator/leadership.py), the other standing by.
 
 The active operator is SIGKILLed (a crash: no graceful step-down, no release) right after it has
-started a failover; the standby takes the Lease once it expires and finishes the failover, and at no
-moment do two processes hold the Lease. The handover time is printed (run with -s):
+started a failover; once the Lease expires another operator process takes it (the standby, or the
+killed leader's restarted container: both contend, either may win) and finishes the failover, and at
+no moment do two processes hold the Lease. The handover time is printed (run with -s):
 
     testbed/cluster.sh exec .venv/bin/python -m pytest -s -p no:cacheprovider tests/e2e/test_k8s_operator_ha.py
 
@@ -101,7 +102,7 @@ def reporter(event: dict) -> str:
     return event.get("reportingInstance") or (event.get("source") or {}).get("host", "")
 
 
-def test_standby_operator_finishes_a_failover_its_killed_leader_started(operator):
+def test_another_operator_finishes_a_failover_its_killed_leader_started(operator):
     tb, namespace = operator.testbed, operator.namespace
     lease_name = f"{operator.deployment}-leader"
     pods = sorted(p["metadata"]["name"] for p in operator.pods())
@@ -144,23 +145,28 @@ def test_standby_operator_finishes_a_failover_its_killed_leader_started(operator
             crash_master()
             return tb.get("txb", "ha", namespace)["status"]["master"] != "ha-0"
         try:
-            wait_until(promoted, 180, "the standby operator to finish the failover", interval=0.1)
+            wait_until(promoted, 180, "another operator to finish the failover", interval=0.1)
         except TimeoutError:
             raise AssertionError("no failover after the leader's death; operator logs:\n"
                                  + operator.log.read_text()[-6000:] + "\n" + brokers_report(tb, namespace, "ha", 2))
         finished_at = time.time()
         new_holder = wait_until(lambda: (h := watch.holder()) and h != leader_id and h, 30, "the Lease's new holder")
-        assert pod_of(new_holder) == standby, f"the Lease went to {new_holder}, not to the standby {standby}"
+        # Two contenders once the Lease expires: the standby and the killed leader's restarted
+        # container (a new process, a new identity). Either may win, as with client-go's election;
+        # what matters is that a live process other than the killed one took over and finished.
+        successor = pod_of(new_holder)
+        assert successor in pods, f"the Lease went to {new_holder}, not to one of the operator pods {pods}"
+        waiting = standby if successor == leader else leader
 
         txb = tb.get("txb", "ha", namespace)
         assert txb["status"]["master"] == "ha-1" and txb["status"]["epoch"] > epoch_before
         assert txb["status"]["lastFailover"]["from"] == "ha-0"
         wait_until(lambda: broker_info(tb, namespace, "ha-1")["role"] == "master", 30, "ha-1 acting as master")
-        # the standby finished it: the FailedOver Event comes from its pod
+        # the new holder finished it: the FailedOver Event comes from its pod
         failed_over = [e for e in events_for(tb, namespace, "ha") if e["reason"] == "FailedOver"]
-        assert failed_over and {reporter(e) for e in failed_over} == {standby}, failed_over
+        assert failed_over and {reporter(e) for e in failed_over} == {successor}, failed_over
 
-        # never two holders: the Lease went from the killed leader straight to the standby, which took
+        # never two holders: the Lease went from the killed leader straight to its successor, which took
         # it only once it had expired (past the dead leader's renew deadline, when it would have stopped)
         assert watch.holders() == [leader_id, new_holder], watch.holders()
         last_renewal = max(parse_time(s["renewTime"]) for _, s in watch.seen if s.get("holderIdentity") == leader_id)
@@ -170,12 +176,14 @@ def test_standby_operator_finishes_a_failover_its_killed_leader_started(operator
         # the renew deadline is shorter than the lease: a leader cut off (not dead) would have
         # stopped acting before this acquisition
         assert parse_time(taken["acquireTime"]) - last_renewal > 10
-        # the operators' own logs: one "acquired" each for the first leader and the standby; the
-        # killed leader's restarted container waits as a standby (a new identity, no acquisition)
+        # the operators' own logs: one "acquired" for the first leader and one for its successor; the
+        # other contender waits as a standby
         acquired = ACQUIRED.findall(operator.log.read_text())
         assert sorted(acquired) == sorted([leader_id, new_holder]), acquired
-        wait_until(lambda: "standby" in tb.pod_log(leader, OPERATOR_NAMESPACE), 60, "the restarted operator standing by")
-        wait_until(lambda: (leader_gauge(tb, standby), leader_gauge(tb, leader)) == (1, 0), 60,
+        if successor == standby:
+            wait_until(lambda: "standby" in tb.pod_log(leader, OPERATOR_NAMESPACE), 60,
+                       "the restarted operator standing by")
+        wait_until(lambda: (leader_gauge(tb, successor), leader_gauge(tb, waiting)) == (1, 0), 60,
                    "txbroker_operator_leader following the Lease")
 
         handover = watch.first_seen(new_holder) - killed_at
@@ -187,11 +195,11 @@ def test_standby_operator_finishes_a_failover_its_killed_leader_started(operator
         # a graceful stop (a rolling update, a drain): the leader releases the Lease as it exits, and
         # the other replica takes it at its next try instead of waiting for the Lease to expire
         stopped_at = time.time()
-        tb.kubectl("-n", OPERATOR_NAMESPACE, "delete", "pod", standby, "--wait=false")
+        tb.kubectl("-n", OPERATOR_NAMESPACE, "delete", "pod", successor, "--wait=false")
         after = wait_until(lambda: (h := watch.holder()) and h not in ("", new_holder) and h, 90,
                            "a standby to take the released Lease")
         # the other replica, or the pod the Deployment starts in place of the deleted one
-        assert pod_of(after) != standby, after
+        assert pod_of(after) != successor, after
         assert watch.holders()[-3:] == [new_holder, "", after], watch.holders()
         released = watch.first_seen(after) - stopped_at
         print(f"operator handover (graceful stop, Lease released): holder changed {released:.1f}s after "

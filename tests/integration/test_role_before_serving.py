@@ -1,0 +1,105 @@
+"""A SYNC master acknowledges a write only once a slave has it, from its very first request.
+
+Found by the node's fault schedule (seed 10): a master killed again and again by the kubelet's
+restarts answered a plain send SUCCESS in the moment after it opened its data port and before it
+led (its replication not yet attached: a write there was published and answered at once). The
+operator then promoted a slave that never had it, and the message was gone. The same moment
+exists on a promotion (the role said master while the epoch record was being written).
+
+These run a real broker in this process, so a request can be sent exactly in that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from txbroker.broker.config import load_config
+from txbroker.broker.server import Broker
+from txbroker.client import AsyncProducer, Message
+from txbroker.client.errors import ClientError
+from txbroker.store.records import EpochRecord
+
+SYNC = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "replication_mode": "SYNC",
+        "flush_disk_type": "SYNC", "replication_timeout_ms": 300, "log_level": "WARNING"}
+
+
+def config(tmp_path, **more):
+    return load_config(None, {**SYNC, "data_dir": str(tmp_path / "data"), **more})
+
+
+async def try_send(address: str) -> str:
+    """What a producer sending one message now is told: 'acknowledged' or the error."""
+    p = AsyncProducer("pg", address, request_timeout=1)
+    try:
+        await p.send(Message("T", b"x"))
+        return "acknowledged"
+    except ClientError as e:
+        return f"refused: {e}"
+    finally:
+        await p.close()
+
+
+def test_a_restarted_sync_master_acknowledges_no_write_before_it_leads(tmp_path, monkeypatch):
+    async def go():
+        first = Broker(config(tmp_path))
+        await first.start()           # a new master: epoch 1
+        await first.stop()
+
+        seen: list[str] = []
+        real_site_start = web.TCPSite.start
+        broker: Broker | None = None
+
+        async def site_start(site):
+            # a step of startup: a producer that reconnects in a tight loop is already at the door
+            seen.append(await try_send(broker.data_address))
+            await real_site_start(site)
+        monkeypatch.setattr(web.TCPSite, "start", site_start)
+
+        broker = Broker(config(tmp_path))
+        await broker.start()
+        try:
+            monkeypatch.setattr(web.TCPSite, "start", real_site_start)
+            assert broker.role.is_master
+            after = await try_send(broker.data_address)
+        finally:
+            await broker.stop()
+        return seen, after
+
+    seen, after = asyncio.run(go())
+    assert len(seen) == 1 and seen[0] != "acknowledged", \
+        "a send in the moment the data port opened was acknowledged with no slave holding it"
+    assert after.startswith("refused") and "SYNC replication needs 1 slave" in after, after
+
+
+def test_a_promoted_sync_slave_acknowledges_no_write_before_it_leads(tmp_path, monkeypatch):
+    async def go():
+        broker = Broker(config(tmp_path, role="slave", master="127.0.0.1:9"))   # its master is gone
+        await broker.start()
+        seen: list[str] = []
+        state = broker.state
+        real_append = state.append
+
+        def append(record):
+            lsn, written = real_append(record)
+            if type(record) is not EpochRecord:
+                return lsn, written
+
+            async def with_a_send_meanwhile():
+                # while the new epoch is being written, a producer already sends to this broker
+                seen.append(await try_send(broker.data_address))
+                return await written
+            return lsn, asyncio.ensure_future(with_a_send_meanwhile())
+        monkeypatch.setattr(state, "append", append)
+        try:
+            await broker.roles.promote(broker.state.epoch + 1)
+            monkeypatch.setattr(state, "append", real_append)
+            assert broker.role.is_master
+        finally:
+            await broker.stop()
+        return seen
+
+    seen = asyncio.run(go())
+    assert len(seen) == 1 and seen[0] != "acknowledged", \
+        "a send while the promotion's epoch was being written was acknowledged with no slave holding it"
