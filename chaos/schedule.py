@@ -19,6 +19,7 @@ import gzip
 import json
 import logging
 import random
+import re
 import signal
 import sys
 import threading
@@ -238,6 +239,50 @@ def _check_backups(h: workload.History, reader: Reader, backups: list[dict], clu
             anomalies.setdefault(kind, []).extend(items)
 
 
+GROUP_NAMES = re.compile(r"\bon (g\d+(?:\+g\d+)*)")
+
+
+def _groups_named(detail: str) -> set[str]:
+    """The broker groups an anomaly's detail names ("t0-5 on g1+g0: ...", "(plain on g2)")."""
+    m = GROUP_NAMES.search(detail)
+    return set(m.group(1).split("+")) if m else set()
+
+
+def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster: Cluster,
+                                h: workload.History) -> dict[str, list[str]]:
+    """What an ASYNC failover or a whole group's power loss took away, the groups may have consumed
+    (phantoms), committed offsets past (regressions) or skipped; a spanning transaction or job may
+    have lost its part on that group (torn), a participant whose home lost its transaction is parked
+    for an operator (unresolved), and a poison message whose retry was lost never reaches the dead
+    letters. Those are consequences of the loss, counted with it (removed from `anomalies`); without
+    a loss they stay anomalies, and so do torn and dead letters on groups that lost nothing."""
+    lossy = set().union(*(_groups_named(d) for d in lost_async)) if lost_async else set()
+    lossy |= {g.name for g in cluster.groups.values()
+              if any("may lack" in f.get("message", "") for f in g.status.get("failovers") or [])}
+    if not lossy:
+        return {}
+    after: dict[str, list[str]] = {}
+    for kind in ("group lost", "group phantom", "offset regressed", "ordered lost", "rewritten", "went back",
+                 "unresolved"):
+        if kind in anomalies:
+            after[kind] = anomalies.pop(kind)
+
+    def on_lossy_group(kind: str, groups_of) -> None:
+        kept, moved = [], []
+        for d in anomalies.get(kind, []):
+            (moved if groups_of(d) & lossy else kept).append(d)
+        if moved:
+            after[kind] = moved
+            if kept:
+                anomalies[kind] = kept
+            else:
+                del anomalies[kind]
+    on_lossy_group("torn", _groups_named)
+    # "t0-8607.0.poison: poison in Orders, ...": the groups of the transaction that sent it
+    on_lossy_group("dead letter", lambda d: set(getattr(h.txs.get(d.split(".", 1)[0]), "groups", None) or ()))
+    return after
+
+
 def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode: str, families: list[str],
          retention_s: float) -> dict:  # noqa: C901 - one schedule, start to end, reads best in one piece
     h = workload.History()
@@ -297,12 +342,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     lost_async = anomalies.pop("lost", []) if mode == "ASYNC" else []
     # under ASYNC a slave in sync holds its master's writes up to its last heartbeat (docs/backup.md)
     restored_lost_async = anomalies.pop("restored lost", []) if mode == "ASYNC" else []
-    # What an ASYNC failover took away, the groups may have consumed (phantoms), committed offsets
-    # past (regressions), or skipped: consequences of that loss, counted with it; without one they
-    # stay anomalies.
-    after_loss = {k: anomalies.pop(k) for k in ("group lost", "group phantom", "offset regressed", "ordered lost",
-                                                 "rewritten", "went back")
-                  if lost_async and k in anomalies}
+    after_loss = _consequences_of_async_loss(anomalies, lost_async, cluster, h) if mode == "ASYNC" else {}
     events = nemesis.events
     to_monotonic = time.monotonic() - time.time()
     if anomalies or lost_async:  # the whole history beside the report, for the operations around each anomaly
@@ -333,6 +373,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "restored_lost_under_async": len(restored_lost_async),
             "restored_lost_under_async_details": restored_lost_async[:20],
             "group_after_async_loss": {k: len(v) for k, v in after_loss.items()},
+            "group_after_async_loss_details": {k: v[:20] for k, v in after_loss.items()},
             "reordered_after_route_change": len(reordered),
             "unverified": len(unverified), "unverified_details": unverified[:20],
             "skipped_by_retention": len(skipped), "skipped_details": skipped[:20],
