@@ -5,6 +5,7 @@ whose next record the push did not start at was silently skipped, for good)."""
 import asyncio
 from types import SimpleNamespace
 
+from txbroker.broker.role import RoleState
 from txbroker.broker.replication.leader import ReplicaFeed, ReplicationLeader
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.codes import RequestCode
@@ -38,7 +39,7 @@ def test_a_live_slave_the_push_does_not_continue_is_caught_up_from_disk(tmp_path
         state = StateMachine(str(tmp_path), False, lambda e: None)
         config = SimpleNamespace(replication_mode="ASYNC", sync_replicas=1, replication_timeout_ms=1000,
                                  replication_heartbeat_ms=60_000)
-        leader = ReplicationLeader(SimpleNamespace(state=state, config=config))
+        leader = ReplicationLeader(SimpleNamespace(state=state, config=config, role=RoleState("master", lambda: 1)))
         leader.attach()
         for i in range(3):  # LSNs 1-3, written before the slave's feed goes live
             await state.append(NormalRecord(i, [Message("T", b"x", queue_id=0)], [i]))[1]

@@ -18,15 +18,14 @@ SLAVE = "slave"
 
 
 class RoleState:
-    def __init__(self, role: str, epoch: Callable[[], int], master_address: str = "",
-                 leading: Callable[[], bool] = lambda: True):
+    def __init__(self, role: str, epoch: Callable[[], int], master_address: str = ""):
         self.role = role
         self._epoch = epoch
-        # Whether replication leads (broker/replication/leader.py attached): only then is a write held
-        # for the slaves. A master is not yet leading while it starts or is promoted (the epoch record
-        # being written) and no longer while it stops; a write it answered then would be published at
-        # once, with no slave holding it.
-        self._leading = leading
+        # Set by replication's leader while it leads (broker/replication/leader.py attach/detach): only
+        # then is a write held for the slaves. A master is not yet leading while it starts or is
+        # promoted (its epoch record being written) and no longer while it stops; a write answered
+        # then would be published at once, with no slave holding it.
+        self.leading = False
         self.master_address = master_address
         self.fenced_by = 0  # the higher epoch that deposed this broker, if any
         self.probation = ""  # a master that takes no write yet: why (broker/failover.py)
@@ -46,7 +45,7 @@ class RoleState:
 
     def require_master(self) -> None:
         if self.role == MASTER:
-            if not self._leading():
+            if not self.leading:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
                                    "this master is starting, being promoted or stopping: it takes writes only "
                                    "while it leads its slaves")

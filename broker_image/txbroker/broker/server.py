@@ -71,7 +71,7 @@ class Broker:
                                   self.metrics.observe_flush, config.job_retention_ms)
         self.state.on_corruption.append(self.corrupted)
         self.reader = MessageReader(self.state)
-        self.role = RoleState(config.role, lambda: self.state.epoch, config.master, leading=lambda: self.leader.active)
+        self.role = RoleState(config.role, lambda: self.state.epoch, config.master)
         levels = parse_delay_levels(config.message_delay_level)
         self.topics = TopicRegistry(self.state, config.auto_create_topic, config.default_queue_count,
                                     config.max_message_size, len(levels),

@@ -83,7 +83,7 @@ class ReplicationLeader:
         """Lead. Just `promoted`, a SYNC master's slaves are still moving over to it (they could not
         subscribe before): for one replication timeout a write waits for them, as any SYNC write
         waits for its acknowledgements, instead of being refused at once for want of a slave."""
-        self.active = True
+        self.active = self._broker.role.leading = True
         self._grace_until = time.monotonic() + self.timeout if promoted else 0.0
         self._marks.clear()
         self._state.replication_hold = self.hold
@@ -96,7 +96,7 @@ class ReplicationLeader:
     def detach(self, reason: str) -> None:
         """Stop leading (demoted or fenced): refuse what is not answered, drop the slaves. What is
         not published stays so: the new master decides whether it exists."""
-        self.active = False
+        self.active = self._broker.role.leading = False
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             self._heartbeats = None
