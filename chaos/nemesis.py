@@ -32,6 +32,8 @@ import signal
 import threading
 import time
 
+from txbroker_operator import brokers
+
 from chaos import backup
 from chaos.cluster import Cluster, Group
 from chaos.net import HUB_IP
@@ -63,10 +65,30 @@ class Nemesis:
         self.draining: Group | None = None
         self.added = False
         self.backups: list[threading.Thread] = []
+        self.damaged: dict[str, str] = {}  # broker corrupted and not yet whole again -> its group
 
-    def _group(self) -> Group:
+    def _group(self, whole_only: bool = False) -> Group:
         live = [g for g in self.cluster.live_groups if g.state == "active"] or self.cluster.live_groups
+        if whole_only:
+            live = [g for g in live if self._whole(g)]
         return self.rnd.choice(live)
+
+    def _whole(self, g: Group) -> bool:
+        """Every broker of `g` holds a whole copy: none was corrupted that is not since back in sync
+        (re-seeded) or serving as master. Corruption strikes a minority, so one broker of a group
+        at a time: two damaged copies of a group of two is losing the group, not a fault it must
+        survive."""
+        mine = [name for name, group in self.damaged.items() if group == g.name]
+        if not mine:
+            return True
+        info = brokers.PLAIN.try_info(g.master.ip)
+        whole = {s["name"] for s in info.slaves if s.get("in_sync")} if info else set()
+        if info and g.master.running:
+            whole.add(g.master.name)
+        for name in mine:
+            if name in whole:
+                del self.damaged[name]
+        return not any(group == g.name for group in self.damaged.values())
 
     def _slave(self, g: Group):
         return self.rnd.choice([p for p in g.procs if p is not g.master])
@@ -80,10 +102,12 @@ class Nemesis:
             return all(p.lazy for p in self.cluster.procs)
         if kind == "backup-slave":  # one at a time
             return len(self.backups) < MAX_BACKUPS and not any(t.is_alive() for t in self.backups)
+        if kind.startswith("corrupt"):
+            return any(self._whole(g) for g in self.cluster.live_groups if g.state == "active")
         return True
 
     def inject(self, kind: str) -> dict:
-        g = self._group()
+        g = self._group(whole_only=kind.startswith("corrupt"))
         on_master = "master" in kind or kind.startswith("kill-controller") or kind in (
             "slow-replication", "slow-clients", "lossy-replication", "lossy-clients")
         target = g.master if on_master else self._slave(g)
@@ -141,6 +165,7 @@ class Nemesis:
             ev["restart_after_s"] = round(self.rnd.uniform(0.5, 3.0), 2)
             ev["dropped_bytes"] = self._power_off(g.procs, ev["restart_after_s"])
         elif kind.startswith("corrupt"):
+            self.damaged[target.name] = g.name
             ev["how"] = self.rnd.choice(["bitflip", "truncate"])
             if kind == "corrupt-running-slave":
                 ev["how"] = "bitflip"  # a running broker's files cut short are its own doing, not the disk's
