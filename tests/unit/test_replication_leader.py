@@ -5,12 +5,13 @@ whose next record the push did not start at was silently skipped, for good)."""
 import asyncio
 from types import SimpleNamespace
 
+from txbroker.broker.replies import RequestError
 from txbroker.broker.role import RoleState
 from txbroker.broker.replication.leader import ReplicaFeed, ReplicationLeader
 from txbroker.protocol.bodies import Message
-from txbroker.protocol.codes import RequestCode
+from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.store.records import NormalRecord
-from txbroker.store.state import StateMachine
+from txbroker.store.state import PUBLISHED_KEY, StateMachine
 
 
 class Link:
@@ -55,3 +56,67 @@ def test_a_live_slave_the_push_does_not_continue_is_caught_up_from_disk(tmp_path
         await state.close()
 
     asyncio.run(main())
+
+
+def _sync_leader(tmp_path):
+    state = StateMachine(str(tmp_path), False, lambda e: None)
+    config = SimpleNamespace(replication_mode="SYNC", sync_replicas=1, replication_timeout_ms=1000,
+                             replication_heartbeat_ms=60_000)
+    role = RoleState("master", lambda: 1)
+    return state, ReplicationLeader(SimpleNamespace(state=state, config=config, role=role))
+
+
+async def _outcome(fut) -> str:
+    try:
+        await fut
+        return "acknowledged"
+    except RequestError as e:
+        return ResponseCode(e.code).name
+
+
+def test_a_write_in_flight_when_the_master_steps_down_is_neither_acknowledged_nor_published(tmp_path):
+    """A send passed require_master and was appended; in the same loop turn the master was fenced
+    or demoted (the leader detached) before the batch was written. Found by review: the batch was
+    then written with no leader, published and answered SUCCESS with no slave holding it."""
+    async def main():
+        state, leader = _sync_leader(tmp_path)
+        leader.attach()
+        lsn, written = state.append(NormalRecord(1, [Message("T", b"w", queue_id=0)], [0]))
+        leader.detach("fenced by epoch 2")            # the same turn: the batch is not written yet
+        outcome = await _outcome(written)
+        published, mark = state.durable_lsn, state.db.meta.get(PUBLISHED_KEY)
+        await state.close()
+        return lsn, outcome, published, mark
+
+    lsn, outcome, published, mark = asyncio.run(main())
+    assert outcome == "SLAVE_NOT_AVAILABLE"
+    assert published < lsn and mark is not None, "the unreplicated write was published"
+
+
+def test_an_empty_barrier_does_not_make_an_unreplicated_write_look_published(tmp_path):
+    """UPDATE_AND_CREATE_TOPIC of a topic that exists appends nothing and waits on the store's
+    barrier. Found by review: that wrote an empty batch, which set the locally written end to 0, so
+    a retried request for an unreplicated write was answered SUCCESS at once."""
+    async def main():
+        state, leader = _sync_leader(tmp_path)
+        leader.attach()
+        lsn, written = state.append(NormalRecord(1, [Message("T", b"w", queue_id=0)], [0]))
+        first = await _outcome(written)               # no slave in sync: refused, kept unpublished
+        try:
+            waiting = state.barrier()                  # the topic exists: nothing appended
+            barrier = "acknowledged" if waiting is None else await _outcome(waiting)
+        except RequestError as e:
+            barrier = ResponseCode(e.code).name
+        try:
+            retried = state.published_future(lsn)
+            retried = "acknowledged" if retried is None else await _outcome(retried)
+        except RequestError as e:
+            retried = ResponseCode(e.code).name
+        local = state.local_durable_lsn
+        leader.detach("test over")
+        await state.close()
+        return lsn, first, barrier, retried, local
+
+    lsn, first, barrier, retried, local = asyncio.run(main())
+    assert first == "SLAVE_NOT_AVAILABLE" and local == lsn
+    assert barrier != "acknowledged" and retried != "acknowledged", (barrier, retried)

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Batch:
-    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids")
+    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "hold")
 
     def __init__(self, future: asyncio.Future) -> None:
         self.wb = WriteBatch(raw_mode=True)
@@ -37,6 +37,9 @@ class Batch:
         self.last_lsn = 0
         self.raw: list[bytes] = []  # the encoded records, in LSN order, for replication
         self.txids: list[str] = []  # transactions finished in this batch
+        # The replication hold in force when a record was added (state.py): a batch filled while its
+        # broker led is held for the slaves even if the broker stepped down before it was written.
+        self.hold: Callable[[Batch], None] | None = None
 
 
 class GroupCommit:

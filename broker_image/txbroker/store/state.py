@@ -242,6 +242,8 @@ class StateMachine:
 
     def _write(self, lsn: int, record: Record, raw: bytes) -> asyncio.Future:
         b = self._writer.batch()
+        if b.hold is None:
+            b.hold = self.replication_hold
         try:
             self._appliers[type(record)](record, lsn, b)
         except Exception as e:  # a bug (or a record this broker cannot follow): never half applied
@@ -268,7 +270,7 @@ class StateMachine:
         b.wb.put(EPOCH_PREFIX + keys.lsn_key(r.epoch), str(lsn).encode(), self._h_meta)
 
     def _before_write(self, b: Batch) -> None:
-        if self.replication_wait is not None or self.publish_limit is not None:
+        if b.hold is not None or self.replication_wait is not None or self.publish_limit is not None:
             b.wb.put(PUBLISHED_KEY, keys.lsn_key(self.durable_lsn), self._h_meta)
             self._published_marked = True
         elif self._published_marked:  # no longer a SYNC master: everything written is published
@@ -288,8 +290,9 @@ class StateMachine:
                     last[1][prefix] = end
         else:
             unpublished.append([b.last_lsn, b.visible])
-        if self.replication_hold is not None:
-            self.replication_hold(b)
+        hold = b.hold or self.replication_hold
+        if hold is not None:
+            hold(b)
         else:
             limit = self.publish_limit
             self.publish_through(b.last_lsn if limit is None else min(b.last_lsn, limit))
@@ -487,10 +490,14 @@ class StateMachine:
         """Everything appended so far is written to the local disk (not necessarily replicated)."""
         await self._writer.drain()
 
-    def barrier(self) -> asyncio.Future:
-        """A future that resolves when everything appended so far is durable and published (as
-        the batch it joins is), or fails as that batch's write would."""
-        return self._writer.batch().future
+    def barrier(self) -> asyncio.Future | None:
+        """A future that resolves when everything appended so far is durable and published (the
+        open batch's, or a wait for the last record written), or fails as that would; None if all
+        of it is published already. It never writes an empty batch."""
+        pending = self._writer.open_future
+        if pending is not None:
+            return pending
+        return self.published_future(self.local_durable_lsn)
 
     async def close(self) -> None:
         try:

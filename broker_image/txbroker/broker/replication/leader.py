@@ -90,7 +90,9 @@ class ReplicationLeader:
         self._heartbeats = asyncio.ensure_future(self._beat())
         if self.sync:
             self._state.replication_wait = self.wait
+            self._state.publish_limit = None  # publication is this leader's from now on (_release)
         else:
+            self._state.replication_wait = None
             self._state.publish_all()
 
     def detach(self, reason: str) -> None:
@@ -100,8 +102,11 @@ class ReplicationLeader:
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             self._heartbeats = None
+        # Nothing more becomes readable here until a master confirms it (or this broker leads again);
+        # a retried request for what is not published is refused, not taken as published.
+        self._state.publish_limit = self._state.durable_lsn
         self._state.replication_hold = None
-        self._state.replication_wait = None
+        self._state.replication_wait = self._not_leading
         self._refuse(RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, reason))
         self._held.clear()
         for feed in list(self.feeds.values()):
@@ -201,7 +206,12 @@ class ReplicationLeader:
 
     def hold(self, b: Batch) -> None:
         """Called for every batch written locally: push it to live slaves. ASYNC: publish and answer
-        it now. SYNC: when they acknowledge it; without slaves in sync, refuse it at once."""
+        it now. SYNC: when they acknowledge it; without slaves in sync, refuse it at once. A batch
+        filled while leading and written after this broker stepped down is refused: nothing of it
+        is published or promised."""
+        if not self.active:
+            answer(b.future, RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._not_leading_remark()))
+            return
         if b.raw:
             epoch = self._state.epoch
             msg = None
@@ -242,6 +252,15 @@ class ReplicationLeader:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
         return fut
+
+    def _not_leading(self, lsn: int) -> asyncio.Future:
+        raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._not_leading_remark())
+
+    def _not_leading_remark(self) -> str:
+        role = self._broker.role
+        why = role.stepped_down or (f"fenced by epoch {role.fenced_by}" if role.fenced_by else "")
+        return (f"this broker stopped leading ({why}) before the write was replicated: it is not promised" if why
+                else "this broker stopped leading before the write was replicated: it is not promised")
 
     def in_sync(self) -> int:
         return sum(1 for f in self.feeds.values() if f.live)
