@@ -69,6 +69,10 @@ from chaos.workload import ORDERED, History, TOPICS
 # and holds all the master had published then (docs/backup.md): a commit acknowledged that long
 # before the backup was asked for is in it; one acknowledged since may or may not be.
 BACKUP_FRESH_S = 1.0
+# A workload request is answered within its 5 s timeout of being written: a commit acknowledged
+# less than retention minus this before a backup may still have been written before retention's
+# horizon there.
+WRITE_TO_ACK_S = 5.0
 
 DATA_TOPICS = (*TOPICS, "Plain", ORDERED)
 DLQ = "%DLQ%chaos-cg"
@@ -277,10 +281,17 @@ def _job_outcomes(h: History) -> dict[str, set[str]]:
     return out
 
 
-def check_restored(h: History, reader: Reader, backup: dict, restored: dict) -> tuple[dict[str, list[str]], dict]:
+def check_restored(h: History, reader: Reader, backup: dict, restored: dict, retention_s: float = 0.0,
+                   clock_ahead_s: float = 0.0) -> tuple[dict[str, list[str]], dict]:
     """A restored copy of one group against the history (the module's doc, `restored ...`).
-    `backup`: chaos/backup.take's record (`sent`: monotonic, `manifest`); `restored`:
-    chaos/backup.restore_and_read's. Returns the anomalies and counts of what was checked."""
+    `backup`: chaos/backup.take's record (`sent`, `answered`: monotonic, `manifest`); `restored`:
+    chaos/backup.restore_and_read's; `retention_s`: the brokers' retention, and `clock_ahead_s` how
+    far the backed-up broker's clock was ever set ahead (its retention then deletes sooner).
+    Returns the anomalies and counts of what was checked.
+
+    What retention may have deleted before the checkpoint is not checked: below a queue's start in
+    the copy, and also above it, since retention keeps the records live state derives from (a
+    pending transaction's, a queue's newest), so a kept record can sit below a hole it left."""
     out: dict[str, list[str]] = defaultdict(list)
     m = backup["manifest"]
     group = m["group"]
@@ -297,6 +308,8 @@ def check_restored(h: History, reader: Reader, backup: dict, restored: dict) -> 
     owner = {b: key for key, tx in h.txs.items() for b in tx.bodies}
     outcomes = _job_outcomes(h)
     counts["messages in the copy"] = len(restored["seen"])
+    aged_before = (backup.get("answered", backup["sent"]) + clock_ahead_s - retention_s + WRITE_TO_ACK_S
+                   if retention_s else 0.0)
     for body, positions in sorted(where.items()):
         if len(positions) > 1:
             out["restored duplicate"].append(f"{label}: {body} at {sorted(positions)}")
@@ -315,7 +328,8 @@ def check_restored(h: History, reader: Reader, backup: dict, restored: dict) -> 
         here = [b for b in tx.bodies if b in live]  # its messages the group held, as the reader read them
         if not here:
             continue
-        covered = [b for b in here if live[b][2] >= starts.get(live[b][:2], 0)]
+        aged = tx.acked_at < aged_before  # (unacknowledged ones are never `must`)
+        covered = [] if aged else [b for b in here if live[b][2] >= starts.get(live[b][:2], 0)]
         got = [b for b in covered if b in where]
         must = tx.acked == "COMMIT" and 0 < tx.acked_at <= backup["sent"] - BACKUP_FRESH_S
         spanning = tx.kind == "member" or len(set(tx.groups)) > 1

@@ -221,7 +221,7 @@ def _backups(nemesis: Nemesis, began: float) -> list[dict]:
 
 
 def _check_backups(h: workload.History, reader: Reader, backups: list[dict], cluster: Cluster, began: float,
-                   anomalies: dict[str, list[str]]) -> None:
+                   anomalies: dict[str, list[str]], nemesis_events: list[dict]) -> None:
     """Each backup taken: restored into a standalone broker and judged (checker.check_restored)."""
     anomalies.update(checker.check_backups(backups))
     root = cluster.workdir / "restored"
@@ -234,7 +234,9 @@ def _check_backups(h: workload.History, reader: Reader, backups: list[dict], clu
             restored = backup.restore_and_read(Path(b["dir"]), root, f"restored{n}", back)
         except Exception as e:  # noqa: BLE001 - e.g. the restore hung: `restored unreadable`, the schedule goes on
             restored = {"error": f"{type(e).__name__}: {e}"}
-        found, b["checked"] = checker.check_restored(h, reader, b, restored)
+        ahead = max([e["skew_s"] for e in nemesis_events if e["kind"].startswith("skew")
+                     and e["target"] == b["manifest"]["broker"] and e["skew_s"] > 0], default=0)
+        found, b["checked"] = checker.check_restored(h, reader, b, restored, cluster.retention_s, ahead)
         for kind, items in found.items():
             anomalies.setdefault(kind, []).extend(items)
 
@@ -328,7 +330,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     anomalies.update(checker.check_groups(h, reader, route_changed))
     nemesis.wait_backups(150)
     backups = _backups(nemesis, began)
-    _check_backups(h, reader, backups, cluster, began, anomalies)
+    _check_backups(h, reader, backups, cluster, began, anomalies, nemesis.events)
     reordered = anomalies.pop("reordered after a route change", [])
     unverified = anomalies.pop("unverified", [])
     skipped = anomalies.pop("skipped by retention", [])

@@ -119,3 +119,24 @@ def test_backup_outcomes_a_refusal_must_say_why():
            {**base, "outcome": "failed", "reason": "Traceback"},
            {**base, "outcome": "unreachable", "reason": "timed out", "left_whole": True}]
     assert len(check_backups(bad)["backup failed"]) == 3
+
+
+def test_a_hole_retention_left_above_a_kept_record_is_unverified_not_lost():
+    """Retention keeps the records live state derives from: a job member's at offset 3 stays while
+    t1's older messages at 0-1 go, so the copy's queue still starts at 0 (seeds 73-83: 'restored
+    lost' for commits acknowledged 21-25 s before the backup, retention 20 s). What retention may
+    have deleted before the checkpoint is unverified; a newer commit missing is still lost."""
+    h, reader, restored = _world()
+    for pos in (("Orders", 0, 0), ("Orders", 0, 1)):
+        del restored["seen"][pos]
+    backup = {**BACKUP, "answered": SENT + 2.0}
+    found, _ = check_restored(h, reader, backup, restored)
+    assert "restored lost" in found  # without retention: t1 acknowledged 50 s before is missing
+    found, counts = check_restored(h, reader, backup, restored, retention_s=50.0)
+    assert found == {} and counts["unverified (retention before the backup)"] == 1, (found, counts)
+    del restored["seen"][("Orders", 0, 3)]  # j1-m0 acknowledged at 80: inside the 50 s retention, so lost
+    found, _ = check_restored(h, reader, backup, restored, retention_s=50.0)
+    assert [d for d in found["restored lost"] if "j1-m0" in d], found
+    # a clock set ahead makes retention delete sooner: 30 s ahead puts j1-m0 past the horizon too
+    found, _ = check_restored(h, reader, backup, restored, retention_s=50.0, clock_ahead_s=30.0)
+    assert found == {}, found
