@@ -120,3 +120,26 @@ def test_an_empty_barrier_does_not_make_an_unreplicated_write_look_published(tmp
     lsn, first, barrier, retried, local = asyncio.run(main())
     assert first == "SLAVE_NOT_AVAILABLE" and local == lsn
     assert barrier != "acknowledged" and retried != "acknowledged", (barrier, retried)
+
+
+def test_an_async_master_writes_no_published_mark_and_restarts_with_everything_readable(tmp_path):
+    """The published mark is a SYNC master's: an ASYNC master publishes what it writes, so a
+    restart hides nothing (review of 8eb9917: the batch's hold had made every batch write it)."""
+    async def main():
+        state = StateMachine(str(tmp_path), False, lambda e: None)
+        config = SimpleNamespace(replication_mode="ASYNC", sync_replicas=1, replication_timeout_ms=1000,
+                                 replication_heartbeat_ms=60_000)
+        leader = ReplicationLeader(SimpleNamespace(state=state, config=config, role=RoleState("master", lambda: 1)))
+        leader.attach()
+        for i in range(3):
+            await state.append(NormalRecord(i, [Message("T", b"x", queue_id=0)], [i]))[1]
+        mark = state.db.meta.get(PUBLISHED_KEY)
+        leader.detach("test over")
+        await state.close()
+        again = StateMachine(str(tmp_path), False, lambda e: None)
+        readable = again.durable_lsn, again.local_durable_lsn
+        await again.close()
+        return mark, readable
+
+    mark, (durable, written) = asyncio.run(main())
+    assert mark is None and durable == written == 3, (mark, durable, written)

@@ -270,7 +270,7 @@ class StateMachine:
         b.wb.put(EPOCH_PREFIX + keys.lsn_key(r.epoch), str(lsn).encode(), self._h_meta)
 
     def _before_write(self, b: Batch) -> None:
-        if b.hold is not None or self.replication_wait is not None or self.publish_limit is not None:
+        if self.replication_wait is not None or self.publish_limit is not None:
             b.wb.put(PUBLISHED_KEY, keys.lsn_key(self.durable_lsn), self._h_meta)
             self._published_marked = True
         elif self._published_marked:  # no longer a SYNC master: everything written is published
@@ -336,7 +336,7 @@ class StateMachine:
             return self._writer.open_future
         if self.replication_wait is not None:
             return self.replication_wait(lsn)
-        return None  # not leading: the request was refused before it got here
+        return None  # an ASYNC master (it published what it wrote), or a broker that never led
 
     # ---- retention and truncation (through the families) --------------------------------------------
 
