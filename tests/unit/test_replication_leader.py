@@ -13,7 +13,6 @@ from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.store.records import NormalRecord
 from txbroker.store.state import PUBLISHED_KEY, StateMachine
 
-
 class Link:
     """A slave's connection as the leader sees it: what was pushed, in order."""
 
@@ -34,13 +33,16 @@ class Link:
     def close(self) -> None:
         pass
 
+def _leader(tmp_path, mode: str):
+    """A real store and its master's replication leader, without a broker around them."""
+    state = StateMachine(str(tmp_path), False, lambda e: None)
+    config = SimpleNamespace(replication_mode=mode, sync_replicas=1, replication_timeout_ms=1000,
+                             replication_heartbeat_ms=60_000)
+    return state, ReplicationLeader(SimpleNamespace(state=state, config=config, role=RoleState("master", lambda: 1)))
 
 def test_a_live_slave_the_push_does_not_continue_is_caught_up_from_disk(tmp_path):
     async def main():
-        state = StateMachine(str(tmp_path), False, lambda e: None)
-        config = SimpleNamespace(replication_mode="ASYNC", sync_replicas=1, replication_timeout_ms=1000,
-                                 replication_heartbeat_ms=60_000)
-        leader = ReplicationLeader(SimpleNamespace(state=state, config=config, role=RoleState("master", lambda: 1)))
+        state, leader = _leader(tmp_path, "ASYNC")
         leader.attach()
         for i in range(3):  # LSNs 1-3, written before the slave's feed goes live
             await state.append(NormalRecord(i, [Message("T", b"x", queue_id=0)], [i]))[1]
@@ -57,15 +59,6 @@ def test_a_live_slave_the_push_does_not_continue_is_caught_up_from_disk(tmp_path
 
     asyncio.run(main())
 
-
-def _sync_leader(tmp_path):
-    state = StateMachine(str(tmp_path), False, lambda e: None)
-    config = SimpleNamespace(replication_mode="SYNC", sync_replicas=1, replication_timeout_ms=1000,
-                             replication_heartbeat_ms=60_000)
-    role = RoleState("master", lambda: 1)
-    return state, ReplicationLeader(SimpleNamespace(state=state, config=config, role=role))
-
-
 async def _outcome(fut) -> str:
     try:
         await fut
@@ -73,13 +66,12 @@ async def _outcome(fut) -> str:
     except RequestError as e:
         return ResponseCode(e.code).name
 
-
 def test_a_write_in_flight_when_the_master_steps_down_is_neither_acknowledged_nor_published(tmp_path):
     """A send passed require_master and was appended; in the same loop turn the master was fenced
     or demoted (the leader detached) before the batch was written. Found by review: the batch was
     then written with no leader, published and answered SUCCESS with no slave holding it."""
     async def main():
-        state, leader = _sync_leader(tmp_path)
+        state, leader = _leader(tmp_path, "SYNC")
         leader.attach()
         lsn, written = state.append(NormalRecord(1, [Message("T", b"w", queue_id=0)], [0]))
         leader.detach("fenced by epoch 2")            # the same turn: the batch is not written yet
@@ -92,13 +84,12 @@ def test_a_write_in_flight_when_the_master_steps_down_is_neither_acknowledged_no
     assert outcome == "SLAVE_NOT_AVAILABLE"
     assert published < lsn and mark is not None, "the unreplicated write was published"
 
-
 def test_an_empty_barrier_does_not_make_an_unreplicated_write_look_published(tmp_path):
     """UPDATE_AND_CREATE_TOPIC of a topic that exists appends nothing and waits on the store's
     barrier. Found by review: that wrote an empty batch, which set the locally written end to 0, so
     a retried request for an unreplicated write was answered SUCCESS at once."""
     async def main():
-        state, leader = _sync_leader(tmp_path)
+        state, leader = _leader(tmp_path, "SYNC")
         leader.attach()
         lsn, written = state.append(NormalRecord(1, [Message("T", b"w", queue_id=0)], [0]))
         first = await _outcome(written)               # no slave in sync: refused, kept unpublished
@@ -121,15 +112,11 @@ def test_an_empty_barrier_does_not_make_an_unreplicated_write_look_published(tmp
     assert first == "SLAVE_NOT_AVAILABLE" and local == lsn
     assert barrier != "acknowledged" and retried != "acknowledged", (barrier, retried)
 
-
 def test_an_async_master_writes_no_published_mark_and_restarts_with_everything_readable(tmp_path):
     """The published mark is a SYNC master's: an ASYNC master publishes what it writes, so a
     restart hides nothing (review of 8eb9917: the batch's hold had made every batch write it)."""
     async def main():
-        state = StateMachine(str(tmp_path), False, lambda e: None)
-        config = SimpleNamespace(replication_mode="ASYNC", sync_replicas=1, replication_timeout_ms=1000,
-                                 replication_heartbeat_ms=60_000)
-        leader = ReplicationLeader(SimpleNamespace(state=state, config=config, role=RoleState("master", lambda: 1)))
+        state, leader = _leader(tmp_path, "ASYNC")
         leader.attach()
         for i in range(3):
             await state.append(NormalRecord(i, [Message("T", b"x", queue_id=0)], [i]))[1]
