@@ -13,6 +13,7 @@ from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.store.records import NormalRecord
 from txbroker.store.state import PUBLISHED_KEY, StateMachine
 
+
 class Link:
     """A slave's connection as the leader sees it: what was pushed, in order."""
 
@@ -33,12 +34,14 @@ class Link:
     def close(self) -> None:
         pass
 
+
 def _leader(tmp_path, mode: str):
     """A real store and its master's replication leader, without a broker around them."""
     state = StateMachine(str(tmp_path), False, lambda e: None)
     config = SimpleNamespace(replication_mode=mode, sync_replicas=1, replication_timeout_ms=1000,
                              replication_heartbeat_ms=60_000)
     return state, ReplicationLeader(SimpleNamespace(state=state, config=config, role=RoleState("master", lambda: 1)))
+
 
 def test_a_live_slave_the_push_does_not_continue_is_caught_up_from_disk(tmp_path):
     async def main():
@@ -59,12 +62,14 @@ def test_a_live_slave_the_push_does_not_continue_is_caught_up_from_disk(tmp_path
 
     asyncio.run(main())
 
+
 async def _outcome(fut) -> str:
     try:
         await fut
         return "acknowledged"
     except RequestError as e:
         return ResponseCode(e.code).name
+
 
 def test_a_write_in_flight_when_the_master_steps_down_is_neither_acknowledged_nor_published(tmp_path):
     """A send passed require_master and was appended; in the same loop turn the master was fenced
@@ -83,6 +88,7 @@ def test_a_write_in_flight_when_the_master_steps_down_is_neither_acknowledged_no
     lsn, outcome, published, mark = asyncio.run(main())
     assert outcome == "SLAVE_NOT_AVAILABLE"
     assert published < lsn and mark is not None, "the unreplicated write was published"
+
 
 def test_an_empty_barrier_does_not_make_an_unreplicated_write_look_published(tmp_path):
     """UPDATE_AND_CREATE_TOPIC of a topic that exists appends nothing and waits on the store's
@@ -111,6 +117,7 @@ def test_an_empty_barrier_does_not_make_an_unreplicated_write_look_published(tmp
     lsn, first, barrier, retried, local = asyncio.run(main())
     assert first == "SLAVE_NOT_AVAILABLE" and local == lsn
     assert barrier != "acknowledged" and retried != "acknowledged", (barrier, retried)
+
 
 def test_an_async_master_writes_no_published_mark_and_restarts_with_everything_readable(tmp_path):
     """The published mark is a SYNC master's: an ASYNC master publishes what it writes, so a
