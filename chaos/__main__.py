@@ -110,6 +110,11 @@ def summary(reports: list[dict]) -> str:
              *([f"ASYNC: acknowledged commits lost {sum(n for _, n in lost_async)} in {len(lost_async)} schedules "
                 f"(per seed: {dict((s, n) for s, n in lost_async if n)}); the group, after those losses: "
                 + (", ".join(f"{k} {v}" for k, v in sorted(after_loss.items())) or "nothing")] if lost_async else [])]
+    moved = sum(r.get("reordered_where_the_key_moved", 0) for r in ok)
+    unplaced = sum(r.get("reordered_after_route_change", 0) for r in ok)
+    lines.append(f"ordered keys reordered across a move to another queue (a route change; not anomalies): {moved} keys"
+                 f" in {sum(1 for r in ok if r.get('reordered_where_the_key_moved'))} schedules; where a send's queue"
+                 f" is unknown (unanswered) and the route changed: {unplaced} keys")
     backups = Counter()
     for r in ok:
         backups.update(r.get("backup_outcomes", {}))

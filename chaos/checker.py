@@ -26,9 +26,12 @@ and for the consumer groups (at-least-once: a message consumed again is counted 
   group phantom     a consumed message Orders does not hold
   dead letter       poison Orders holds that is not in %DLQ%chaos-cg, or a dead letter not poison
   offset regressed  a queue's committed offset read lower than an earlier read of it (per group)
-  order broken      a key's messages first delivered to chaos-ord out of their send order (a
-                    route change moves keys between groups, as adding partitions does in Kafka:
-                    reorderings after one are counted apart, as `reordered after a route change`)
+  order broken      a key's messages first delivered to chaos-ord out of their send order, both
+                    stored in the same queue of the same group (a route change moves a key to
+                    another queue, as adding partitions does in Kafka: a reordering across the
+                    move is counted apart, as `reordered where the key moved`; one whose send went
+                    unanswered, so its queue is unknown, as `reordered after a route change` when
+                    the route changed)
   ordered lost      an acknowledged ordered send chaos-ord never consumed
 
 (A message retention deleted before a consumer group got to it - its consumer skipped past, as
@@ -63,7 +66,7 @@ import time
 from collections import Counter, defaultdict
 
 from chaos.reader import Reader
-from chaos.workload import ORDERED, History, TOPICS
+from chaos.workload import ORDERED, TOPICS, History, Tx
 
 # A backup's slave is in sync when it heard its master within 3 heartbeats (chaos/broker.py: 200 ms)
 # and holds all the master had published then (docs/backup.md): a commit acknowledged that long
@@ -203,12 +206,30 @@ def check_groups(h: History, reader: Reader, route_changed: bool) -> dict[str, l
             if n not in had:
                 had.add(n)
                 first.append(n)
-        broken = [(a, b) for a, b in zip(first, first[1:]) if b < a]
-        if broken:
-            kind = "reordered after a route change" if route_changed else "order broken"
-            out[kind].append(f"key {key}: first delivered {', '.join(f'{a} before {b}' for a, b in broken[:5])}"
-                             f"{' ...' if len(broken) > 5 else ''}")
+        # every earlier-sent message delivered after a later one, not only neighbours: a key that
+        # moved and came back (a group added, then drained) interleaves two queues' runs
+        broken: dict[str, list[str]] = defaultdict(list)
+        for i, b in enumerate(first):
+            for a in first[:i]:
+                if b < a:
+                    broken[_reordering(h, key, a, b, route_changed)].append(f"{a} before {b}")
+        for kind, pairs in broken.items():
+            out[kind].append(f"key {key}: first delivered {', '.join(pairs[:5])}{' ...' if len(pairs) > 5 else ''}"
+                             f" ({len(pairs)} pairs)")
     return {k: v for k, v in out.items() if v}
+
+
+def _reordering(h: History, key: str, later: int, earlier: int, route_changed: bool) -> str:
+    """What a delivery of `later` before `earlier` (both of `key`) is: order broken within one queue,
+    or a reordering across a move of the key from one queue to another."""
+    where = [_placement(h.txs.get(f"ord-{key}-{n}")) for n in (later, earlier)]
+    if None in where:
+        return "reordered after a route change" if route_changed else "order broken"
+    return "order broken" if where[0] == where[1] else "reordered where the key moved"
+
+
+def _placement(tx: Tx | None) -> tuple[str, int] | None:
+    return (tx.groups[0], tx.queue_ids[0]) if tx and tx.groups and tx.queue_ids else None
 
 
 def _offsets(h: History) -> dict[str, list[str]]:

@@ -331,6 +331,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     nemesis.wait_backups(150)
     backups = _backups(nemesis, began)
     _check_backups(h, reader, backups, cluster, began, anomalies, nemesis.events)
+    moved = anomalies.pop("reordered where the key moved", [])
     reordered = anomalies.pop("reordered after a route change", [])
     unverified = anomalies.pop("unverified", [])
     skipped = anomalies.pop("skipped by retention", [])
@@ -376,7 +377,8 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "restored_lost_under_async_details": restored_lost_async[:20],
             "group_after_async_loss": {k: len(v) for k, v in after_loss.items()},
             "group_after_async_loss_details": {k: v[:20] for k, v in after_loss.items()},
-            "reordered_after_route_change": len(reordered),
+            "reordered_where_the_key_moved": len(moved), "reordered_where_the_key_moved_details": moved[:20],
+            "reordered_after_route_change": len(reordered), "reordered_after_route_change_details": reordered[:20],
             "unverified": len(unverified), "unverified_details": unverified[:20],
             "skipped_by_retention": len(skipped), "skipped_details": skipped[:20],
             "group": checker.group_counts(h, reader),

@@ -64,6 +64,7 @@ class Tx:
     kind: str = "tx"  # tx | member | plain | ordered
     job: str = ""  # a member's job
     groups: list[str] = field(default_factory=list)  # where its messages were placed (home first)
+    queue_ids: list[int] = field(default_factory=list)  # and in which queue there (ordered sends)
     topics: list[str] = field(default_factory=list)  # each body's topic
     acked_at: float = 0.0  # monotonic time the decision was acknowledged (a backup's checker: before it or not)
 
@@ -279,7 +280,7 @@ async def _ordered(bootstrap, h: History, stop: threading.Event, seed: int) -> N
                 h.failed()
                 await asyncio.sleep(0.05)
                 continue
-            h.txs[body].groups = r.groups
+            h.txs[body].groups, h.txs[body].queue_ids = r.groups, r.queue_ids
             h.ack(body, "COMMIT")
             await asyncio.sleep(0.01)
     finally:
