@@ -256,32 +256,44 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     (phantoms), committed offsets past (regressions) or skipped; a spanning transaction or job may
     have lost its part on that group (torn), a participant whose home lost its transaction is parked
     for an operator (unresolved), and a poison message whose retry was lost never reaches the dead
-    letters. Those are consequences of the loss, counted with it (removed from `anomalies`); without
-    a loss they stay anomalies, and so do torn and dead letters on groups that lost nothing."""
+    letters. Those are consequences of the loss, counted with it (removed from `anomalies`), on the
+    group that lost something (an unresolved participant also where its home lost it); without a
+    loss they stay anomalies, and so does every one of them on a group that lost nothing."""
     lossy = set().union(*(_groups_named(d) for d in lost_async)) if lost_async else set()
     lossy |= {g.name for g in cluster.groups.values()
               if any("may lack" in f.get("message", "") for f in g.status.get("failovers") or [])}
     if not lossy:
         return {}
     after: dict[str, list[str]] = {}
-    for kind in ("group lost", "group phantom", "offset regressed", "ordered lost", "rewritten", "went back",
-                 "unresolved"):
-        if kind in anomalies:
-            after[kind] = anomalies.pop(kind)
+    names = set(cluster.groups)
+    by_body = {b: tx for tx in h.txs.values() for b in tx.bodies}
+    # a participant on another group parks (or waits) when its home lost the transaction
+    homes_lost = {g for tx in h.txs.values() if len(tx.groups) > 1 and tx.groups[0] in lossy for g in tx.groups}
 
-    def on_lossy_group(kind: str, groups_of) -> None:
+    def groups_of(detail: str) -> set[str]:
+        """"g1: ...", "g1 Orders:3 ...", "g1 chaos-cg queue 2: ..." name their group; "<body>: ..."
+        is on its transaction's groups (none known when its send went unanswered: then it stays)."""
+        head = detail.split(":", 1)[0].split(" ", 1)[0]
+        if head in names:
+            return {head}
+        return _groups_named(detail) or set(getattr(by_body.get(head), "groups", None) or ())
+
+    def on_lossy_group(kind: str, where, lossy=lossy) -> None:
         kept, moved = [], []
         for d in anomalies.get(kind, []):
-            (moved if groups_of(d) & lossy else kept).append(d)
+            (moved if where(d) & lossy else kept).append(d)
         if moved:
             after[kind] = moved
             if kept:
                 anomalies[kind] = kept
             else:
                 del anomalies[kind]
+    for kind in ("group lost", "group phantom", "offset regressed", "ordered lost", "rewritten", "went back"):
+        on_lossy_group(kind, groups_of)
+    on_lossy_group("unresolved", groups_of, lossy | homes_lost)
     on_lossy_group("torn", _groups_named)
     # "t0-8607.0.poison: poison in Orders, ...": the groups of the transaction that sent it
-    on_lossy_group("dead letter", lambda d: set(getattr(h.txs.get(d.split(".", 1)[0]), "groups", None) or ()))
+    on_lossy_group("dead letter", lambda d: set(getattr(by_body.get(d.split(":", 1)[0]), "groups", None) or ()))
     return after
 
 

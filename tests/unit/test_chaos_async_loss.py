@@ -26,15 +26,24 @@ def history() -> History:
     h = History()
     h.add("t0-8607", Tx(["t0-8607.0.poison", "t0-8607.1"], "COMMIT", groups=["g2"]))
     h.add("t0-9000", Tx(["t0-9000.0.poison"], "COMMIT", groups=["g0"]))
+    h.add("t0-31", Tx(["t0-31.0", "t0-31.1"], "COMMIT", groups=["g1", "g3"]))  # home g1, participant g3
+    h.add("plain-7", Tx(["plain-7"], "COMMIT", kind="plain", groups=["g0"]))
+    h.add("plain-8", Tx(["plain-8"], "COMMIT", kind="plain", groups=["g2"]))
+    h.add("plain-9", Tx(["plain-9"], "COMMIT", kind="plain"))  # unanswered: its group unknown
     return h
 
 
 def anomalies() -> dict[str, list[str]]:
     return {"torn": ["t0-1788 on g1+g0: 1 of 2 messages read (t0-1788.1)", "t0-77 on g0: 1 of 2 messages read"],
-            "unresolved": ["g0: 1 transactions or jobs still pending, parked or undecided after settling"],
+            "unresolved": ["g0: 1 transactions or jobs still pending, parked or undecided after settling",
+                           "g3: 1 transactions or jobs still pending, parked or undecided after settling"],
             "dead letter": ["t0-8607.0.poison: poison in Orders, not in %DLQ%chaos-cg",
                             "t0-9000.0.poison: poison in Orders, not in %DLQ%chaos-cg"],
-            "group phantom": ["x"], "duplicated": ["t0-5 on g1: read twice"]}
+            "group phantom": ["plain-8: consumed, not in Orders", "plain-7: consumed, not in Orders",
+                              "plain-9: consumed, not in Orders"],
+            "offset regressed": ["g2 chaos-cg queue 1: committed offset 3 read from b7 at 10:00:00.000, 0.2 s after 9",
+                                 "g0 chaos-cg queue 1: committed offset 3 read from b0 at 10:00:00.000, 0.2 s after 9"],
+            "duplicated": ["t0-5 on g1: read twice"]}
 
 
 def test_what_follows_a_groups_loss_is_counted_with_it_and_only_there():
@@ -42,14 +51,19 @@ def test_what_follows_a_groups_loss_is_counted_with_it_and_only_there():
     after = _consequences_of_async_loss(
         a, ["plain-1114 (plain on g1): acknowledged COMMIT, 1 of 1 messages never read"],
         cluster({"g0": [], "g1": [], "g2": ["master b6 down for 2s; promoted b7 (offset 17924) at epoch 2; it may "
-                                            "lack up to 12 records the master had"]}), history())
+                                            "lack up to 12 records the master had"], "g3": []}), history())
     assert after == {"torn": ["t0-1788 on g1+g0: 1 of 2 messages read (t0-1788.1)"],
-                     "unresolved": anomalies()["unresolved"],
+                     # g3's participant of t0-31, whose home g1 lost it
+                     "unresolved": ["g3: 1 transactions or jobs still pending, parked or undecided after settling"],
                      "dead letter": ["t0-8607.0.poison: poison in Orders, not in %DLQ%chaos-cg"],
-                     "group phantom": ["x"]}
-    # a torn transaction and a missing dead letter on g0, which lost nothing, and a duplicate anywhere stay
+                     "group phantom": ["plain-8: consumed, not in Orders"],
+                     "offset regressed": [anomalies()["offset regressed"][0]]}
+    # the same on g0, which lost nothing, on no known group, and a duplicate anywhere stay anomalies
     assert a == {"torn": ["t0-77 on g0: 1 of 2 messages read"],
+                 "unresolved": ["g0: 1 transactions or jobs still pending, parked or undecided after settling"],
                  "dead letter": ["t0-9000.0.poison: poison in Orders, not in %DLQ%chaos-cg"],
+                 "group phantom": ["plain-7: consumed, not in Orders", "plain-9: consumed, not in Orders"],
+                 "offset regressed": [anomalies()["offset regressed"][1]],
                  "duplicated": ["t0-5 on g1: read twice"]}
 
 
