@@ -50,7 +50,7 @@ def _unmount_under(work: str) -> None:
 
 
 def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_logs: bool = False,
-            families: str = ",".join(FAMILIES), retention: float = 20.0) -> dict:
+            families: str = ",".join(FAMILIES), retention: float = 20.0, every_kind: bool = False) -> dict:
     tag = f"{seed % 10000}"
     net = Network(tag, MAX_BROKERS).up()
     report = results / f"seed-{seed}.json"
@@ -60,7 +60,7 @@ def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_
                 r = subprocess.run(in_ns(net.hub, sys.executable, "-m", "chaos.schedule", "--seed", str(seed),
                                          "--duration", str(duration), "--workdir", work, "--tag", tag,
                                          "--report", str(report), "--mode", mode, "--families", families,
-                                         "--retention", str(retention)),
+                                         "--retention", str(retention), *(["--every-kind"] if every_kind else [])),
                                    cwd=ROOT, capture_output=True, text=True, timeout=duration + 420)
             finally:
                 _unmount_under(work)
@@ -147,6 +147,8 @@ def main() -> int:
                     help=f"the nemesis families to draw faults from (default all: {', '.join(FAMILIES)})")
     ap.add_argument("--retention", type=float, default=20.0,
                     help="the brokers' retention in seconds (0: none); decided jobs expire after twice that")
+    ap.add_argument("--every-kind", action="store_true",
+                    help="draw every fault of the families first, not one of each family (make test's fixed seeds)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the brokers' logs of every schedule, not only failing ones")
     ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-<time>)")
     args = ap.parse_args()
@@ -156,7 +158,8 @@ def main() -> int:
     reports = []
     for seed in parse_seeds(args.seeds):
         t0 = time.monotonic()
-        r = run_one(seed, args.duration, results, args.mode, args.keep_logs, args.families, args.retention)
+        r = run_one(seed, args.duration, results, args.mode, args.keep_logs, args.families, args.retention,
+                    args.every_kind)
         reports.append(r)
         if "error" in r:
             print(f"seed {seed}: ERROR (see {results})", flush=True)

@@ -59,8 +59,9 @@ def family_of(kind: str) -> str:
 
 
 class Nemesis:
-    def __init__(self, rnd: random.Random, cluster: Cluster):
+    def __init__(self, rnd: random.Random, cluster: Cluster, hows: list[str] | None = None):
         self.rnd, self.cluster = rnd, cluster
+        self.hows = hows or []  # the damage of the next stopped brokers' corruption, before a random one
         self.events: list[dict] = []
         self.draining: Group | None = None
         self.added = False
@@ -167,6 +168,8 @@ class Nemesis:
         elif kind.startswith("corrupt"):
             self.damaged[target.name] = g.name
             ev["how"] = self.rnd.choice(["bitflip", "truncate"])
+            if kind != "corrupt-running-slave" and self.hows:
+                ev["how"] = self.hows.pop(0)
             if kind == "corrupt-running-slave":
                 ev["how"] = "bitflip"  # a running broker's files cut short are its own doing, not the disk's
                 ev["damage"] = target.damage(self.rnd, ev["how"])
