@@ -26,6 +26,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from chaos.broker import MODES
 from chaos.nemesis import FAMILIES
 from chaos.net import Network, in_ns
 from chaos.schedule import MAX_BROKERS
@@ -82,7 +83,7 @@ def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_
 def summary(reports: list[dict]) -> str:
     ok = [r for r in reports if "error" not in r]
     faults, anomalies, ops, group, families = Counter(), Counter(), Counter(), Counter(), Counter()
-    lost_async = [(r["seed"], r["lost_under_async"]) for r in ok if r.get("mode") == "ASYNC"]
+    lost_async = [(r["seed"], r["lost_under_async"]) for r in ok if r.get("mode", "SYNC") != "SYNC"]
     after_loss = Counter()
     for r in ok:
         after_loss.update(r.get("group_after_async_loss", {}))
@@ -141,8 +142,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="1-3", help="e.g. 1-100 or 4,9,12")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of faults and load per schedule")
-    ap.add_argument("--mode", choices=["SYNC", "ASYNC"], default="SYNC",
-                    help="replication and flush mode of the brokers (ASYNC: lost commits are counted, not anomalies)")
+    ap.add_argument("--mode", choices=MODES, default="SYNC",
+                    help="SYNC: replication and flush; ASYNC: both (lost commits are counted, not anomalies); "
+                         "ASYNC_FLUSH: SYNC replication, ASYNC flush (commits lost to a whole group's power cut "
+                         "are counted, any other loss is an anomaly)")
     ap.add_argument("--families", default=",".join(FAMILIES),
                     help=f"the nemesis families to draw faults from (default all: {', '.join(FAMILIES)})")
     ap.add_argument("--retention", type=float, default=20.0,

@@ -43,6 +43,19 @@ DISK_MB = 384  # each broker's data directory is a tmpfs of this size, so the ne
 STORE = "store"  # the data directory inside the broker's filesystem
 
 
+# The schedule's mode: SYNC (replication and flush), ASYNC (both), ASYNC_FLUSH (SYNC replication,
+# the log fsynced every --flush-interval-ms: what only a whole group's power cut can lose).
+MODES = ("SYNC", "ASYNC", "ASYNC_FLUSH")
+
+
+def replication_of(mode: str) -> str:
+    return "ASYNC" if mode == "ASYNC" else "SYNC"
+
+
+def flush_of(mode: str) -> str:
+    return "SYNC" if mode == "SYNC" else "ASYNC"
+
+
 def retention_flags(retention_s: float) -> tuple[str, ...]:
     """Records older than `retention_s` deleted (their lineage kept), decided jobs expiring after
     twice that, checked every tenth of it; every record read back (checksums) every 5 s."""
@@ -62,7 +75,7 @@ class BrokerProc:
         self.net = net
         self.ns = net.brokers[index]
         self.ip = net.ips[index]
-        self.mode = mode  # SYNC or ASYNC: replication and flush
+        self.mode = mode  # one of MODES
         self.retention_s = retention_s
         self.proxied = proxied
         self.route_file = route_file
@@ -118,7 +131,7 @@ class BrokerProc:
         group = ["--group", self.group, "--cluster-file", str(self.route_file)] if self.route_file else []
         cmd = in_ns(self.ns, TXBROKER, "broker", "--data-dir", str(self.data), "--broker-name", self.name,
                     "--listen", listen, "--admin-listen", f"{self.ip}:{c.ADMIN_PORT}", *role, *group,
-                    "--replication-mode", self.mode, "--flush-disk-type", self.mode, *FLAGS,
+                    "--replication-mode", replication_of(self.mode), "--flush-disk-type", flush_of(self.mode), *FLAGS,
                     *retention_flags(self.retention_s))
         env = dict(os.environ, LD_PRELOAD=FAKETIME, FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
                    FAKETIME_CACHE_DURATION="1", DONT_FAKE_MONOTONIC="1")

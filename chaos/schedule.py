@@ -33,6 +33,7 @@ from txbroker.client.admin import AdminClient
 from txbroker_operator import scaling
 
 from chaos import backup, checker, workload
+from chaos.broker import MODES
 from chaos.cluster import Cluster, start_cluster
 from chaos.nemesis import FAMILIES, INSTANT, Nemesis
 from chaos.net import Network
@@ -259,6 +260,21 @@ def _groups_named(detail: str) -> set[str]:
     return set(m.group(1).split("+")) if m else set()
 
 
+def _losses_allowed(mode: str, anomalies: dict, events: list[dict]) -> list[str]:
+    """The acknowledged commits lost that the mode allows (taken out of `anomalies`): under ASYNC
+    any; under ASYNC_FLUSH (SYNC replication) only on a group whose power was cut as a whole; under
+    SYNC none."""
+    if mode == "SYNC":
+        return []
+    lost = anomalies.pop("lost", [])
+    if mode == "ASYNC_FLUSH":
+        cut = {e["group"] for e in events if e["kind"] == "power-loss-group"}
+        if kept := [d for d in lost if not _groups_named(d) & cut]:
+            anomalies["lost"] = kept
+        lost = [d for d in lost if _groups_named(d) & cut]
+    return lost
+
+
 def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster: Cluster,
                                 h: workload.History) -> dict[str, list[str]]:
     """What an ASYNC failover or a whole group's power loss took away, the groups may have consumed
@@ -366,10 +382,10 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
                                                         *_drain_diagnosis(g)])
     if not read_whole:
         anomalies.setdefault("harness", []).append("the reader could not read every group to its end")
-    lost_async = anomalies.pop("lost", []) if mode == "ASYNC" else []
+    lost_async = _losses_allowed(mode, anomalies, nemesis.events)
     # under ASYNC a slave in sync holds its master's writes up to its last heartbeat (docs/backup.md)
     restored_lost_async = anomalies.pop("restored lost", []) if mode == "ASYNC" else []
-    after_loss = _consequences_of_async_loss(anomalies, lost_async, cluster, h) if mode == "ASYNC" else {}
+    after_loss = _consequences_of_async_loss(anomalies, lost_async, cluster, h) if mode != "SYNC" else {}
     events = nemesis.events
     to_monotonic = time.monotonic() - time.time()
     if anomalies or lost_async:  # the whole history beside the report, for the operations around each anomaly
@@ -418,7 +434,7 @@ def main() -> int:
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--tag", required=True)
     ap.add_argument("--report", required=True)
-    ap.add_argument("--mode", choices=["SYNC", "ASYNC"], default="SYNC")
+    ap.add_argument("--mode", choices=MODES, default="SYNC")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--retention", type=float, default=20.0, help="seconds (0: none)")
     ap.add_argument("--every-kind", action="store_true", help="draw every fault of the families first")

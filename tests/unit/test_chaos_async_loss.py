@@ -72,3 +72,18 @@ def test_without_a_loss_nothing_is_excused():
     assert _consequences_of_async_loss(a, [], cluster({"g0": ["master b0 down for 2s; promoted b2 at epoch 2"]}),
                                        history()) == {}
     assert a == anomalies()
+
+
+def test_under_async_flush_only_a_whole_groups_power_cut_may_lose_a_commit():
+    from chaos.schedule import _losses_allowed
+
+    lost = ["plain-1 (plain on g1): acknowledged COMMIT, 1 of 1 messages never read",
+            "t0-2 (tx on g0): acknowledged COMMIT, 2 of 2 messages never read"]
+    events = [{"kind": "power-loss-group", "group": "g1"}, {"kind": "power-loss-broker", "group": "g0"}]
+    a = {"lost": list(lost)}
+    assert _losses_allowed("ASYNC_FLUSH", a, events) == lost[:1]
+    assert a == {"lost": lost[1:]}  # g0 lost one broker's power only: its slaves held the commit
+    a = {"lost": list(lost)}
+    assert _losses_allowed("ASYNC", a, events) == lost and a == {}
+    a = {"lost": list(lost)}
+    assert _losses_allowed("SYNC", a, events) == [] and a == {"lost": lost}
