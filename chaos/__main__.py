@@ -116,6 +116,13 @@ def summary(reports: list[dict]) -> str:
     lines.append(f"ordered keys reordered across a move to another queue (a route change; not anomalies): {moved} keys"
                  f" in {sum(1 for r in ok if r.get('reordered_where_the_key_moved'))} schedules; where a send's queue"
                  f" is unknown (unanswered) and the route changed: {unplaced} keys")
+    damage = Counter()
+    for r in ok:
+        damage.update(r.get("corruption", {}))
+    if damage["damaged"]:
+        lines.append(f"corruption: {damage['damaged']} damaging faults on {damage['brokers']} brokers; the brokers' logs: "
+                     f"found while running {damage['found while running']}, seeds begun for a damaged store "
+                     f"{damage['seeds for damage']}, seeds finished {damage['seeded']}")
     backups = Counter()
     for r in ok:
         backups.update(r.get("backup_outcomes", {}))

@@ -275,6 +275,24 @@ def _losses_allowed(mode: str, anomalies: dict, events: list[dict]) -> list[str]
     return lost
 
 
+def _corruption_outcomes(events: list[dict], cluster: Cluster) -> dict:
+    """What became of the damage done, from the damaged brokers' own logs: found while running
+    (the scrub or a read: the broker stopped), seeds begun because the store was damaged (found at
+    the open, or after such a stop), seeds finished. Damage can go unfound and still do no harm: a
+    table compacted or retained away before a read, a log already flushed to tables."""
+    damaged = Counter(e["target"] for e in events if e["family"] == "corruption" and e.get("damage"))
+    out = Counter(damaged=sum(damaged.values()), brokers=len(damaged))
+    for g in cluster.groups.values():
+        for p in g.procs:
+            if p.name in damaged and p.log_path.exists():
+                lines = p.log_path.read_text(errors="replace").splitlines()
+                out["found while running"] += sum("the store is damaged (" in line for line in lines)
+                out["seeds for damage"] += sum("seeding the store from master" in line and "damaged" in line
+                                               for line in lines)
+                out["seeded"] += sum("store seeded from master" in line for line in lines)
+    return dict(out)
+
+
 def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster: Cluster,
                                 h: workload.History) -> dict[str, list[str]]:
     """What an ASYNC failover or a whole group's power loss took away, the groups may have consumed
@@ -424,7 +442,8 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "group": checker.group_counts(h, reader),
             "liveness": _liveness(events, h, end),
             "restarts": {p.name: p.starts - 1 for g in cluster.groups.values() for p in g.procs},
-            "exit_codes": {p.name: Counter(p.exits) for g in cluster.groups.values() for p in g.procs if p.exits}}
+            "exit_codes": {p.name: Counter(p.exits) for g in cluster.groups.values() for p in g.procs if p.exits},
+            "corruption": _corruption_outcomes(events, cluster)}
 
 
 def main() -> int:
