@@ -98,8 +98,10 @@ def broker_toml(spec: Mapping[str, Any]) -> str:
     lines = [f'replication_mode = "{spec.get("replication", "ASYNC")}"',
              f'flush_disk_type = "{spec.get("flush", "ASYNC")}"',
              f'retention_ms = {int(retention.get("hours", 72)) * 3_600_000}',
-             f'retention_bytes = {int(retention.get("bytes", 0))}',
-             "", "[transaction]"]
+             f'retention_bytes = {int(retention.get("bytes", 0))}']
+    if "jobHours" in retention:  # else the broker's default (7 days): no line, so older specs keep their pods
+        lines.append(f'job_retention_ms = {int(retention["jobHours"]) * 3_600_000}')
+    lines += ["", "[transaction]"]
     lines += [f"{k} = {v}" for k, v in transaction_settings(spec).items()]
     return "\n".join(lines) + "\n"
 

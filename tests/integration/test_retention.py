@@ -181,6 +181,29 @@ def test_jobs_expire_with_the_log_and_replays_by_name_hold_within_the_bound(brok
         assert not c.open(timeout=60, name="batch-149").already  # past the bound, a name is new again
 
 
+def test_a_replay_by_name_finds_its_job_after_the_decision_left_the_log_until_the_bound(broker_factory):
+    """The bound of defect 3, apart from expiry itself: a job whose records retention deleted is
+    still found by its name (a replay is `already`, never published twice) until
+    `--job-retention-ms` has passed since its decision; only then is the name new again."""
+    from txbroker.client import JobCoordinator
+
+    b = broker_factory("--retention-ms", "300", "--retention-check-interval-ms", "100", "--job-retention-ms", "8000")
+    admin = AdminClient(b.admin_url)
+    with JobCoordinator("jobs-pg", b.address) as c:
+        first = c.open(timeout=60, name="nightly-0")
+        c.commit(first.job_id, [c.send(first.job_id, Message("Out", b"m0"))])
+        decided = info(b)["log_end_offset"]
+        for i in range(1, 20):  # later jobs' messages: the first job's are no queue's newest any more
+            job = c.open(timeout=60, name=f"nightly-{i}")
+            c.commit(job.job_id, [c.send(job.job_id, Message("Out", f"m{i}".encode()))])
+        wait_until(lambda: info(b)["log_start_offset"] > decided, what="retention past the first job's decision")
+        replay = c.open(timeout=60, name="nightly-0")
+        assert replay.already and replay.job_id == first.job_id and replay.state == "COMMITTED"
+        wait_until(lambda: admin.get("/api/v1/jobs?state=all&limit=100")["total"] == 0, 30,
+                   what="the decided jobs to expire once the bound passed")
+        assert not c.open(timeout=60, name="nightly-0").already
+
+
 def test_a_queue_retained_empty_goes_on_from_its_end_after_a_restart(broker_factory):
     """Found while giving each family of derived state one owner: once retention had deleted every
     message of a queue, a restart derived the queue's end from its (now empty) index: 0. The next

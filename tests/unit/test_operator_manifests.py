@@ -93,5 +93,16 @@ def test_placement_resources_and_storage_roll_the_pods():
 def test_retention_goes_to_the_broker_config_and_rolls_the_pods():
     toml = manifests.broker_toml({"retention": {"hours": 2, "bytes": 5_000_000}})
     assert "retention_ms = 7200000" in toml and "retention_bytes = 5000000" in toml
+    assert "job_retention_ms" not in toml  # the broker's default, 7 days
+    assert "job_retention_ms = 86400000" in manifests.broker_toml({"retention": {"jobHours": 24}})
     assert "retention_ms = 259200000" in manifests.broker_toml({})  # 72 h, the broker's own default
     assert manifests.pod_spec_hash({"retention": {"hours": 2}}) != manifests.pod_spec_hash({})
+
+
+def test_the_job_bound_reaches_the_brokers_config_as_the_broker_reads_it(tmp_path):
+    from txbroker.broker.config import load_config
+
+    path = tmp_path / "broker.toml"
+    path.write_text(manifests.broker_toml({"retention": {"hours": 2, "jobHours": 24}}))
+    config = load_config(str(path), {"data_dir": str(tmp_path / "data")})  # the pod gives --data-dir
+    assert (config.retention_ms, config.job_retention_ms) == (7_200_000, 86_400_000)
