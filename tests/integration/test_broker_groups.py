@@ -531,6 +531,8 @@ def test_a_participant_whose_home_lost_the_transaction_is_parked_and_shown(tmp_p
         assert "span-lost" in run_cli("tx", "list", "--state", "parked", "--admin", g1.master.admin_url).stdout
         assert metric(g1.master, "txbroker_parked_transactions") == 1
         assert txload.visible(g1.master.address) == {}
+        drain = admin.get("/api/v1/drain")  # it no longer asks its home; it holds its group for an operator
+        assert drain["waiting_on"] == {} and drain["pending_transactions"] == 1 and not drain["drained"], drain
     finally:
         c.stop()
 
