@@ -116,6 +116,8 @@ def summary(reports: list[dict]) -> str:
     lines.append(f"ordered keys reordered across a move to another queue (a route change; not anomalies): {moved} keys"
                  f" in {sum(1 for r in ok if r.get('reordered_where_the_key_moved'))} schedules; where a send's queue"
                  f" is unknown (unanswered) and the route changed: {unplaced} keys")
+    cuts = [sum(r.get("truncations", {}).values()) for r in ok]
+    lines.append(f"logs truncated on rejoining a new master: {sum(cuts)} times in {sum(1 for n in cuts if n)} schedules")
     damage = Counter()
     for r in ok:
         damage.update(r.get("corruption", {}))

@@ -293,6 +293,20 @@ def _corruption_outcomes(events: list[dict], cluster: Cluster) -> dict:
     return dict(out)
 
 
+def _truncations(cluster: Cluster) -> dict[str, int]:
+    """Per broker, the times it cut its log's tail on rejoining a new master (records the master did
+    not have: a deposed master's unreplicated writes), with retention running meanwhile: where the
+    second review found acknowledged commits lost, so the report says how often schedules got there."""
+    out = {}
+    for g in cluster.groups.values():
+        for p in g.procs:
+            if p.log_path.exists():
+                n = p.log_path.read_text(errors="replace").count("truncating the log after LSN")
+                if n:
+                    out[p.name] = n
+    return out
+
+
 def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster: Cluster,
                                 h: workload.History) -> dict[str, list[str]]:
     """What an ASYNC failover or a whole group's power loss took away, the groups may have consumed
@@ -443,7 +457,8 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "liveness": _liveness(events, h, end),
             "restarts": {p.name: p.starts - 1 for g in cluster.groups.values() for p in g.procs},
             "exit_codes": {p.name: Counter(p.exits) for g in cluster.groups.values() for p in g.procs if p.exits},
-            "corruption": _corruption_outcomes(events, cluster)}
+            "corruption": _corruption_outcomes(events, cluster),
+            "truncations": _truncations(cluster)}
 
 
 def main() -> int:
