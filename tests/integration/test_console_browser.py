@@ -13,6 +13,7 @@ Chromium comes from testbed/browser.sh (apt); without it this fails, naming the 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import html
 import os
@@ -395,6 +396,53 @@ def test_console_jobs_spanning_broker_groups(tmp_path):
             return f"{job.home} decided: COMMITTED" in shown(console.request(f"/jobs/{job.job_id}?at={other}")[1])
 
         wait_until(followed, 30, what="the entry on the other group to follow its home's decision")
+    finally:
+        if console is not None:
+            console.stop()
+        cluster.stop()
+
+
+class Undecided(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return S.UNKNOWN
+
+    def check_local_transaction(self, msg):
+        return S.UNKNOWN
+
+
+def test_console_ends_a_participant_only_by_force_and_says_what_it_tears(tmp_path):
+    """Second review, also: ending a spanning transaction's participant by hand tears it unless its
+    home ends it the same way. The console's confirmation says so and asks for the force; without
+    it the broker refuses."""
+    from txbroker.client import AsyncClusterTransactionProducer
+
+    cluster = start_cluster(tmp_path, groups=2, slaves=0, flags=("--check-interval-ms", "600000"))
+    console = None
+    try:
+        console = Console([g.master.admin_url for g in cluster.groups], tmp_path / "console.log")
+
+        async def begin():
+            async with AsyncClusterTransactionProducer("span-pg", cluster.bootstrap, Undecided()) as p:
+                msgs = [Message("Orders", b"a-console"), Message("Orders", b"b-console")]
+                return await p.begin(await p.place(msgs, lambda n, m, arg: 0 if m.body[:1] == b"a" else n - 1, None),
+                                     "span-console")
+
+        begun = asyncio.run(begin())
+        participant = next(iter(begun.participants))
+        status, body = console.request(f"/transactions/span-console/commit?at={participant}")
+        assert status == 200 and f"This is a participant: its home group {begun.home} decides it" in shown(body)
+        assert "Ending it here by hand tears the transaction" in shown(body) and "Yes, commit by force" in body
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', body).group(1)
+        form = {"csrf": csrf, "confirm": "yes", "at": participant}
+        status, body = console.request("/transactions/span-console/commit", data=form)  # no force: refused
+        assert status >= 400 and "force" in shown(body), shown(body)[-500:]
+        participant_admin = AdminClient(cluster.group(participant).master.admin_url)
+        assert participant_admin.transaction("span-console").state == "PREPARED"
+        status, body = console.request("/transactions/span-console/commit", data={**form, "force": "yes"})
+        assert status == 200 and "Commit: done; the transaction is now COMMITTED" in shown(body)
+        assert participant_admin.transaction("span-console").state == "COMMITTED"
+        home = AdminClient(cluster.group(begun.home).master.admin_url)
+        assert home.transaction("span-console").state == "PREPARED"  # torn by hand, as the page said
     finally:
         if console is not None:
             console.stop()
