@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -16,12 +17,22 @@ from spark_helpers import GROUP, kill_group, run_driver, spawn_driver, wait_mark
 pytest.importorskip("pyspark.sql.datasource")
 pytestmark = pytest.mark.timeout(900)
 
-README_COMMAND = "txbroker job show --name {name} --broker {broker} --group {group}"
+README = Path(__file__).resolve().parents[2] / "spark" / "README.md"
+
+
+def readme_command() -> list[str]:
+    """The command "After the driver dies" gives, read from the README: its words, the job's name,
+    broker and group the values to fill in."""
+    section = README.read_text().split("## After the driver dies", 1)[1]
+    (command,) = re.findall(r"^txbroker job show .*$", section, re.M)[:1]
+    return command.split()
 
 
 def job_show(env, name: str, check: bool = True):
-    """The README's command, as written."""
-    args = README_COMMAND.format(name=name, broker=env.cluster.bootstrap[0], group=GROUP).split()[1:]
+    """The README's command, as written, with this run's name, broker and group."""
+    words, values = readme_command(), {"--name": name, "--broker": env.cluster.bootstrap[0], "--group": GROUP}
+    assert set(values) <= set(words), words
+    args = [values.get(words[i - 1], w) if i else w for i, w in enumerate(words)][1:]
     r = run_cli(*args, check=check)
     return json.loads(r.stdout) if r.returncode == 0 else r
 
@@ -86,6 +97,37 @@ def test_prepared_then_committed_by_hand(cluster_env, tmp_path):
     assert "COMMITTED" in out
     env.wait_settled()
     wait_only(env, "deferred-")
+
+
+def test_prepared_then_aborted_by_hand_or_run_again(cluster_env, tmp_path):
+    """Row 3's other two ways: `txbroker job abort` on the job's home publishes nothing, and a run
+    with the same jobId then opens a new job; a run over a PREPARED job aborts it and publishes its
+    own rows only."""
+    env = cluster_env
+    driver(env, tmp_path, "orders-2026-11-29", "deferred-", "commit=deferred", tag="deferred-1")
+    shown = job_show(env, "orders-2026-11-29")
+    assert shown["state"] == "PREPARED"
+    home = env.cluster.group(shown["at"]).master
+    assert "ABORTED" in run_cli("job", "abort", shown["job_id"], "--admin", home.admin_url).stdout
+    env.wait_settled()
+    assert published(env) == Counter()
+    driver(env, tmp_path, "orders-2026-11-29", "fresh-", tag="fresh")
+    again = job_show(env, "orders-2026-11-29")
+    assert again["state"] == "COMMITTED" and again["job_id"] != shown["job_id"]
+    env.wait_settled()
+    wait_only(env, "fresh-")
+
+    driver(env, tmp_path, "orders-2026-11-30", "deferred-", "commit=deferred", tag="deferred-2")
+    prepared = job_show(env, "orders-2026-11-30")
+    assert prepared["state"] == "PREPARED"
+    driver(env, tmp_path, "orders-2026-11-30", "rerun-", tag="rerun")
+    rerun = job_show(env, "orders-2026-11-30")
+    assert rerun["state"] == "COMMITTED" and rerun["job_id"] != prepared["job_id"]
+    home = env.cluster.group(prepared["at"]).master
+    assert "ABORTED" in run_cli("job", "show", prepared["job_id"], "--admin", home.admin_url).stdout
+    env.wait_settled()
+    by_payload = Counter(json.loads(m.body)["payload"].rstrip("0123456789") for m in env.events("Recipe"))
+    assert by_payload == Counter({"fresh-": 120, "rerun-": 120}), by_payload  # never the deferred rows
 
 
 def test_aborted_then_rerun_opens_a_new_job(cluster_env, tmp_path):

@@ -49,6 +49,24 @@ def test_streaming_batches_commit_atomically(tx_env, tmp_path):
     assert {int(b): txids for b, txids in by_batch.items()} == {b: set(batches[b]["member_ids"]) for b in range(FILES)}
 
 
+def test_streaming_over_broker_groups_commits_each_batch_as_one_job_on_every_group(cluster_env, tmp_path):
+    """A query writing to a TxBroker of two groups: each micro-batch's rows spread over both, each
+    batch one job decided at its home and followed by the other group, every row once."""
+    ids = write_input_files(tmp_path / "input", FILES, PER_FILE)
+    run_driver(*stream_args(cluster_env, tmp_path, "StreamSpread", "batchSize=5"), log_path=tmp_path / "driver.log")
+    assert_each_row_once(cluster_env, "StreamSpread", ids)
+    located = cluster_env.located("StreamSpread")
+    assert {g for g, _m in located} == {"g0", "g1"}, located
+    homes = cluster_env.homes()
+    assert sorted(int(j["name"].rsplit(".b", 1)[1]) for j in homes) == list(range(FILES))
+    assert all((j["state"], j["resolved"]) == ("COMMITTED", True) for j in homes), homes
+    for j in homes:  # each batch's rows on the other group are the members its home kept there
+        other = "g1" if j["at"] == "g0" else "g0"
+        mine = {m.transaction_id for g, m in located if g == other and m.properties["SPARK_BATCH_ID"] ==
+                j["name"].rsplit(".b", 1)[1]}
+        assert mine == set(j["remote_member_ids"].get(other, [])), (j["name"], mine)
+
+
 def test_streaming_task_retry_reuses_its_transactions(tx_env, tmp_path):
     """The first attempt of each batch's task crashes after sending; the retry sends the same rows,
     so the same transaction ids: the broker stores nothing new (duplicates) and the batch commits once."""
