@@ -49,9 +49,14 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         route = learn_route(o.brokers, o.topic, o.security, o.request_timeout)
         with jobs_for(o) as jobs:
             job = jobs.open(self.name, o.deadline_ms / 1000, o.prepared_deadline_ms / 1000)
-            if job.info.state == PREPARED:  # a dead run prepared it: abort it, and this run opens its own
-                log.warning("job %s: an earlier run left job %s PREPARED (its driver died before deciding); "
-                            "aborting it: this run publishes its own rows", self.name, job.job_id)
+            if job.info.state == PREPARED or (job.info.state == OPEN and job.info.already):
+                # An earlier run's job (its driver died, or it still runs): abort it and open this
+                # run's own, with this run's deadline (joined, it kept the earlier run's, and could
+                # abort in the middle of this write), as a Kafka producer fences an older one with
+                # its transactional.id; the earlier run's members roll back now.
+                log.warning("job %s: an earlier run's job %s is still %s (its driver died?); aborting it: this "
+                            "run opens its own job and publishes only its own rows", self.name, job.job_id,
+                            job.info.state)
                 jobs.abort(job)
                 job = jobs.open(self.name, o.deadline_ms / 1000, o.prepared_deadline_ms / 1000)
         if job.info.state == COMMITTED:
@@ -60,10 +65,6 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         if job.info.state != OPEN:
             raise OptionError("jobId", f"job {self.name} is already {job.info.state} on the broker (job id "
                                        f"{job.job_id}); use a new id")
-        if job.info.already:
-            log.warning("job %s: an earlier run's job %s is still OPEN (its driver died?): joined; only this run's "
-                        "rows are kept, the earlier run's members are rolled back at the decision", self.name,
-                        job.job_id)
         self.job = job
         self.route: WriteRoute = route.only(job.all_groups)
         missing = set(job.all_groups) - set(self.route.names)

@@ -204,7 +204,7 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     if job is not None:
         if streaming:
             raise OptionError("jobId", "is for batch writes; a streaming query's identity is its checkpoint")
-        # the broker job's name; a job the application opened under it (deferred commit) is joined
+        # the broker job's name: an earlier run's open or prepared job of that name is aborted and replaced
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}", job):
             raise OptionError("jobId", f"must be 1-48 characters from letters, digits, '_', '.', '-', got {job!r}")
         o.job_id = job

@@ -75,10 +75,14 @@ def test_no_job_then_open_then_rerun_then_committed(cluster_env, tmp_path):
     r = job_show(env, name, check=False)
     assert r.returncode != 0 and "no job named" in r.stderr  # row 1: never opened: run it again
     driver(env, tmp_path, name, "dead-", hang="before-decision", tag="dead")
-    assert job_show(env, name)["state"] == "OPEN"  # row 2: run again with the same jobId
+    dead = job_show(env, name)
+    assert dead["state"] == "OPEN"  # row 2: run again with the same jobId
     driver(env, tmp_path, name, "rerun-", tag="rerun")
     shown = job_show(env, name)
     assert (shown["state"], shown["resolved"]) == ("COMMITTED", True)  # row 4: nothing to do
+    assert shown["job_id"] != dead["job_id"]  # the re-run's own job, with its own deadline
+    home = env.cluster.group(dead["at"]).master
+    assert "ABORTED" in run_cli("job", "show", dead["job_id"], "--admin", home.admin_url).stdout
     env.wait_settled()
     wait_only(env, "rerun-")
     with pytest.raises(AssertionError) as refused:  # a re-run with that jobId is refused
