@@ -129,7 +129,7 @@ def summary(reports: list[dict]) -> str:
     for r in ok:
         backups.update(r.get("backup_outcomes", {}))
         backups["restored and checked"] += r.get("backups_restored_and_checked", 0)
-    if backups:
+    if any(backups.values()):
         lines.append("backups: " + ", ".join(f"{k} {v}" for k, v in sorted(backups.items())))
     promoted = [f["first_commit_after_s"] for r in ok for f in r.get("after_promotion", [])]
     got = sorted(t for t in promoted if t is not None)
