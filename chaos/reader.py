@@ -29,6 +29,9 @@ from txbroker.client import AsyncPullConsumer, BrokerError, ClientError
 from txbroker.protocol.codes import ResponseCode
 
 READ_TOPICS = ("Orders", "Billing", "Plain", "Ordered", "%DLQ%chaos-cg")
+# After a queue was cut (its master now ends it below what was read), this many positions below the
+# new end are read again: an ASYNC failover diverges some records before the cut.
+REREAD_AFTER_CUT = 256
 
 
 @dataclass
@@ -151,7 +154,8 @@ class Reader:
             with self.lock:
                 self.went_back.append(f"{group} {topic}:{q}: read to offset {offset}, then the master says "
                                       f"the queue ends before it ({e})")
-            self.next[key] = await c.search_offset(topic, q, 2 ** 62)
+            end = self.next[key] = await c.search_offset(topic, q, 2 ** 62)
+            await self._reread(group, topic, q, c, max(end - REREAD_AFTER_CUT, 0), end)
             return 0, 0
         with self.lock:
             for m in r.messages:
@@ -162,6 +166,27 @@ class Reader:
                                       f"{r.max_offset}")
         self.next[key] = max(r.next_offset, offset)
         return len(r.messages), max(r.max_offset - self.next[key], 0)
+
+    async def _reread(self, group: str, topic: str, q: int, c: AsyncPullConsumer, start: int, end: int) -> None:
+        """[start, end) read again from the master now serving: after a cut, what was read below the
+        new end came from the old master and may differ from what this one holds (an ASYNC failover
+        diverges before the cut), so it is recorded again (`rewritten` where it differs)."""
+        offset = start
+        while offset < end:
+            try:
+                r = await c.pull(topic, q, offset, min(64, end - offset))
+            except BrokerError as e:
+                if e.code == ResponseCode.PULL_OFFSET_MOVED and "before the start" in str(e):
+                    offset = await c.search_offset(topic, q, 0)  # retention got there first
+                    continue
+                raise
+            if not r.messages:
+                return
+            with self.lock:
+                for m in r.messages:
+                    if m.queue_offset < end:
+                        self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
+            offset = r.next_offset
 
     def _record(self, group: str, topic: str, q: int, offset: int, body: str) -> None:
         pos = (group, topic, q, offset)
