@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(900)
 SEED_BACKUP = 8  # two backups: one of a slave just killed (unreachable), one taken, restored and checked
 
 
-def _schedule(tmp_path, seed: int, families: str, duration: int = 60) -> dict:
+def _schedule(tmp_path, seed: int, families: str, duration: int = 70) -> dict:
     r = subprocess.run([sys.executable, "-m", "chaos", "--seeds", str(seed), "--families", families,
                         "--duration", str(duration), "--results", str(tmp_path), "--every-kind"],
                        cwd=REPO, capture_output=True, text=True, timeout=880)
@@ -60,7 +60,7 @@ def test_power_cuts_and_damaged_files_lose_nothing_acknowledged(tmp_path):
 
 def test_groups_added_and_drained_degraded_links_and_a_controller_killed_mid_failover(tmp_path):
     families = "membership,links,operator"
-    out = _schedule(tmp_path, 2, families, duration=40)
+    out = _schedule(tmp_path, 2, families)
     _assert_held(out, families)
     done = [e["what"] for events in out["membership"].values() for e in events]
     assert "added" in done and "removed" in done, out["membership"]
