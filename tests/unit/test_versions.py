@@ -49,6 +49,10 @@ def test_a_master_takes_a_slave_that_reads_its_store_format_and_refuses_one_that
     assert "docs/upgrading.md" in older
     # a slave from before 0.2.0 says nothing: it may read only up to format 4
     assert "a txbroker before 0.2.0 (it sends no version)" in compat.slave_refusal(subscribe())
+    # any ints a peer sends are named, not expanded (the fuzz test's REPLICATION_SUBSCRIBE with
+    # reads [28, 0, 2**63 - 1, 2**31 - 1] was answered SYSTEM_ERROR: OverflowError)
+    huge = compat.slave_refusal(subscribe("9.9", 28, [28, 0, 2 ** 63 - 1, 2 ** 31 - 1]))
+    assert f"reads 0, 28, 2147483647, {2 ** 63 - 1})" in huge
 
 
 def test_a_slave_follows_an_older_master_and_refuses_one_whose_records_it_cannot_read():

@@ -28,8 +28,8 @@ UNVERSIONED_READS = frozenset({1, 2, 3, 4})
 
 def formats(reads) -> str:
     """`1-5`, or `1, 3`: a set of store formats, for a message."""
-    r = sorted(reads)
-    if r and r == list(range(r[0], r[-1] + 1)) and len(r) > 2:
+    r = sorted(set(reads))
+    if len(r) > 2 and r[-1] - r[0] + 1 == len(r):  # (never a list of the range: a peer sends any ints)
         return f"{r[0]}-{r[-1]}"
     return ", ".join(map(str, r))
 
