@@ -124,7 +124,7 @@ def summary(reports: list[dict]) -> str:
     if damage["damaged"]:
         lines.append(f"corruption: {damage['damaged']} damaging faults on {damage['brokers']} brokers; the brokers' logs: "
                      f"found while running {damage['found while running']}, seeds begun for a damaged store "
-                     f"{damage['seeds for damage']}, seeds finished {damage['seeded']}")
+                     f"{damage['seeds for damage']}, seeds finished (for damage, or for records the master deleted) {damage['seeded']}")
     backups = Counter()
     for r in ok:
         backups.update(r.get("backup_outcomes", {}))
