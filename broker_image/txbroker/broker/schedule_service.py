@@ -96,7 +96,9 @@ class ScheduleService:
                     self._b.topics.create(topic, 1)
                 out.append(Message(topic, m.body, m.tags, m.keys, props, 0))
             state.append_messages(now, out)
-            self._next[q] = start + len(due)
+            # past the last one delivered: retention may have deleted entries the read passed over,
+            # so `start + len(due)` would fall short and deliver the last ones again next time
+            self._next[q] = due[-1].queue_offset + 1
             progress.append((SCHEDULE_TOPIC, q, self._next[q]))
             delivered += len(due)
         if progress:

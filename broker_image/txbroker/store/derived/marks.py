@@ -45,6 +45,12 @@ class Marks(Family):
         self._h_meta = db.handles["meta"]
 
     def take(self, now_ms: int, next_lsn: int, log_bytes: int, needed: list[int]) -> Mark:
+        # Never stamped before the newest mark: a clock set back would stamp later records as
+        # older than earlier ones, and retention, reading age from the stamps, delete them early
+        # (the fault harness, seed 150: a slave 30 s behind, retention 20 s, deleted records 2-10 s old).
+        newest = self.newest()
+        if newest is not None and now_ms <= newest.ms:
+            now_ms = newest.ms + 1
         m = Mark(now_ms, next_lsn, log_bytes, needed)
         self._db.meta.put(MARK_PREFIX + keys.lsn_key(now_ms), _encode(m))
         return m
@@ -95,9 +101,12 @@ def choose_cutoff(all_marks: list[Mark], now_ms: int, retention_ms: int, retenti
     by size (`retention_bytes` > 0), the last one after which the log still holds that many bytes (so
     it holds at most `retention_bytes` plus one interval's writes, as Kafka's holds at most
     retention.bytes plus a segment). Never one past `limit_lsn`."""
-    usable = [m for m in all_marks if m.lsn <= limit_lsn]
-    by_age = [m for m in usable if m.ms <= now_ms - retention_ms]
-    chosen = by_age[-1] if by_age else None
+    usable = sorted((m for m in all_marks if m.lsn <= limit_lsn), key=lambda m: m.lsn)
+    chosen = None
+    for m in usable:  # in log order, up to the first mark too young (one stamped by a clock since set
+        if m.ms > now_ms - retention_ms:  # back looks older than those before it: never past them)
+            break
+        chosen = m
     if retention_bytes > 0:
         by_size = [m for m in usable if log_bytes - m.log_bytes >= retention_bytes]
         if by_size and (chosen is None or by_size[-1].lsn > chosen.lsn):
