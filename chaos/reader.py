@@ -168,18 +168,20 @@ class Reader:
         return len(r.messages), max(r.max_offset - self.next[key], 0)
 
     async def _reread(self, group: str, topic: str, q: int, c: AsyncPullConsumer, start: int, end: int) -> None:
-        """[start, end) read again from the master now serving: after a cut, what was read below the
-        new end came from the old master and may differ from what this one holds (an ASYNC failover
-        diverges before the cut), so it is recorded again (`rewritten` where it differs)."""
+        """[start, end) read again from the master now serving, recorded again (`rewritten` where it
+        differs): everything still stored at the end, and after a cut what was read below the new
+        end, which came from the old master (an ASYNC failover diverges before the cut)."""
         offset = start
         while offset < end:
             try:
-                r = await c.pull(topic, q, offset, min(64, end - offset))
+                r = await c.pull(topic, q, offset, min(256, end - offset))
             except BrokerError as e:
-                if e.code == ResponseCode.PULL_OFFSET_MOVED and "before the start" in str(e):
-                    offset = await c.search_offset(topic, q, 0)  # retention got there first
-                    continue
-                raise
+                if e.code != ResponseCode.PULL_OFFSET_MOVED:
+                    raise
+                if "before the start" not in str(e):
+                    return  # the queue ends before `end` now: nothing more to read
+                offset = await c.search_offset(topic, q, 0)  # retention got there first
+                continue
             if not r.messages:
                 return
             with self.lock:
@@ -217,19 +219,4 @@ class Reader:
         for (g, topic, q), end in list(self.next.items()):
             if g != group:
                 continue
-            offset = await c.search_offset(topic, q, 0)
-            while offset < end:
-                try:
-                    r = await c.pull(topic, q, offset, 256)
-                except BrokerError as e:
-                    if e.code == ResponseCode.PULL_OFFSET_MOVED:  # retention moved the start meanwhile
-                        offset = await c.search_offset(topic, q, 0)
-                        continue
-                    raise
-                if not r.messages:
-                    break
-                with self.lock:
-                    for m in r.messages:
-                        if m.queue_offset < end:
-                            self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
-                offset = r.next_offset
+            await self._reread(group, topic, q, c, await c.search_offset(topic, q, 0), end)

@@ -402,18 +402,11 @@ def test_console_jobs_spanning_broker_groups(tmp_path):
         cluster.stop()
 
 
-class Undecided(TransactionListener):
-    def execute_local_transaction(self, msg, arg):
-        return S.UNKNOWN
-
-    def check_local_transaction(self, msg):
-        return S.UNKNOWN
-
-
 def test_console_ends_a_participant_only_by_force_and_says_what_it_tears(tmp_path):
     """Second review, also: ending a spanning transaction's participant by hand tears it unless its
     home ends it the same way. The console's confirmation says so and asks for the force; without
     it the broker refuses."""
+    from support.listeners import NeverDecides
     from txbroker.client import AsyncClusterTransactionProducer
 
     cluster = start_cluster(tmp_path, groups=2, slaves=0, flags=("--check-interval-ms", "600000"))
@@ -422,7 +415,7 @@ def test_console_ends_a_participant_only_by_force_and_says_what_it_tears(tmp_pat
         console = Console([g.master.admin_url for g in cluster.groups], tmp_path / "console.log")
 
         async def begin():
-            async with AsyncClusterTransactionProducer("span-pg", cluster.bootstrap, Undecided()) as p:
+            async with AsyncClusterTransactionProducer("span-pg", cluster.bootstrap, NeverDecides()) as p:
                 msgs = [Message("Orders", b"a-console"), Message("Orders", b"b-console")]
                 return await p.begin(await p.place(msgs, lambda n, m, arg: 0 if m.body[:1] == b"a" else n - 1, None),
                                      "span-console")
