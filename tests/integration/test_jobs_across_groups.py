@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 
 import pytest
 
@@ -55,6 +56,7 @@ def test_a_job_spans_both_groups_and_commits_exactly_its_kept_members_everywhere
                 other: [c.send(job, other, Message("Out", f"o{i}".encode())) for i in range(3)]}
         dropped = c.send(job, other, Message("Out", b"a discarded attempt"))
         assert visible(cluster) == {}
+        decided_by = time.monotonic()
         info = c.commit(job, kept)
         assert info.state == "COMMITTED" and info.members == 3
         info = c.wait_resolved(job, 30)
@@ -68,6 +70,9 @@ def test_a_job_spans_both_groups_and_commits_exactly_its_kept_members_everywhere
     home_master = cluster.group(job.home).master  # the window a consumer of both groups could see half of it
     wait_until(lambda: metric(home_master, "txbroker_job_groups_visible_seconds_count") == 1,
                what="the home to count how long the job took to be visible everywhere")
+    # the window it reports lies within what this test saw: after the commit began, before it was counted
+    window = metric(home_master, "txbroker_job_groups_visible_seconds_sum")
+    assert 0 <= window <= time.monotonic() - decided_by, window
     with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:  # a re-run by name finds it, on its home
         again = c.open(timeout=60, name="nightly")
         assert (again.job_id, again.info.state, again.info.already) == (job.job_id, "COMMITTED", True)
