@@ -35,7 +35,9 @@ and for the consumer groups (at-least-once: a message consumed again is counted 
   ordered lost      an acknowledged ordered send chaos-ord never consumed
 
 (A message retention deleted before a consumer group got to it - its consumer skipped past, as
-Kafka's do past log.retention - is counted as `skipped by retention`, not as an anomaly.)
+Kafka's do past log.retention - is counted as `skipped by retention`, not as an anomaly, if it was
+sent at least the retention before the consumer was seen skipping it; else:
+  deleted young     retention deleted it before it was as old as the retention)
 
 and for backups (chaos/backup.py: taken from a slave with the real CLI under faults, restored at the
 end into a standalone broker, its clock set back so it shows what the backup held), per restored
@@ -167,38 +169,68 @@ def _decisions(h: History) -> dict[str, list[str]]:
     return {"decision changed": out} if out else {}
 
 
-def _skipped_by(h: History, cg: str, reader: Reader, topic: str) -> set[str]:
-    """The bodies of `topic` that consumer group `cg` skipped: retention deleted them first."""
-    out = set()
+def _skipped_by(h: History, cg: str, reader: Reader, topic: str) -> dict[str, float | None]:
+    """The bodies of `topic` that consumer group `cg` skipped (retention deleted them first), each
+    with when the skip was first seen (monotonic; None: not recorded): it was deleted by then."""
+    out = {}
     for body, positions in reader.bodies(topic).items():
         for g, q, o in positions:
-            if any(c == cg and sg == g and t == topic and sq == q and a <= o < b for c, sg, t, sq, a, b in h.skipped):
-                out.add(body)
+            for r in h.skipped:
+                c, sg, t, sq, a, b = r
+                if c == cg and sg == g and t == topic and sq == q and a <= o < b:
+                    seen = h.skipped_seen.get(r)
+                    had = out.get(body)
+                    out[body] = seen if had is None or (seen is not None and seen < had) else had
     return out
 
 
-def check_groups(h: History, reader: Reader, route_changed: bool) -> dict[str, list[str]]:
+# Deleted young: a skipped message sent less than this short of the retention before its skip was
+# seen. Retention ages a record by the mark taken after it on the boot clock (store/boot_clock.py),
+# which the harness's clock skews leave true, so its age at deletion is at least the retention; the
+# margin covers only the ms rounding of the marks and the sampler's reading.
+YOUNG_MARGIN_S = 0.5
+
+
+def _deleted_young(h: History, skipped: dict[str, float | None], retention_s: float) -> list[str]:
+    if not retention_s:
+        return []
+    sent = {b: tx.created_at for tx in h.txs.values() for b in tx.bodies}
+    out = []
+    for body, seen in sorted(skipped.items()):
+        if seen is None or body not in sent:
+            continue
+        age = seen - sent[body]
+        if age < retention_s - YOUNG_MARGIN_S:
+            out.append(f"{body}: deleted by retention {age:.1f}s or less after it was sent (retention {retention_s:g}s)")
+    return out
+
+
+def check_groups(h: History, reader: Reader, route_changed: bool, retention_s: float = 0.0) -> dict[str, list[str]]:
+    """`retention_s`: the brokers' retention (0: not known); a message skipped younger than that is
+    an anomaly, "deleted young"."""
     out: dict[str, list[str]] = defaultdict(list)
     orders = set(reader.bodies("Orders"))
     dead = set(reader.bodies(DLQ))
-    skipped = _skipped_by(h, "chaos-cg", reader, "Orders") if h.skipped else set()
+    skipped = _skipped_by(h, "chaos-cg", reader, "Orders") if h.skipped else {}
+    out["deleted young"].extend(_deleted_young(h, skipped, retention_s))
     for body in sorted(skipped):
         out["skipped by retention"].append(f"{body}: in Orders, deleted by retention before chaos-cg got to it")
-    for body in sorted(orders - set(h.consumed) - h.poison - skipped):
+    for body in sorted(orders - set(h.consumed) - h.poison - set(skipped)):
         out["group lost"].append(f"{body}: in Orders, never consumed by chaos-cg")
     for body in sorted(set(h.consumed) - orders):
         out["group phantom"].append(f"{body}: consumed, not in Orders")
-    for body in sorted((orders & h.poison) - dead - skipped):
+    for body in sorted((orders & h.poison) - dead - set(skipped)):
         out["dead letter"].append(f"{body}: poison in Orders, not in {DLQ}")
     for body in sorted(dead - h.poison):
         out["dead letter"].append(f"{body}: in {DLQ}, never refused for good")
     out.update(_offsets(h))
     ordered_acked = {k for k, tx in h.txs.items() if tx.kind == "ordered" and tx.acked == "COMMIT"}
     consumed_ordered = {f"ord-{key}-{n}" for key, seqs in h.ordered_deliveries.items() for n in seqs}
-    skipped_ordered = _skipped_by(h, "chaos-ord", reader, ORDERED) if h.skipped else set()
+    skipped_ordered = _skipped_by(h, "chaos-ord", reader, ORDERED) if h.skipped else {}
+    out["deleted young"].extend(_deleted_young(h, skipped_ordered, retention_s))
     for body in sorted(skipped_ordered):
         out["skipped by retention"].append(f"{body}: deleted by retention before chaos-ord got to it")
-    for body in sorted(ordered_acked - consumed_ordered - skipped_ordered):
+    for body in sorted(ordered_acked - consumed_ordered - set(skipped_ordered)):
         out["ordered lost"].append(f"{body}: acknowledged, never consumed by chaos-ord")
     for key, seqs in sorted(h.ordered_deliveries.items()):
         first, had = [], set()

@@ -397,7 +397,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     kubelet.join(10)
     anomalies = checker.check(h, reader, unresolved, _acting(cluster))
     route_changed = any(e["kind"] in ("add-group", "drain-group") for e in nemesis.events)
-    anomalies.update(checker.check_groups(h, reader, route_changed))
+    anomalies.update(checker.check_groups(h, reader, route_changed, cluster.retention_s))
     nemesis.wait_backups(150)
     backups = _backups(nemesis, began)
     _check_backups(h, reader, backups, cluster, began, anomalies, nemesis.events)

@@ -67,6 +67,7 @@ class Tx:
     queue_ids: list[int] = field(default_factory=list)  # and in which queue there (ordered sends)
     topics: list[str] = field(default_factory=list)  # each body's topic
     acked_at: float = 0.0  # monotonic time the decision was acknowledged (a backup's checker: before it or not)
+    created_at: float = field(default_factory=time.monotonic)  # before any of its messages was sent
 
 
 @dataclass
@@ -85,6 +86,7 @@ class History:
     # (consumer group, broker group, topic, queue, first offset, first offset after): what retention
     # deleted before the consumer group got to it (its consumers skipped it, as Kafka's do)
     skipped: set = field(default_factory=set)
+    skipped_seen: dict = field(default_factory=dict)  # each of those -> monotonic time first seen
     jobs: dict = field(default_factory=dict)  # job id -> its home group
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -362,7 +364,10 @@ async def _samplers(groups_now: GroupsNow, h: History, coordinator: AsyncCluster
                         h.offsets.extend((now, name, cg, q, o, by) for q, o in offsets.items())
             for m in consumers:
                 for group, ranges in m.skipped_ranges().items():
+                    now = time.monotonic()
                     with h.lock:
+                        for r in ranges:
+                            h.skipped_seen.setdefault((m.group, group, *r), now)
                         h.skipped.update((m.group, group, *r) for r in ranges)
             with h.lock:
                 recent = list(h.jobs.items())[-6:]

@@ -119,3 +119,20 @@ def test_a_job_answered_committed_then_aborted_is_a_decision_that_changed():
     assert checker._decisions(h) == {"decision changed": [
         "job j1: its home answered ABORTED and COMMITTED",
         "job j2: the coordinator was acknowledged COMMIT; its home later answered ABORTED"]}
+
+
+def test_a_message_retention_deleted_before_it_was_as_old_as_the_retention_was_deleted_young():
+    """Seed 150's kind: retention deleted messages 4-10 s after they were written under 20 s; the
+    consumer skipping them was excused as retention, whatever their age."""
+    h = History()
+    for name, created in (("old", 100.0), ("young", 115.0)):
+        h.add(name, Tx([f"{name}.0"], "COMMIT", acked="COMMIT", groups=["g0"], topics=["Orders"], created_at=created))
+        h.consumed[f"{name}.0"] = 0
+    skip = ("chaos-cg", "g0", "Orders", 0, 0, 2)  # both deleted before chaos-cg got to offsets 0-1
+    h.skipped.add(skip)
+    h.skipped_seen[skip] = 124.0  # first seen then: 24 s after "old" was sent, 9 s after "young"
+    r = reader(Orders={"old.0": [("g0", 0, 0)], "young.0": [("g0", 0, 1)]})
+    got = checker.check_groups(h, r, False, retention_s=20.0)
+    assert got["deleted young"] == ["young.0: deleted by retention 9.0s or less after it was sent (retention 20s)"]
+    assert len(got["skipped by retention"]) == 2 and "group lost" not in got
+    assert "deleted young" not in checker.check_groups(h, r, False)  # retention not known: not judged

@@ -2,7 +2,10 @@
 clock 30 s behind under 20 s retention; its marks stamped 30 s early looked old once the clock was
 right, retention deleted records 2-10 s old, and after its promotion the delay queue's cursor, moved
 by how many entries it delivered, fell short of those it had passed over and delivered the last ones
-again on every pass). The marks on a real store; the delay queue's cursor on a stand-in broker."""
+again on every pass). Stamps that never go back were not enough: marks taken while the clock was
+behind are stamped just after the last one before, and look old as soon as that one does, so marks
+are aged by the boot clock (store/boot_clock.py). The marks on a real store, its boot clock a stand-in;
+the delay queue's cursor on a stand-in broker."""
 
 from __future__ import annotations
 
@@ -11,8 +14,31 @@ from types import SimpleNamespace
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.names import PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
+from txbroker.store.boot_clock import BootClock
 from txbroker.store.db import open_database
 from txbroker.store.derived.marks import Mark, Marks, choose_cutoff
+
+RETENTION_MS = 20_000
+
+
+class Clocks:
+    """A wall clock the test sets, and a boot clock that only the passing of time moves."""
+
+    def __init__(self, wall_ms: int):
+        self.real_ms = wall_ms
+        self.skew_ms = 0
+        self.boot = BootClock("boot-a", clock=lambda: self.real_ms / 1000)
+
+    def wall(self) -> int:
+        return self.real_ms + self.skew_ms
+
+    def take(self, marks: Marks, lsn: int) -> Mark:
+        return marks.take(self.wall(), lsn, 0, [], self.boot)
+
+    def cutoff(self, marks: Marks) -> Mark | None:
+        all_marks = marks.all()
+        return choose_cutoff(all_marks, self.wall(), RETENTION_MS, 0, 0, 10 ** 9,
+                             marks.ages(all_marks, self.wall(), self.boot))
 
 
 def test_a_mark_stamped_by_a_clock_set_back_never_lets_retention_past_a_younger_one():
@@ -27,10 +53,61 @@ def test_a_mark_stamped_by_a_clock_set_back_never_lets_retention_past_a_younger_
 def test_marks_are_never_stamped_before_the_newest(tmp_path):
     db = open_database(str(tmp_path / "store"))
     try:
-        marks = Marks(db)
-        marks.take(1_000, 10, 0, [])
-        assert marks.take(970, 20, 0, []).ms == 1_001  # the clock set back 30 ms
+        marks, boot = Marks(db), BootClock()
+        marks.take(1_000, 10, 0, [], boot)
+        assert marks.take(970, 20, 0, [], boot).ms == 1_001  # the clock set back 30 ms
         assert [(m.ms, m.lsn) for m in marks.all()] == [(1_000, 10), (1_001, 20)]
+    finally:
+        db.close()
+
+
+def test_records_written_while_the_clock_was_behind_are_kept_their_whole_retention_once_it_is_right(tmp_path):
+    db = open_database(str(tmp_path / "store"))
+    try:
+        marks, clocks = Marks(db), Clocks(1_000_000)
+        clocks.take(marks, 10)
+        clocks.skew_ms = -30_000  # set back 30 s for 24 s: marks every 2 s, each stamped just after the last
+        for lsn in range(20, 140, 10):
+            clocks.real_ms += 2_000
+            clocks.take(marks, lsn)
+        clocks.skew_ms = 0
+        clocks.real_ms += 2_000  # right again, 26 s after the first mark
+        clocks.take(marks, 140)
+        # the marks are 26, 24, 22, 20, 18 ... 2 and 0 s old: records before LSN 40 were written 20 s
+        # ago or more, those after it less (by their stamps, all but the last look 26 s old)
+        assert clocks.cutoff(marks).lsn == 40
+        assert choose_cutoff(marks.all(), clocks.wall(), RETENTION_MS, 0, 0, 10 ** 9).lsn == 130
+        clocks.real_ms += 10_000
+        assert clocks.cutoff(marks).lsn == 90
+    finally:
+        db.close()
+
+
+def test_a_clock_set_ahead_deletes_nothing_early(tmp_path):
+    db = open_database(str(tmp_path / "store"))
+    try:
+        marks, clocks = Marks(db), Clocks(1_000_000)
+        clocks.take(marks, 10)
+        clocks.real_ms += 1_000
+        clocks.skew_ms = 60_000
+        clocks.take(marks, 20)
+        assert clocks.cutoff(marks) is None  # by the wall clock the first mark is 61 s old; really 1 s
+        clocks.real_ms += 19_000
+        assert clocks.cutoff(marks).lsn == 10
+    finally:
+        db.close()
+
+
+def test_a_mark_of_another_boot_is_aged_by_the_wall_clock(tmp_path):
+    db = open_database(str(tmp_path / "store"))
+    try:
+        marks, clocks = Marks(db), Clocks(1_000_000)
+        clocks.take(marks, 10)  # taken on boot-a; the machine restarts, its boot clock from 0 again
+        rebooted = BootClock("boot-b", clock=lambda: 5.0)
+        clocks.real_ms += 25_000
+        (m,) = marks.all()
+        assert marks.ages([m], clocks.wall(), rebooted) == {m.ms: 25_000}
+        assert marks.ages([m], clocks.wall(), clocks.boot) == {m.ms: 25_000}
     finally:
         db.close()
 

@@ -10,13 +10,23 @@ import pytest
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.codes import TransactionState
 from txbroker.store import keys, retention
+from txbroker.store.boot_clock import BootClock
 from txbroker.store.db import COLUMN_FAMILIES
+from txbroker.store.derived.marks import CLOCK_PREFIX
 from txbroker.store.records import (
     CheckRecord, EndRecord, EpochRecord, GroupSettingsRecord, HalfRecord, JobDecisionRecord, JobOpenRecord, JobPrepareRecord,
     OffsetRecord, ParkRecord, ResumeRecord, TopicRecord,
 )
 from txbroker.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC
 from txbroker.store.state import StateMachine
+
+BOOT = BootClock()
+
+
+def clocked(state) -> set[int]:
+    """The stamps of the marks whose boot clock the store holds."""
+    return {keys.lsn_from_key(k[len(CLOCK_PREFIX):]) for k, _v in state.db.meta.items(from_key=CLOCK_PREFIX)
+            if k.startswith(CLOCK_PREFIX)}
 
 
 def history(seed: int, s: StateMachine, n: int = 120) -> None:
@@ -180,7 +190,7 @@ def test_truncation_after_retention_leaves_what_a_store_of_the_kept_records_hold
                 await full.drain()
                 written.update((keys.lsn_from_key(k), v) for k, v in full.db.log.items())
                 published = rnd.randrange(published, full.next_lsn)
-                full.marks.take(i, full.next_lsn, full.log_bytes, full.lineage())
+                full.marks.take(i, full.next_lsn, full.log_bytes, full.lineage(), BOOT)
                 usable = [m for m in full.marks.all() if m.lsn <= published + 1 and m.lsn > full.log_complete_from]
                 if usable and rnd.random() < 0.8:
                     await retention.delete_before(full, rnd.choice(usable), i)
@@ -195,6 +205,7 @@ def test_truncation_after_retention_leaves_what_a_store_of_the_kept_records_hold
         await reference.drain()
 
         await full.truncate_after(last_kept)
+        assert clocked(full) == {m.ms for m in full.marks.all()}  # each mark's boot clock goes with it
         expected = live(reference)
         assert live(full) == expected
         for (t, q), end in ends_before.items():  # no queue goes back below what was published
@@ -210,10 +221,11 @@ def test_truncation_after_retention_leaves_what_a_store_of_the_kept_records_hold
             step(rnd, full, i)
             if i % 5 == 4:
                 await full.drain()
-                full.marks.take(i, full.next_lsn, full.log_bytes, full.lineage())
+                full.marks.take(i, full.next_lsn, full.log_bytes, full.lineage(), BOOT)
                 usable = [m for m in full.marks.all() if m.lsn > full.log_complete_from]
                 if usable:
                     await retention.delete_before(full, rnd.choice(usable), i)
+                    assert clocked(full) == {m.ms for m in full.marks.all()}  # dropped marks take theirs
                 for p in full.pending_transactions():
                     assert full.db.log.get(keys.lsn_key(p.half_lsn)) is not None, p
                 for j in full.jobs.values():

@@ -11,6 +11,7 @@ import time
 
 from txbroker.lifecycle import stop_task
 from txbroker.store import retention
+from txbroker.store.boot_clock import BootClock
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ class RetentionService:
         self.interval = cfg.retention_check_interval_ms / 1000
         self._task: asyncio.Task | None = None
         self.newest_mark_lsn = 0  # the next LSN at the newest mark taken
+        self.boot = BootClock()  # marks' ages: the time that really passed (store/boot_clock.py)
 
     def start(self) -> None:
         if self._task is None:
@@ -52,17 +54,19 @@ class RetentionService:
     async def run_once(self) -> int:
         state, metrics = self._b.state, self._b.metrics
         now = int(time.time() * 1000)
-        state.marks.take(now, state.next_lsn, state.log_bytes, state.lineage())
+        state.marks.take(now, state.next_lsn, state.log_bytes, state.lineage(), self.boot)
         self.newest_mark_lsn = state.next_lsn
-        mark = retention.choose_cutoff(state.marks.all(), now, self.retention_ms, self.retention_bytes,
-                                       state.log_bytes, self._limit())
+        marks = state.marks.all()
+        ages = state.marks.ages(marks, now, self.boot)
+        mark = retention.choose_cutoff(marks, now, self.retention_ms, self.retention_bytes,
+                                       state.log_bytes, self._limit(), ages)
         deleted = 0
         if mark is not None and mark.lsn > state.log_complete_from:
             t0 = time.perf_counter()
             deleted = await retention.delete_before(state, mark, now)
             metrics.retention_deleted.inc(deleted)
             log.info("retention: deleted %d records before LSN %d (written %s ago) in %.2fs; %d kept, live state "
-                     "is derived from them", deleted, mark.lsn, _age(now - mark.ms), time.perf_counter() - t0,
+                     "is derived from them", deleted, mark.lsn, _age(ages[mark.ms]), time.perf_counter() - t0,
                      len(mark.needed))
         expired = retention.expire(state, now)
         if expired:

@@ -1,6 +1,7 @@
 """Retention's marks (meta `mark/<u64 BE ms>`): at every retention pass the broker notes the time, the
 next LSN, the log bytes written so far, and the LSNs every family's live state is derived from then
-(their lineages). A later pass may delete the records before a mark's LSN except those. Also kept
+(their lineages); beside each, under `markclock/<u64 BE ms>`, the boot clock then (store/boot_clock.py:
+a mark's age is the time that really passed since, whatever the wall clock did). A later pass may delete the records before a mark's LSN except those. Also kept
 here: `complete_from` (the log holds every record from there on) and `kept` (the records before it
 still kept, as some lineage needed them).
 
@@ -15,14 +16,18 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from rocksdict import WriteBatch
+
 from txbroker.store import keys
 from txbroker.store.derived.family import Family
 
 if TYPE_CHECKING:
+    from txbroker.store.boot_clock import BootClock
     from txbroker.store.db import Database
     from txbroker.store.group_commit import Batch
 
 MARK_PREFIX = b"mark/"
+CLOCK_PREFIX = b"markclock/"  # per mark: [boot id, boot clock ms] when it was taken
 COMPLETE_KEY = b"complete_from"  # u64 BE LSN: the log holds every record from here on
 KEPT_KEY = b"kept"  # msgpack list of LSNs: the records before complete_from still kept (needed)
 
@@ -37,6 +42,7 @@ class Mark(msgspec.Struct, array_like=True):
 _encode = msgspec.msgpack.Encoder().encode
 decode_mark = msgspec.msgpack.Decoder(Mark).decode
 _decode_lsns = msgspec.msgpack.Decoder(list[int]).decode
+_decode_clock = msgspec.msgpack.Decoder(tuple[str, int]).decode
 
 
 class Marks(Family):
@@ -44,16 +50,32 @@ class Marks(Family):
         self._db = db
         self._h_meta = db.handles["meta"]
 
-    def take(self, now_ms: int, next_lsn: int, log_bytes: int, needed: list[int]) -> Mark:
-        # Never stamped before the newest mark: a clock set back would stamp later records as
-        # older than earlier ones, and retention, reading age from the stamps, delete them early
-        # (the fault harness, seed 150: a slave 30 s behind, retention 20 s, deleted records 2-10 s old).
+    def take(self, now_ms: int, next_lsn: int, log_bytes: int, needed: list[int], boot: "BootClock") -> Mark:
+        # Never stamped before the newest mark, and aged by the boot clock (ages): a clock set back
+        # would stamp later records as older than earlier ones, and retention, reading age from the
+        # stamps, delete them early (the fault harness, seed 150: a slave 30 s behind, retention
+        # 20 s, deleted records 2-10 s old; with stamps alone, still those written while it was behind).
         newest = self.newest()
         if newest is not None and now_ms <= newest.ms:
             now_ms = newest.ms + 1
         m = Mark(now_ms, next_lsn, log_bytes, needed)
-        self._db.meta.put(MARK_PREFIX + keys.lsn_key(now_ms), _encode(m))
+        key = keys.lsn_key(now_ms)
+        wb = WriteBatch(raw_mode=True)
+        wb.put(MARK_PREFIX + key, _encode(m), self._h_meta)
+        wb.put(CLOCK_PREFIX + key, _encode((boot.id, boot.now_ms())), self._h_meta)
+        self._db.db.write(wb)
         return m
+
+    def ages(self, marks: list[Mark], now_ms: int, boot: "BootClock") -> dict[int, int]:
+        """Each mark's age in ms (by its stamp `ms`): the boot clock's time since it was taken, where it
+        was taken on this boot; else the wall clock's (`now_ms` less its stamp)."""
+        here, now_boot = boot.id, boot.now_ms()
+        out = {}
+        for m in marks:
+            raw = self._db.meta.get(CLOCK_PREFIX + keys.lsn_key(m.ms))
+            taken = _decode_clock(raw) if raw is not None else None
+            out[m.ms] = now_boot - taken[1] if taken is not None and taken[0] == here else now_ms - m.ms
+        return out
 
     def all(self) -> list[Mark]:
         out = []
@@ -83,6 +105,7 @@ class Marks(Family):
             for m in self.all():
                 if m.lsn < drop_before.lsn:
                     wb.delete(MARK_PREFIX + keys.lsn_key(m.ms), h)
+                    wb.delete(CLOCK_PREFIX + keys.lsn_key(m.ms), h)
         wb.put(KEPT_KEY, _encode(sorted(kept)), h)
         wb.put(COMPLETE_KEY, keys.lsn_key(complete_from), h)
 
@@ -93,18 +116,21 @@ class Marks(Family):
                 break
             if decode_mark(v).lsn > last_kept + 1:
                 scratch.wb.delete(k, self._h_meta)
+                scratch.wb.delete(CLOCK_PREFIX + k[len(MARK_PREFIX):], self._h_meta)
 
 
 def choose_cutoff(all_marks: list[Mark], now_ms: int, retention_ms: int, retention_bytes: int, log_bytes: int,
-                  limit_lsn: int) -> Mark | None:
-    """The latest mark before which records may go: by age, the last one older than `retention_ms`;
+                  limit_lsn: int, ages: dict[int, int] | None = None) -> Mark | None:
+    """The latest mark before which records may go: by age (`ages`, by stamp: Marks.ages; a mark not
+    in it, `now_ms` less its stamp), the last one older than `retention_ms`;
     by size (`retention_bytes` > 0), the last one after which the log still holds that many bytes (so
     it holds at most `retention_bytes` plus one interval's writes, as Kafka's holds at most
     retention.bytes plus a segment). Never one past `limit_lsn`."""
     usable = sorted((m for m in all_marks if m.lsn <= limit_lsn), key=lambda m: m.lsn)
     chosen = None
-    for m in usable:  # in log order, up to the first mark too young (one stamped by a clock since set
-        if m.ms > now_ms - retention_ms:  # back looks older than those before it: never past them)
+    ages = ages or {}
+    for m in usable:  # in log order, up to the first mark too young (one aged by a wall clock since set
+        if ages.get(m.ms, now_ms - m.ms) < retention_ms:  # back looks older than those before it)
             break
         chosen = m
     if retention_bytes > 0:
