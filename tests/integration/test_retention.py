@@ -102,6 +102,31 @@ def test_push_consumer_below_the_retained_start_goes_on_at_the_first_stored_mess
     assert sorted(set(got) - {"old-9"}) == [f"fresh-{i}" for i in range(5)] and len(got) == len(set(got)), got
 
 
+def test_a_retry_delayed_longer_than_the_retention_is_delivered(broker_factory):
+    """A consumer group asks for two messages again later: their retries wait 3 s in the delay queue,
+    three times the retention. Retention keeps them (and what follows) until they are delivered; the
+    first is not its queue's newest entry, which retention keeps anyway."""
+    b = broker_factory("--retention-ms", "1000", "--retention-check-interval-ms", "100",
+                       "--message-delay-level", "3s")
+    run_cli("topic", "create", "Later", "--queues", "1", "--admin", b.admin_url)
+    got, lock = [], threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            got.extend((m.body.decode(), m.reconsume_times) for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS if msgs[0].reconsume_times else ConsumeStatus.RECONSUME_LATER
+
+    with PushConsumer("later-cg", b.address, "Later", listener, **FAST):
+        with Producer("p", b.address) as p:
+            p.send(Message("Later", b"first"))
+            p.send(Message("Later", b"second"))
+        wait_until(lambda: len(got) == 2, what="the first deliveries")
+        passed = deleted(b)
+        wait_until(lambda: deleted(b) > passed, what="retention to pass the messages and their retries' writes")
+        wait_until(lambda: len(got) == 4, 30, what="the retries, 3 s later")
+    assert sorted(got) == [("first", 0), ("first", 1), ("second", 0), ("second", 1)]
+
+
 def test_size_limit_keeps_the_log_bounded(broker_factory):
     """Under a steady load the log stays near --retention-bytes (plus one interval's writes)."""
     b = broker_factory("--retention-bytes", "200000", "--retention-check-interval-ms", "100")

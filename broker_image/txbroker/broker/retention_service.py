@@ -1,7 +1,9 @@
 """The retention pass: every `retention_check_interval_ms`, on every broker (each deletes its own
 old records), take a mark and delete what retention allows (store/retention.py says what is kept).
 A master never deletes what a connected slave has not acknowledged; a slave that returns needing
-deleted records is refused at subscription, naming what it must do."""
+deleted records is refused at subscription, naming what it must do. Nor does any broker delete a
+delayed retry not yet delivered, or anything after it: a retry delayed longer than the retention
+(or held up by a failover) is delivered, not lost."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import asyncio
 import logging
 import time
 
+from txbroker.broker.schedule_service import SCHEDULE_GROUP
 from txbroker.lifecycle import stop_task
-from txbroker.store import retention
+from txbroker.protocol.names import SCHEDULE_TOPIC
+from txbroker.store import keys, retention
 from txbroker.store.boot_clock import BootClock
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,21 @@ class RetentionService:
         limit = state.durable_lsn + 1
         if leader.active and leader.feeds:
             limit = min(limit, min(f.acked_lsn for f in leader.feeds.values()) + 1)
-        return limit
+        return min(limit, self._first_undelivered_retry())
+
+    def _first_undelivered_retry(self) -> int:
+        """The LSN of the oldest delay-queue entry past its level's delivered offset (as recorded
+        in the log: a slave's is its master's), or a number past every LSN."""
+        state, reader = self._b.state, self._b.reader
+        first = 1 << 63
+        for q in range(len(self._b.schedule.levels_ms)):
+            cursor = state.committed_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q, published=False) or 0
+            if cursor >= state.queue_end(SCHEDULE_TOPIC, q):
+                continue
+            entries, _, _ = reader.read_queue(SCHEDULE_TOPIC, q, cursor, 1)
+            if entries:
+                first = min(first, keys.parse_msg_id(entries[0].msg_id)[0])
+        return first
 
     async def run_once(self) -> int:
         state, metrics = self._b.state, self._b.metrics
