@@ -55,7 +55,7 @@ def decide_commit(o: WriteOptions, jobs: Jobs, job: ClusterJob, what: str, kept:
     o.faults.at_decision("before-decision", batch_id, detail)
     t0 = time.monotonic()
     try:
-        jobs.commit(job, kept.members)
+        jobs.commit(job, kept.members, decided=lambda: o.faults.at_decision("after-home-decision", batch_id, detail))
     except JobAborted as e:
         raise RuntimeError(f"txbroker: {what}: the broker refused the commit ({e}); nothing of it was "
                            "published") from None

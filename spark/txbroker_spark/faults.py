@@ -4,7 +4,10 @@
 The write path calls two hooks, each at a named point, and nothing else of this module:
 
     o.faults.after_send(partition, attempt_number, txids)   a task attempt, once its half messages are stored
-    o.faults.at_decision(point, batch_id, detail)           the driver, "before-decision" / "after-decision"
+    o.faults.at_decision(point, batch_id, detail)           the driver: "before-open" (a batch write, before it
+                                                            opens its job), "before-decision", "after-home-decision"
+                                                            (its home recorded it, no other group told yet),
+                                                            "after-decision" (every group told)
 
 With no inject.* option set (`FaultPlan()`) both return at once. What they can do:
   failPartition + failMode   the attempt raises (raise; always: every attempt) or its Python worker exits
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger("txbroker_spark")
 
-HANG_POINTS = ("before-decision", "after-decision")
+HANG_POINTS = ("before-open", "before-decision", "after-home-decision", "after-decision")
 FAIL_MODES = ("crash", "raise", "always")
 
 
@@ -58,7 +61,7 @@ class FaultPlan:
                            f"{len(txids)} half transactions")
 
     def at_decision(self, point: str, batch_id: int | None, detail: dict) -> None:
-        """The driver at `point` of its commit (batch_id: the micro-batch, None for a batch write):
+        """The driver at `point` of its write (batch_id: the micro-batch, None for a batch write):
         announce it, then wait to be killed, or released by a file `<marker>.release` (a driver
         paused and resumed), at most 10 min."""
         if self.hang_at != point or (batch_id is not None and self.hang_batch not in (None, batch_id)):

@@ -74,14 +74,19 @@ class Jobs:
     def prepare(self, job: ClusterJob, members: dict[str, list[str]]) -> JobInfo:
         return self._named(lambda: self._c.prepare(job, members))
 
-    def commit(self, job: ClusterJob, members: dict[str, list[str]] | None = None) -> JobInfo:
-        """The commit point. Raises JobAborted if the job was aborted first (its deadline passed)."""
+    def commit(self, job: ClusterJob, members: dict[str, list[str]] | None = None, decided=None) -> JobInfo:
+        """The commit point. Raises JobAborted if the job was aborted first (its deadline passed).
+        `decided()` runs once the home recorded the decision, before the other groups are told."""
         try:
-            return self._named(lambda: self._c.commit(job, members))
+            info = self._named(lambda: self._c.commit(job, members, tell=decided is None))
         except BrokerError as e:
             if e.code == ResponseCode.TRANSACTION_SHOULD_ROLLBACK:
                 raise JobAborted(e.remark) from None
             raise
+        if decided is not None:
+            decided()
+            self._named(lambda: self._c.tell(job))
+        return info
 
     def abort(self, job: ClusterJob) -> JobInfo:
         """ABORT, unless already committed: then the commit stands (returned as is)."""

@@ -139,7 +139,7 @@ def _faults(options) -> FaultPlan:
     slow_seconds = _float(options, "inject.slowSeconds", 30.0, 0.0, 3600.0)
     hang_at = option_value(options, "inject.hangAt")
     if hang_at is not None and hang_at not in HANG_POINTS:
-        raise OptionError("inject.hangAt", f"must be before-decision or after-decision, got {hang_at!r}")
+        raise OptionError("inject.hangAt", f"must be one of {', '.join(HANG_POINTS)}, got {hang_at!r}")
     hb = option_value(options, "inject.hangBatch")
     hang_batch = _int(options, "inject.hangBatch", 0, 0, 10**12) if hb is not None else None
     return FaultPlan(fail_partition, fail_mode, slow_partition, slow_seconds, hang_at, hang_batch,

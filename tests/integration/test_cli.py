@@ -230,3 +230,13 @@ def test_job_show_by_name_finds_its_newest_job_and_list_shows_the_prepared_bound
     assert r.returncode == 1 and "no job named 'weekly'" in r.stderr
     assert "COMMITTED" in run_cli("job", "commit", newest.job_id, *admin).stdout
     assert metric() == []
+
+    # by name, from any broker of the cluster (spark/README.md's recipe), wherever the job's home is
+    by_name = ["--name", "hourly", "--broker", broker.address, "--group", "cli-jobs"]
+    assert f"job {later.job_id}: ABORTED" in run_cli("job", "abort", *by_name).stdout
+    r = run_cli("job", "commit", *by_name, check=False)  # the first decision wins
+    assert r.returncode == 1 and "TRANSACTION_SHOULD_ROLLBACK" in r.stderr and later.job_id in r.stderr, r.stderr
+    r = run_cli("job", "commit", "--name", "weekly", "--broker", broker.address, "--group", "cli-jobs", check=False)
+    assert r.returncode == 1 and "no job named 'weekly' of producer group 'cli-jobs'" in r.stderr, r.stderr
+    r = run_cli("job", "commit", "--name", "hourly", "--broker", broker.address, check=False)
+    assert r.returncode == 1 and "--name, --broker and --group go together" in r.stderr, r.stderr

@@ -88,11 +88,19 @@ def test_a_member_group_not_told_follows_its_home_by_itself(cluster):
             await c.groups.members[job.home].commit(job.job_id, [], {other: [t]})  # the home only
             return job, other
 
+    decided_by = time.monotonic()
     job, other = asyncio.run(main())
     wait_until(lambda: job_at(cluster, other, job.job_id)["state"] == "COMMITTED", 10,
                what="the member group to follow its home")
     wait_until(lambda: job_at(cluster, job.home, job.job_id)["resolved"], 10, what="the home to see it resolved")
     assert visible(cluster) == {"told by nobody": 1}
+    # the window a consumer of both groups could see the home's part alone: the member group's own
+    # ask, not at once (its pass is once a second), and within what this test saw
+    home_master = cluster.group(job.home).master
+    wait_until(lambda: metric(home_master, "txbroker_job_groups_visible_seconds_count") == 1,
+               what="the home to count how long the job took to be visible everywhere")
+    window = metric(home_master, "txbroker_job_groups_visible_seconds_sum")
+    assert 0 < window <= time.monotonic() - decided_by, window
 
 
 def test_a_member_that_joins_while_its_group_asks_the_home_ends_as_the_decision_says(cluster):

@@ -120,12 +120,17 @@ def test_a_read_never_holds_part_of_a_job_spanning_groups(spark, cluster_env):
             await c.groups.members[job.home].commit(job.job_id, members[job.home],
                                                     {g: ids for g, ids in members.items() if g != job.home})
 
+    def read():
+        rows = spark.read.format("txbroker").options(brokers=cluster_env.brokers, topic="Whole").load().collect()
+        return Counter(json.loads(r.body)["id"] for r in rows)
+
     for n in range(4):
         asyncio.run(commit_at_home_only(n))
-        read = spark.read.format("txbroker").options(brokers=cluster_env.brokers, topic="Whole").load().collect()
-        seen = Counter(json.loads(r.body)["id"] for r in read)
+        seen = read()
         assert all(c == 2 for c in seen.values()), f"job {n}: read {seen}: part of a job"
         assert set(seen) <= set(range(n + 1))
+    cluster_env.wait_settled()  # every job resolved on both groups: the read holds all four, whole
+    assert read() == Counter({n: 2 for n in range(4)})
 
 
 def test_a_groups_master_killed_mid_write_leaves_every_row_once(cluster_env, tmp_path):
@@ -144,6 +149,32 @@ def test_a_groups_master_killed_mid_write_leaves_every_row_once(cluster_env, tmp
         kill_group(proc)
     cluster_env.wait_settled()
     assert by_id(cluster_env.events("Killed")) == Counter(range(300))
+
+
+def test_a_driver_killed_after_its_homes_decision_before_telling_the_other_group_publishes_every_row_once(
+        cluster_env, tmp_path):
+    """The riskiest moment of a job spanning groups: its home recorded COMMIT, and the driver dies
+    before telling the other group. That group asks the home by itself and ends its members as the
+    home decided: every row once, on both groups."""
+    marker, log = tmp_path / "hook.json", tmp_path / "driver.log"
+    proc = spawn_driver("batch", "--brokers", cluster_env.brokers, "--topic", "Untold", "--group", GROUP,
+                        "--rows", str(ROWS), "--partitions", "4", "--opt", "jobId=untold",
+                        "--opt", "inject.hangAt=after-home-decision", "--opt", f"inject.markerFile={marker}",
+                        log_path=log)
+    try:
+        wait_marker(marker, proc, log)
+        (home,) = cluster_env.homes()
+        assert (home["name"], home["state"]) == ("untold", "COMMITTED")  # the decision, at the home only
+    finally:
+        kill_group(proc)  # the driver dies before telling the other group
+    cluster_env.wait_settled()
+    located = cluster_env.located("Untold")
+    assert by_id([m for _g, m in located]) == Counter(range(ROWS))
+    assert {g for g, _m in located} == {"g0", "g1"}
+    (home,) = cluster_env.homes()
+    assert home["resolved"] and home["unresolved_groups"] == []
+    entry = next(j for j in cluster_env.jobs() if j["home"])
+    assert (entry["state"], entry["by"]) == ("COMMITTED", "home")
 
 
 def test_bad_input_is_refused_naming_what_was_wrong(spark, cluster_env):

@@ -20,21 +20,31 @@ pytestmark = pytest.mark.timeout(900)
 README = Path(__file__).resolve().parents[2] / "spark" / "README.md"
 
 
-def readme_command() -> list[str]:
-    """The command "After the driver dies" gives, read from the README: its words, the job's name,
-    broker and group the values to fill in."""
-    section = README.read_text().split("## After the driver dies", 1)[1]
-    (command,) = re.findall(r"^txbroker job show .*$", section, re.M)[:1]
+def readme_command(action: str) -> list[str]:
+    """A command "After the driver dies" gives (`txbroker job show ...`, `txbroker job commit ...`),
+    read from the README: its words, the job's name, broker and group the values to fill in."""
+    section = README.read_text().split("## After the driver dies", 1)[1].split("\n## ", 1)[0]
+    (command,) = re.findall(rf"txbroker job {action} --[^`\n]*", section)[:1]
     return command.split()
+
+
+def as_written(env, words: list[str], name: str) -> list[str]:
+    values = {"--name": name, "--broker": env.cluster.bootstrap[0], "--group": GROUP}
+    assert set(values) <= set(words), words
+    return [values.get(words[i - 1], w) if i else w for i, w in enumerate(words)][1:]
 
 
 def job_show(env, name: str, check: bool = True):
     """The README's command, as written, with this run's name, broker and group."""
-    words, values = readme_command(), {"--name": name, "--broker": env.cluster.bootstrap[0], "--group": GROUP}
-    assert set(values) <= set(words), words
-    args = [values.get(words[i - 1], w) if i else w for i, w in enumerate(words)][1:]
-    r = run_cli(*args, check=check)
+    r = run_cli(*as_written(env, readme_command("show"), name), check=check)
     return json.loads(r.stdout) if r.returncode == 0 else r
+
+
+def job_decide(env, action: str, name: str) -> str:
+    """The README's `txbroker job commit` (abort: "with the same flags"), with this run's values."""
+    words = readme_command("commit")
+    words[words.index("commit")] = action
+    return run_cli(*as_written(env, words, name)).stdout
 
 
 def driver(env, tmp_path, name: str, payload: str, *opts: str, hang: str | None = None, tag: str = "run"):
@@ -72,8 +82,10 @@ def wait_only(env, payload: str) -> None:
 
 def test_no_job_then_open_then_rerun_then_committed(cluster_env, tmp_path):
     env, name = cluster_env, "orders-2026-11-26"
+    driver(env, tmp_path, name, "unopened-", hang="before-open", tag="unopened")  # dies before opening its job
     r = job_show(env, name, check=False)
-    assert r.returncode != 0 and "no job named" in r.stderr  # row 1: never opened: run it again
+    assert r.returncode != 0 and "no job named" in r.stderr  # row 1: nothing was sent: run it again
+    assert env.jobs() == [] and env.pending() == []
     driver(env, tmp_path, name, "dead-", hang="before-decision", tag="dead")
     dead = job_show(env, name)
     assert dead["state"] == "OPEN"  # row 2: run again with the same jobId
@@ -89,16 +101,20 @@ def test_no_job_then_open_then_rerun_then_committed(cluster_env, tmp_path):
         driver(env, tmp_path, name, "again-", tag="again")
     assert "already COMMITTED" in str(refused.value)
     assert only(env, "rerun-")
+    driver(env, tmp_path, "orders-2026-11-26-again", "new-", tag="new")  # a new jobId publishes again
+    assert job_show(env, "orders-2026-11-26-again")["state"] == "COMMITTED"
+    env.wait_settled()
+    expected = Counter((i, f"{p}{i}") for p in ("rerun-", "new-") for i in range(120))
+    from support.waiting import wait_until
+    wait_until(lambda: published(env) == expected, what="both runs' rows readable, each once")
 
 
 def test_prepared_then_committed_by_hand(cluster_env, tmp_path):
     env, name = cluster_env, "orders-2026-11-27"
     driver(env, tmp_path, name, "deferred-", "commit=deferred")  # the application dies before deciding
     shown = job_show(env, name)
-    assert shown["state"] == "PREPARED"  # row 3: its local transaction finished: commit it on "at"'s group
-    home = env.cluster.group(shown["at"]).master
-    out = run_cli("job", "commit", shown["job_id"], "--admin", home.admin_url).stdout
-    assert "COMMITTED" in out
+    assert shown["state"] == "PREPARED"  # row 3: its local transaction finished: commit it
+    assert f"job {shown['job_id']}: COMMITTED" in job_decide(env, "commit", name)
     env.wait_settled()
     wait_only(env, "deferred-")
 
@@ -111,8 +127,7 @@ def test_prepared_then_aborted_by_hand_or_run_again(cluster_env, tmp_path):
     driver(env, tmp_path, "orders-2026-11-29", "deferred-", "commit=deferred", tag="deferred-1")
     shown = job_show(env, "orders-2026-11-29")
     assert shown["state"] == "PREPARED"
-    home = env.cluster.group(shown["at"]).master
-    assert "ABORTED" in run_cli("job", "abort", shown["job_id"], "--admin", home.admin_url).stdout
+    assert f"job {shown['job_id']}: ABORTED" in job_decide(env, "abort", "orders-2026-11-29")
     env.wait_settled()
     assert published(env) == Counter()
     driver(env, tmp_path, "orders-2026-11-29", "fresh-", tag="fresh")

@@ -58,8 +58,16 @@ def register(sub, default_admin: str) -> None:
                        "spanning groups is refused: only its coordinator knows the members to keep on each group) "
                        "become visible, the others are rolled back", decide),
             ("abort", "abort a job: every member is rolled back", decide)):
-        c = jsub.add_parser(name, help=helptext)
-        c.add_argument("job_id", help="the job's id (from job list, or what the coordinator's open returned)")
+        c = jsub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ". By its id at "
+                            "--admin's broker (the job's home: a job spanning groups is decided there), or by "
+                            "--name with --broker and --group wherever its home is.")
+        which = c.add_mutually_exclusive_group(required=True)
+        which.add_argument("job_id", nargs="?", help="the job's id (from job list, or what the coordinator's open "
+                                                     "returned)")
+        which.add_argument("--name", help="with --broker: the newest job of this name, decided at its home")
+        c.add_argument("--broker", help="with --name: any broker of the cluster (HOST:PORT, e.g. "
+                                        "<txbroker>-master:10911), as for job show")
+        c.add_argument("--group", help="with --broker: the job's producer group (Spark's producerGroup)")
         c.set_defaults(run=fn, action=name)
         cmds.append(c)
     for c in cmds:
@@ -136,7 +144,30 @@ def show_in_cluster(args) -> int:
 
 
 def decide(args) -> int:
-    r = admin_client(args).decide_job(args.job_id, args.action)
+    if args.broker or args.name:
+        r = decide_in_cluster(args)
+    else:
+        r = admin_client(args).decide_job(args.job_id, args.action)
     print(f"job {r.job_id}: {r.state} ({r.members} members kept, {r.pending} being ended)"
           + (" (already)" if r.already else ""))
     return 0
+
+
+def decide_in_cluster(args):
+    """--name with --broker: commit (its prepared members) or abort the job of that name at its home,
+    which tells every other group it spans (each also asks by itself)."""
+    from txbroker.client import BrokerError, ClusterJobCoordinator
+
+    if not (args.name and args.broker and args.group):
+        raise SystemExit(f"txbroker job {args.action}: --name, --broker and --group go together (a job by its "
+                         "name, on the cluster of --broker, of producer group --group)")
+    with ClusterJobCoordinator(args.group, args.broker, **client_options(args)) as c:
+        job = c.find(args.name)
+        if job is None:
+            raise SystemExit(f"txbroker job {args.action}: no job named {args.name!r} of producer group "
+                             f"{args.group!r} on any group of the cluster {args.broker} belongs to")
+        try:
+            return c.commit(job) if args.action == "commit" else c.abort(job)
+        except BrokerError as e:
+            raise SystemExit(f"txbroker job {args.action}: job {job.job_id} ({args.name!r}, home {job.home}): "
+                             f"{e.code_name}: {e.remark}") from None

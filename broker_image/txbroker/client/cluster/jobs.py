@@ -149,17 +149,26 @@ class AsyncClusterJobCoordinator:
         job.info = await self._at(job.home).prepare(job.job_id, local, remote)
         return job.info
 
-    async def commit(self, job: ClusterJob, members: dict[str, list[str]] | None = None) -> JobInfo:
+    async def commit(self, job: ClusterJob, members: dict[str, list[str]] | None = None, tell: bool = True) -> JobInfo:
         """The commit point: one DECIDE_JOB at the home keeping exactly `members` (by group; None: the
         prepared ones). Then every other group is told to follow its home now (each also asks by
-        itself: a coordinator that dies here leaves nothing torn)."""
+        itself: a coordinator that dies here leaves nothing torn); `tell=False` leaves that to
+        `tell(job)`."""
         if members is None:
             job.info = await self._at(job.home).commit(job.job_id)
         else:
             local, remote = self._split(job, members)
             job.info = await self._at(job.home).commit(job.job_id, local, remote)
-        await self._tell(job, lambda c: c.commit(job.job_id, []))
+        if tell:
+            await self.tell(job)
         return job.info
+
+    async def tell(self, job: ClusterJob) -> None:
+        """Tell every other group the home's decision (`job.info`, as the home answered it)."""
+        if job.info.state == "COMMITTED":
+            await self._tell(job, lambda c: c.commit(job.job_id, []))
+        elif job.info.state == "ABORTED":
+            await self._tell(job, lambda c: c.abort(job.job_id))
 
     async def abort(self, job: ClusterJob) -> JobInfo:
         job.info = await self._at(job.home).abort(job.job_id)
@@ -231,8 +240,11 @@ class ClusterJobCoordinator(background.Blocking):
     def prepare(self, job: ClusterJob, members: dict[str, list[str]]) -> JobInfo:
         return background.run(self._async.prepare(job, members))
 
-    def commit(self, job: ClusterJob, members: dict[str, list[str]] | None = None) -> JobInfo:
-        return background.run(self._async.commit(job, members))
+    def commit(self, job: ClusterJob, members: dict[str, list[str]] | None = None, tell: bool = True) -> JobInfo:
+        return background.run(self._async.commit(job, members, tell))
+
+    def tell(self, job: ClusterJob) -> None:
+        background.run(self._async.tell(job))
 
     def abort(self, job: ClusterJob) -> JobInfo:
         return background.run(self._async.abort(job))
