@@ -89,6 +89,7 @@ def test_a_rerun_with_the_same_job_id_and_changed_input_commits_only_its_own_row
                          log_path=log)
     try:
         wait_marker(marker, first, log)
+        dead = {t["transaction_id"] for t in tx_env.pending()}
     finally:
         kill_group(first)  # the driver dies before its decision; the job stays OPEN
     run_driver("batch", "--brokers", tx_env.brokers, "--topic", "Rerun", "--group", tx_env.group, "--rows", "200",
@@ -97,6 +98,9 @@ def test_a_rerun_with_the_same_job_id_and_changed_input_commits_only_its_own_row
     events = tx_env.events("Rerun")
     assert_published_once_with(events, range(200), "new-")
     assert "an earlier run's job" in (tmp_path / "rerun.log").read_text()
+    # the re-run's transactions are its own: none of the dead run's ids, which all rolled back
+    assert dead and not dead & {m.transaction_id for m in events}
+    assert {tx_env.transaction(t)["state"] for t in dead} == {"ROLLED_BACK"}
 
 
 def assert_published_once_with(events, ids, payload: str) -> None:
@@ -175,6 +179,18 @@ def test_a_driver_killed_after_its_homes_decision_before_telling_the_other_group
     assert home["resolved"] and home["unresolved_groups"] == []
     entry = next(j for j in cluster_env.jobs() if j["home"])
     assert (entry["state"], entry["by"]) == ("COMMITTED", "home")
+
+
+def test_a_draining_group_gets_no_rows_of_a_new_write(spark, cluster_env):
+    """g1 drains (the route says so): a new write's job spans g0 alone and every row lands there;
+    g1 holds none of it, and the write is one job all the same."""
+    cluster_env.cluster.publish(g1="draining")
+    save(rows(spark), cluster_env, "Drained", batchSize=10, jobId="while-g1-drains")
+    located = cluster_env.located("Drained")
+    assert by_id([m for _g, m in located]) == Counter(range(ROWS))
+    assert {g for g, _m in located} == {"g0"}
+    (home,) = cluster_env.homes()
+    assert (home["name"], home["at"], home["state"], home["groups"]) == ("while-g1-drains", "g0", "COMMITTED", [])
 
 
 def test_bad_input_is_refused_naming_what_was_wrong(spark, cluster_env):
