@@ -345,6 +345,23 @@ def test_console_lists_a_job_shows_its_member_and_commits_it(setup, browser_cont
     assert status == 403
     assert admin.job(other.job_id).state == "OPEN"
 
+    # the admin aborts it through its confirmation page: its member rolls back
+    page.goto(console.url + "/jobs?state=undecided")
+    page.locator("table.jobs tr", has_text=other.job_id).get_by_role("link", name="Abort…").click()
+    assert page.locator("h1").inner_text() == f"Abort job {other.job_id}"
+    page.get_by_role("button", name="Yes, abort").click()
+    assert "Abort: done; the job is now ABORTED" in page.locator(".flash").inner_text()
+    assert (admin.job(other.job_id).state, admin.job(other.job_id).by) == ("ABORTED", "admin")
+    wait_until(lambda: admin.transaction(other_member).state == "ROLLED_BACK", 30, what="its member rolled back")
+
+    # a PREPARED job shows its own, longer bound, not the OPEN deadline
+    with JobCoordinator("nightly-pg", b.address, credentials=creds("app")) as c:
+        prepared = c.open(timeout=60, name="prepared-console", prepared_timeout=7200)
+        c.prepare(prepared.job_id, [c.send(prepared.job_id, Message("Nightly", b"prepared member"))])
+    page.goto(f"{console.url}/jobs/{prepared.job_id}")
+    text = page.locator("main").inner_text()
+    assert "PREPARED" in text and re.search(r"prepared bound \S+ \S+ UTC \(in (1 h 59|2 h 0) min", text), text[:2000]
+
 
 def shown(body: str) -> str:
     """The text a reader sees of a page: tags dropped, entities decoded, spaces collapsed."""

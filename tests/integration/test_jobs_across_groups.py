@@ -147,6 +147,23 @@ def test_the_homes_deadline_aborts_the_job_on_every_group(cluster):
     assert visible(cluster) == {}
 
 
+def test_a_prepared_job_outlives_its_open_deadline_and_its_own_bound_aborts_it_on_every_group(cluster):
+    """A coordinator that prepared its members (Spark's commit=deferred) and then stalls: the OPEN
+    deadline no longer applies, the prepared bound does, and it reaches every group."""
+    with ClusterJobCoordinator(GROUP, cluster.bootstrap) as c:
+        job = c.open(timeout=5, prepared_timeout=8)
+        members = {g: [c.send(job, g, Message("Out", f"{g}-prepared".encode()))] for g in job.all_groups}
+        info = c.prepare(job, members)
+        assert info.state == "PREPARED" and info.prepared_deadline_ms > info.deadline_ms
+        wait_until(lambda: c.describe(job).state == "ABORTED", 20, what="the prepared bound to abort the job")
+        info = c.describe(job)
+        assert info.by == "deadline" and info.decided_ms >= info.prepared_deadline_ms  # not at the OPEN deadline
+        wait_until(lambda: c.describe(job).resolved, 15, what="every group to roll its members back")
+    for g, (t,) in members.items():
+        assert AdminClient(cluster.group(g).master.admin_url).transaction(t).state == "ROLLED_BACK"
+    assert visible(cluster) == {}
+
+
 @pytest.mark.parametrize("when", ["before the decision", "between the decision and visibility"])
 @pytest.mark.parametrize("victim", ["home", "member group"])
 def test_a_job_spanning_groups_survives_a_master_killed_midway(cluster, victim, when):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -111,9 +112,11 @@ def test_no_job_then_open_then_rerun_then_committed(cluster_env, tmp_path):
 
 def test_prepared_then_committed_by_hand(cluster_env, tmp_path):
     env, name = cluster_env, "orders-2026-11-27"
-    driver(env, tmp_path, name, "deferred-", "commit=deferred")  # the application dies before deciding
+    # the application dies before deciding; its prepared bound is its own, an hour here
+    driver(env, tmp_path, name, "deferred-", "commit=deferred", "preparedDeadlineSeconds=3600")
     shown = job_show(env, name)
     assert shown["state"] == "PREPARED"  # row 3: its local transaction finished: commit it
+    assert 3_500_000 < shown["prepared_deadline_ms"] - time.time() * 1000 <= 3_600_000, shown
     assert f"job {shown['job_id']}: COMMITTED" in job_decide(env, "commit", name)
     env.wait_settled()
     wait_only(env, "deferred-")
