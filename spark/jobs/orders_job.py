@@ -62,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--inject-crash", choices=["after-dataset", "after-decision"], default=None,
                    help="inject a failure (tests): the driver exits at once after writing the dataset (before the "
                         "decision) or after recording the decision (before the move and the ENDs)")
+    p.add_argument("--inject-hang", choices=["after-decision"], default=None,
+                   help="inject a failure (tests): after recording the decision the driver waits to be killed (its "
+                        "pod deleted, say), at most 10 minutes")
     p.add_argument("--progress-seconds", type=float, default=10.0,
                    help="log the running stage's progress this often (0: only when it ends)")
     p.add_argument("--admin-url", default=None,
@@ -162,6 +165,18 @@ def _crash(args, where: str) -> None:
     """Failure injection: die here as a lost driver would (its JVM exits when its stdin closes)."""
     if args.inject_crash == where:
         log.warning("inject-crash=%s: the driver exits now", where)
+        logging.shutdown()
+        os._exit(17)
+
+
+def _hang(args, where: str) -> None:
+    """Failure injection: wait here to be killed from outside (the driver's pod deleted)."""
+    if args.inject_hang == where:
+        log.warning("inject-hang=%s: the driver waits here to be killed", where)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        time.sleep(600)
+        log.error("inject-hang=%s: nobody killed this driver within 10 minutes: it exits", where)
         logging.shutdown()
         os._exit(17)
 
@@ -280,6 +295,7 @@ def main(argv=None) -> int:
         log.info("job %s: 3/4 commit point: the job's COMMIT decision on the broker", job)
         deferred.commit()
         _crash(args, "after-decision")
+        _hang(args, "after-decision")
     except JobAborted as e:  # the broker decided first (the deadline): it rolls back every event
         log.error("job %s: %s", job, e)
         shutil.rmtree(staging, ignore_errors=True)

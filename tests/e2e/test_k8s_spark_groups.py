@@ -3,10 +3,11 @@
 commit=deferred) in both of the chart's forms, bootstrapping from the TxBroker's `<name>-master`
 Service (every group's master; the data source learns the route from whichever answers).
 
-- spark-submit Job: the driver dies right after the job's COMMIT decision (the orders job's
-  `--inject-crash after-decision`, passed through `spark.job.extraArgs`: the driver exits the moment
-  the decision is recorded, before it ends or waits for anything); the brokers publish every row
-  anyway, once; the Job ends Failed with the driver's exit code (17), not Complete.
+- spark-submit Job: the driver dies right after the job's COMMIT decision, before it ends or waits
+  for anything: it exits (the orders job's `--inject-crash after-decision`, passed through
+  `spark.job.extraArgs`), or it waits (`--inject-hang after-decision`) and its pod is force-deleted;
+  the brokers publish every row anyway, once; the Job ends Failed (with the driver's exit code, 17,
+  when there is one), not Complete.
 - SparkApplication through the kubeflow Spark operator: the master of the job's home group (the
   group that decides it) is force-deleted while the executors write half messages to both groups;
   the operator fails that group over; the job commits with every row once, or fails and publishes
@@ -224,28 +225,45 @@ def submit_release(operator):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
+@pytest.mark.parametrize("ending", ["driver exits", "driver pod deleted"])
 def test_spark_submit_across_two_groups_publishes_every_order_once_though_the_driver_dies_after_its_decision(
-        operator, submit_release):
-    tb, ns, name, orders = operator.testbed, operator.namespace, "subgrp", 30_000
+        operator, submit_release, ending):
+    tb, ns, orders = operator.testbed, operator.namespace, 30_000
+    name = "subgrp" if ending == "driver exits" else "subdel"
     two_groups(operator, name)
-    install_job(tb, ns, submit_release, name, "sparkSubmit", orders,
-                ["--progress-seconds", "1", "--inject-crash", "after-decision"])
+    crash = ["--inject-crash", "after-decision"] if ending == "driver exits" else ["--inject-hang", "after-decision"]
+    install_job(tb, ns, submit_release, name, "sparkSubmit", orders, ["--progress-seconds", "1", *crash])
     submit = f"{submit_release}-spark-1-submit"
     container = tb.get("job", submit, ns)["spec"]["template"]["spec"]["containers"][0]
     assert_bootstraps_from_the_master_service(tb, ns, name, container["args"])
 
-    def driver_ended():
-        pods = spark_pods(tb, ns, submit_release, "driver")
-        return pods and pods[0]["status"].get("phase") in ("Succeeded", "Failed") and pods[0]
-    try:
-        driver = wait_until(driver_ended, 900, "the driver pod to end")
-    except TimeoutError:
-        raise AssertionError(spark_report(tb, ns, submit_release)) from None
-    log = tb.pod_log(driver["metadata"]["name"], ns)
+    def driver_pod():
+        return (spark_pods(tb, ns, submit_release, "driver") or [None])[0]
+    if ending == "driver exits":
+        def driver_ended():
+            pod = driver_pod()
+            return pod and pod["status"].get("phase") in ("Succeeded", "Failed") and pod
+        try:
+            driver = wait_until(driver_ended, 900, "the driver pod to end")
+        except TimeoutError:
+            raise AssertionError(spark_report(tb, ns, submit_release)) from None
+        log = tb.pod_log(driver["metadata"]["name"], ns)
+        said_now = "inject-crash=after-decision: the driver exits now"
+    else:   # the driver waits after its decision until its pod is force-deleted, as a node lost would
+        def waiting_after_decision():
+            pod = driver_pod()
+            return pod and "inject-hang=after-decision" in tb.pod_log(pod["metadata"]["name"], ns) and pod
+        try:
+            driver = wait_until(waiting_after_decision, 900, "the driver to record its decision", interval=1)
+        except TimeoutError:
+            raise AssertionError(spark_report(tb, ns, submit_release)) from None
+        log = tb.pod_log(driver["metadata"]["name"], ns)
+        tb.kubectl("-n", ns, "delete", "pod", driver["metadata"]["name"], "--grace-period=0", "--force")
+        wait_until(lambda: tb.get("pod", driver["metadata"]["name"], ns) is None, 60, "the driver pod gone")
+        said_now = "inject-hang=after-decision: the driver waits here to be killed"
     # it died right after its decision: the commit point was reached, nothing after it ran
-    assert "inject-crash=after-decision: the driver exits now" in log, log[-6000:]
+    assert said_now in log, log[-6000:]
     assert "3/4 commit point" in log and ": 4/4 dataset moved" not in log and summary_of(log) is None, log[-6000:]
-    assert driver["status"]["phase"] == "Failed", driver["status"]
 
     # the home recorded COMMIT (by the driver) and every group ended its members from it, on its own
     try:
@@ -264,24 +282,29 @@ def test_spark_submit_across_two_groups_publishes_every_order_once_though_the_dr
     seen = read_groups(tb, ns, name, "sub")
     assert_every_order_once_on_its_group(seen, groups, orders, job["name"])
     assert_settled(tb, ns, name)
-    # the spark-submit Job ends as its driver did: Failed (the crash's exit code 17), never Complete,
-    # although spark-submit itself exits 0 (the chart's files/spark-submit.py reads the driver pod)
-    (ended,) = [c["state"]["terminated"] for c in driver["status"]["containerStatuses"]
-                if c["name"] == "spark-kubernetes-driver"]
-    assert ended["exitCode"] == 17, ended
+    # the spark-submit Job ends as its driver did: Failed, never Complete, although spark-submit itself
+    # exits 0 (the chart's files/spark-submit.py reads the driver pod)
     done = wait_until(lambda: (j := tb.get("job", submit, ns)) and [
         c["type"] for c in (j.get("status") or {}).get("conditions") or []
         if c["type"] in ("Complete", "Failed") and c["status"] == "True"], 300, "the spark-submit Job to finish")
     (submitter,) = tb.list("pods", ns, f"job-name={submit}")
     said = tb.pod_log(submitter["metadata"]["name"], ns)
-    assert done == ["Failed"], f"the Job says {done} for a driver that exited 17; its log:\n{said[-4000:]}"
+    assert done == ["Failed"], f"the Job says {done} for a driver that died; its log:\n{said[-4000:]}"
     assert driver["metadata"]["name"] == f"{submitter['metadata']['name']}-driver"   # named after the Job's pod
-    line = f"the Spark driver (pod {driver['metadata']['name']}, container spark-kubernetes-driver) exited with code 17"
-    assert line in said, said[-4000:]
     (submit_end,) = [c["state"]["terminated"] for c in tb.get("pod", submitter["metadata"]["name"], ns)["status"]
-               ["containerStatuses"]]
-    assert submit_end["exitCode"] == 17, submit_end
-    print(f"spark-submit Job: {done}; driver exit: {ended}; submitter: {said.strip().splitlines()[-1]}; "
+                     ["containerStatuses"]]
+    if ending == "driver exits":   # the crash's exit code 17, passed on
+        (ended,) = [c["state"]["terminated"] for c in driver["status"]["containerStatuses"]
+                    if c["name"] == "spark-kubernetes-driver"]
+        assert ended["exitCode"] == 17, ended
+        line = (f"the Spark driver (pod {driver['metadata']['name']}, container spark-kubernetes-driver) "
+                "exited with code 17")
+        assert line in said, said[-4000:]
+        assert submit_end["exitCode"] == 17, submit_end
+    else:   # no exit code to read: the pod is gone, and the Job fails for it
+        assert f"the Spark driver pod {driver['metadata']['name']} is gone" in said, said[-4000:]
+        assert submit_end["exitCode"] != 0, submit_end
+    print(f"spark-submit Job ({ending}): {done}; submitter: {said.strip().splitlines()[-1]}; "
           f"rows per group: { {g: len(r) for g, r in seen.items()} }; home {home}; layout {groups}")
     tb.kubectl("-n", ns, "delete", "txb", name, "--wait=false")
 
