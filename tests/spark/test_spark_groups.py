@@ -39,7 +39,8 @@ def test_a_write_spreads_over_every_group_as_one_job(spark, cluster_env):
     events = [m for _g, m in located]
     assert by_id(events) == Counter(range(ROWS))  # every row once
     per_group = Counter(g for g, _m in located)
-    assert set(per_group) == {"g0", "g1"} and min(per_group.values()) >= ROWS // 4, per_group
+    # evenly: each task's batches go round the groups, so the groups differ by a batch per task at most
+    assert set(per_group) == {"g0", "g1"} and abs(per_group["g0"] - per_group["g1"]) <= 10 * 4, per_group
     (home,) = cluster_env.homes()
     assert (home["name"], home["state"], home["resolved"]) == ("spread-1", "COMMITTED", True)
     other = "g1" if home["at"] == "g0" else "g0"
