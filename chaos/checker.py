@@ -68,7 +68,7 @@ import time
 from collections import Counter, defaultdict
 
 from chaos.reader import Reader
-from chaos.workload import ORDERED, TOPICS, History, Tx
+from chaos.workload import ORDERED, SINK_GROUP, SINKS, TOPICS, History, Tx
 
 # A backup's slave is in sync when it heard its master within 3 heartbeats (chaos/broker.py: 200 ms)
 # and holds all the master had published then (docs/backup.md): a commit acknowledged that long
@@ -185,9 +185,9 @@ def _skipped_by(h: History, cg: str, reader: Reader, topic: str) -> dict[str, fl
 
 
 # Deleted young: a skipped message sent less than this short of the retention before its skip was
-# seen. Retention ages a record by the mark taken after it on the boot clock (store/boot_clock.py),
-# which the harness's clock skews leave true, so its age at deletion is at least the retention; the
-# margin covers only the ms rounding of the marks and the sampler's reading.
+# seen (the consumers' memory, read every 0.1 s). Retention ages a record by the mark taken after it
+# on the boot clock (store/boot_clock.py), which the harness's clock skews leave true, so its age at
+# deletion is at least the retention; the margin covers only the ms rounding of the marks.
 YOUNG_MARGIN_S = 0.5
 
 
@@ -230,6 +230,10 @@ def check_groups(h: History, reader: Reader, route_changed: bool, retention_s: f
     out["deleted young"].extend(_deleted_young(h, skipped_ordered, retention_s))
     for body in sorted(skipped_ordered):
         out["skipped by retention"].append(f"{body}: deleted by retention before chaos-ord got to it")
+    for name, topic in SINKS:  # the other topics' consumer groups: their skips judged by age too
+        cg = f"{SINK_GROUP}-{name}"
+        out["deleted young"].extend(_deleted_young(h, _skipped_by(h, cg, reader, topic) if h.skipped else {},
+                                                   retention_s))
     for body in sorted(ordered_acked - consumed_ordered - set(skipped_ordered)):
         out["ordered lost"].append(f"{body}: acknowledged, never consumed by chaos-ord")
     for key, seqs in sorted(h.ordered_deliveries.items()):

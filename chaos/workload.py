@@ -345,6 +345,21 @@ async def _consumers(bootstrap, h: History, seed: int, stop: threading.Event, me
         await m.shutdown()
 
 
+async def _skips(h: History, consumers: list, stop: threading.Event) -> None:
+    """What retention deleted before each consumer group got to it, as the consumers say (their own
+    memory, no request): sampled often, so that when a skip was first seen bounds its deletion
+    closely (the checker's "deleted young")."""
+    while not stop.is_set():
+        for m in consumers:
+            for group, ranges in m.skipped_ranges().items():
+                now = time.monotonic()
+                with h.lock:
+                    for r in ranges:
+                        h.skipped_seen.setdefault((m.group, group, *r), now)
+                    h.skipped.update((m.group, group, *r) for r in ranges)
+        await asyncio.sleep(0.1)
+
+
 async def _samplers(groups_now: GroupsNow, h: History, coordinator: AsyncClusterJobCoordinator,
                     consumers: list, stop: threading.Event) -> None:
     readers: dict[str, AsyncPullConsumer] = {}
@@ -362,13 +377,6 @@ async def _samplers(groups_now: GroupsNow, h: History, coordinator: AsyncCluster
                     now, by = time.time(), reader.client.address  # wall time: to find it in the brokers' logs
                     with h.lock:
                         h.offsets.extend((now, name, cg, q, o, by) for q, o in offsets.items())
-            for m in consumers:
-                for group, ranges in m.skipped_ranges().items():
-                    now = time.monotonic()
-                    with h.lock:
-                        for r in ranges:
-                            h.skipped_seen.setdefault((m.group, group, *r), now)
-                        h.skipped.update((m.group, group, *r) for r in ranges)
             with h.lock:
                 recent = list(h.jobs.items())[-6:]
             for job_id, home in recent:
@@ -400,6 +408,7 @@ def run(bootstrap: list[str], groups_now: GroupsNow, h: History, reader: Reader,
                                  _ordered(bootstrap, h, stop, seed),
                                  _consumers(bootstrap, h, seed, consumers_done, consumers),
                                  _samplers(groups_now, h, coordinator, consumers, consumers_done),
+                                 _skips(h, consumers, consumers_done),
                                  reader.run(consumers_done))
         finally:
             await coordinator.close()

@@ -16,7 +16,7 @@ from txbroker.protocol.bodies import Message
 from txbroker.protocol.names import PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from txbroker.store.boot_clock import BootClock
 from txbroker.store.db import open_database
-from txbroker.store.derived.marks import Mark, Marks, choose_cutoff
+from txbroker.store.derived.marks import Age, Mark, Marks, choose_cutoff
 
 RETENTION_MS = 20_000
 
@@ -106,10 +106,28 @@ def test_a_mark_of_another_boot_is_aged_by_the_wall_clock(tmp_path):
         rebooted = BootClock("boot-b", clock=lambda: 5.0)
         clocks.real_ms += 25_000
         (m,) = marks.all()
-        assert marks.ages([m], clocks.wall(), rebooted) == {m.ms: 25_000}
-        assert marks.ages([m], clocks.wall(), clocks.boot) == {m.ms: 25_000}
+        assert marks.ages([m], clocks.wall(), rebooted) == {m.ms: Age(25_000, False)}
+        assert marks.ages([m], clocks.wall(), clocks.boot) == {m.ms: Age(25_000, True)}
     finally:
         db.close()
+
+
+def test_an_earlier_boots_mark_stamped_by_a_fast_clock_does_not_hold_back_this_boots_old_marks():
+    """Marks aged by their stamps stop the walk at a young one (a clock since set back stamps later
+    marks older); a mark the boot clock calls old may go past it: every record before it was
+    written at least that long ago, whatever came before."""
+    marks = [Mark(5_000_000, 10, 0, []), Mark(1_000, 20, 0, []), Mark(1_001, 30, 0, [])]
+    ages = {5_000_000: Age(-3_559_000, False), 1_000: Age(36_000, True), 1_001: Age(12_000, True)}
+    assert choose_cutoff(marks, 1_500_000, RETENTION_MS, 0, 0, 10 ** 9, ages).lsn == 20
+    stamped = {**ages, 1_000: Age(36_000, False)}  # the same, aged by its stamp: held back
+    assert choose_cutoff(marks, 1_500_000, RETENTION_MS, 0, 0, 10 ** 9, stamped) is None
+
+
+def test_retention_by_size_is_not_held_back_by_a_retry_waiting_in_the_delay_queue():
+    marks = [Mark(1_000, 10, 1_000, []), Mark(2_000, 20, 2_000, []), Mark(3_000, 30, 3_000, [])]
+    now = 100_000  # every mark old
+    assert choose_cutoff(marks, now, RETENTION_MS, 0, 3_500, 10 ** 9, age_limit_lsn=15).lsn == 10  # by age: held
+    assert choose_cutoff(marks, now, RETENTION_MS, 1_000, 3_500, 10 ** 9, age_limit_lsn=15).lsn == 20  # by size: not
 
 
 def entry(offset: int) -> SimpleNamespace:

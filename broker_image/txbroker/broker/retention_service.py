@@ -1,9 +1,10 @@
 """The retention pass: every `retention_check_interval_ms`, on every broker (each deletes its own
 old records), take a mark and delete what retention allows (store/retention.py says what is kept).
 A master never deletes what a connected slave has not acknowledged; a slave that returns needing
-deleted records is refused at subscription, naming what it must do. Nor does any broker delete a
-delayed retry not yet delivered, or anything after it: a retry delayed longer than the retention
-(or held up by a failover) is delivered, not lost."""
+deleted records is refused at subscription, naming what it must do. Nor does retention by age
+delete a delayed retry not yet delivered, or anything after it: a retry delayed longer than the
+retention (or held up by a failover) is delivered, not lost. Retention by size still may: it bounds
+the disk, as Kafka's retention.bytes deletes what nobody consumed yet."""
 
 from __future__ import annotations
 
@@ -53,20 +54,24 @@ class RetentionService:
         limit = state.durable_lsn + 1
         if leader.active and leader.feeds:
             limit = min(limit, min(f.acked_lsn for f in leader.feeds.values()) + 1)
-        return min(limit, self._first_undelivered_retry())
+        return limit
 
     def _first_undelivered_retry(self) -> int:
-        """The LSN of the oldest delay-queue entry past its level's delivered offset (as recorded
-        in the log: a slave's is its master's), or a number past every LSN."""
+        """The LSN of the oldest stored delay-queue entry at or past its level's delivered offset (as
+        recorded in the log: a slave's is its master's), or a number past every LSN. Every level's
+        queue, also those of levels no longer configured (their entries wait for them to return)."""
         state, reader = self._b.state, self._b.reader
         first = 1 << 63
-        for q in range(len(self._b.schedule.levels_ms)):
+        for q in range(max(len(self._b.schedule.levels_ms), state.topics.get(SCHEDULE_TOPIC, 0))):
+            end = state.queue_end(SCHEDULE_TOPIC, q)
             cursor = state.committed_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q, published=False) or 0
-            if cursor >= state.queue_end(SCHEDULE_TOPIC, q):
-                continue
-            entries, _, _ = reader.read_queue(SCHEDULE_TOPIC, q, cursor, 1)
-            if entries:
-                first = min(first, keys.parse_msg_id(entries[0].msg_id)[0])
+            offset = max(cursor, state.queue_start(SCHEDULE_TOPIC, q))
+            while offset < end:  # the entry at the cursor may be gone (deleted before this rule, or truncated)
+                entries, _, _ = reader.read_queue(SCHEDULE_TOPIC, q, offset, 256)
+                if entries:
+                    first = min(first, keys.parse_msg_id(entries[0].msg_id)[0])
+                    break
+                offset += 256
         return first
 
     async def run_once(self) -> int:
@@ -76,15 +81,15 @@ class RetentionService:
         self.newest_mark_lsn = state.next_lsn
         marks = state.marks.all()
         ages = state.marks.ages(marks, now, self.boot)
-        mark = retention.choose_cutoff(marks, now, self.retention_ms, self.retention_bytes,
-                                       state.log_bytes, self._limit(), ages)
+        mark = retention.choose_cutoff(marks, now, self.retention_ms, self.retention_bytes, state.log_bytes,
+                                       self._limit(), ages, age_limit_lsn=self._first_undelivered_retry())
         deleted = 0
         if mark is not None and mark.lsn > state.log_complete_from:
             t0 = time.perf_counter()
             deleted = await retention.delete_before(state, mark, now)
             metrics.retention_deleted.inc(deleted)
             log.info("retention: deleted %d records before LSN %d (written %s ago) in %.2fs; %d kept, live state "
-                     "is derived from them", deleted, mark.lsn, _age(ages[mark.ms]), time.perf_counter() - t0,
+                     "is derived from them", deleted, mark.lsn, _age(ages[mark.ms].ms), time.perf_counter() - t0,
                      len(mark.needed))
         expired = retention.expire(state, now)
         if expired:

@@ -21,11 +21,17 @@ _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 
 def _boot_id() -> str | None:
+    """The kernel's boot id, and the time namespace if the system has them (a namespace may offset
+    CLOCK_BOOTTIME: a container restored elsewhere, OCI timeOffsets)."""
     try:
         with open(_BOOT_ID_FILE) as f:
-            return f.read().strip() or None
+            bid = f.read().strip()
     except OSError:
         return None
+    try:
+        return f"{bid}/timens-{os.stat('/proc/self/ns/time').st_ino}" if bid else None
+    except OSError:
+        return bid or None
 
 
 class BootClock:

@@ -23,7 +23,7 @@ On-disk format, version 5 (STORE_FORMAT_VERSION, kept under meta key b"format"):
                  | b"span/" transaction id: a spanning transaction decided here whose participants
                    may still ask (until a ReleaseRecord) | b"linger/" transaction id: a decision kept
                    after retention deleted its records (store/derived/transactions.py)
-                 | b"mark/", b"complete_from", b"kept": retention (store/derived/marks.py)
+                 | b"mark/", b"markclock/", b"complete_from", b"kept": retention (store/derived/marks.py)
 
 A half message batch is stored once (HalfRecord, "under RMQ_SYS_TRANS_HALF_TOPIC"); committing it
 writes queue-index entries that point at that same record plus the op record (EndRecord, "in

@@ -1,9 +1,9 @@
 """Retention's marks (meta `mark/<u64 BE ms>`): at every retention pass the broker notes the time, the
 next LSN, the log bytes written so far, and the LSNs every family's live state is derived from then
 (their lineages); beside each, under `markclock/<u64 BE ms>`, the boot clock then (store/boot_clock.py:
-a mark's age is the time that really passed since, whatever the wall clock did). A later pass may delete the records before a mark's LSN except those. Also kept
-here: `complete_from` (the log holds every record from there on) and `kept` (the records before it
-still kept, as some lineage needed them).
+a mark's age is the time that really passed since, whatever the wall clock did). A later pass may
+delete the records before a mark's LSN except those. Also kept here: `complete_from` (the log holds
+every record from there on) and `kept` (the records before it still kept, as some lineage needed them).
 
 A mark describes the log as it was when it was taken, so it is only as good as that log: a
 truncation drops the marks taken on the tail it cuts (one of them said "nothing pending" of a
@@ -12,7 +12,7 @@ transaction the cut makes pending again: the second review's defect 7).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
@@ -30,6 +30,11 @@ MARK_PREFIX = b"mark/"
 CLOCK_PREFIX = b"markclock/"  # per mark: [boot id, boot clock ms] when it was taken
 COMPLETE_KEY = b"complete_from"  # u64 BE LSN: the log holds every record from here on
 KEPT_KEY = b"kept"  # msgpack list of LSNs: the records before complete_from still kept (needed)
+
+
+class Age(NamedTuple):
+    ms: int
+    by_boot: bool  # read from the boot clock (true whatever the wall clock did); else from its stamp
 
 
 class Mark(msgspec.Struct, array_like=True):
@@ -66,15 +71,16 @@ class Marks(Family):
         self._db.db.write(wb)
         return m
 
-    def ages(self, marks: list[Mark], now_ms: int, boot: "BootClock") -> dict[int, int]:
-        """Each mark's age in ms (by its stamp `ms`): the boot clock's time since it was taken, where it
-        was taken on this boot; else the wall clock's (`now_ms` less its stamp)."""
+    def ages(self, marks: list[Mark], now_ms: int, boot: "BootClock") -> dict[int, Age]:
+        """Each mark's age (by its stamp `ms`): the boot clock's time since it was taken, where it was
+        taken on this boot; else the wall clock's (`now_ms` less its stamp)."""
         here, now_boot = boot.id, boot.now_ms()
         out = {}
         for m in marks:
             raw = self._db.meta.get(CLOCK_PREFIX + keys.lsn_key(m.ms))
             taken = _decode_clock(raw) if raw is not None else None
-            out[m.ms] = now_boot - taken[1] if taken is not None and taken[0] == here else now_ms - m.ms
+            on_this_boot = taken is not None and taken[0] == here
+            out[m.ms] = Age(now_boot - taken[1], True) if on_this_boot else Age(now_ms - m.ms, False)
         return out
 
     def all(self) -> list[Mark]:
@@ -120,18 +126,28 @@ class Marks(Family):
 
 
 def choose_cutoff(all_marks: list[Mark], now_ms: int, retention_ms: int, retention_bytes: int, log_bytes: int,
-                  limit_lsn: int, ages: dict[int, int] | None = None) -> Mark | None:
-    """The latest mark before which records may go: by age (`ages`, by stamp: Marks.ages; a mark not
-    in it, `now_ms` less its stamp), the last one older than `retention_ms`;
-    by size (`retention_bytes` > 0), the last one after which the log still holds that many bytes (so
-    it holds at most `retention_bytes` plus one interval's writes, as Kafka's holds at most
+                  limit_lsn: int, ages: dict[int, Age] | None = None, age_limit_lsn: int | None = None) -> Mark | None:
+    """The latest mark before which records may go. By age (`ages`: Marks.ages; a mark not in it is
+    aged by its stamp): the last one older than `retention_ms`, never past `age_limit_lsn`. By size
+    (`retention_bytes` > 0): the last one after which the log still holds that many bytes (so it
+    holds at most `retention_bytes` plus one interval's writes, as Kafka's holds at most
     retention.bytes plus a segment). Never one past `limit_lsn`."""
     usable = sorted((m for m in all_marks if m.lsn <= limit_lsn), key=lambda m: m.lsn)
     chosen = None
     ages = ages or {}
-    for m in usable:  # in log order, up to the first mark too young (one aged by a wall clock since set
-        if ages.get(m.ms, now_ms - m.ms) < retention_ms:  # back looks older than those before it)
+    age_limit = limit_lsn if age_limit_lsn is None else min(limit_lsn, age_limit_lsn)
+    young_before = False
+    for m in usable:  # in log order
+        if m.lsn > age_limit:
             break
+        age = ages.get(m.ms) or Age(now_ms - m.ms, False)
+        if age.ms < retention_ms:
+            if age.by_boot:
+                break  # the marks after it are younger still, by the same clock
+            young_before = True  # by its stamp: one stamped by a clock since set back looks older than
+            continue  # those before it, so only a mark the boot clock calls old may go past it
+        if young_before and not age.by_boot:
+            continue
         chosen = m
     if retention_bytes > 0:
         by_size = [m for m in usable if log_bytes - m.log_bytes >= retention_bytes]
