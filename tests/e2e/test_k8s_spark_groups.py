@@ -216,11 +216,13 @@ def spark_report(tb, ns: str, release: str) -> str:
 # -- 1. spark-submit: the driver dies right after the decision ------------------------------------
 
 @pytest.fixture
-def submit_release(operator):
-    """The chart's spark-submit form as release `grporders` (uninstalled after: part of its RBAC
-    outlives the namespace); its driver pod, which spark-submit leaves, deleted with it."""
-    yield "grporders"
-    operator.testbed.helm("uninstall", "grporders", "-n", operator.namespace, check=False)
+def submit_release(operator, ending):
+    """The chart's spark-submit form as its own release per case (its RBAC is partly cluster-wide:
+    two cases at once under one name collide; uninstalled after, as part of it outlives the
+    namespace); its driver pod, which spark-submit leaves, deleted with it."""
+    release = "grporders" if ending == "driver exits" else "grpdelete"
+    yield release
+    operator.testbed.helm("uninstall", release, "-n", operator.namespace, check=False)
 
 
 @pytest.mark.slow
