@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections import Counter
 
 import pytest
@@ -102,6 +104,33 @@ def test_a_rerun_with_the_same_job_id_and_changed_input_commits_only_its_own_row
     # the re-run's transactions are its own: none of the dead run's ids, which all rolled back
     assert dead and not dead & {m.transaction_id for m in events}
     assert {tx_env.transaction(t)["state"] for t in dead} == {"ROLLED_BACK"}
+
+
+def test_two_runs_at_once_with_one_job_id_publish_only_the_later_runs_rows(tx_env, tmp_path):
+    """A driver stuck at its decision (paused: a node that stopped answering) while a new run with the
+    same jobId goes: the new run aborts the stuck run's job and commits its own; the stuck run,
+    resumed, is refused at its decision. Only the new run's rows are published, once."""
+    marker, log = tmp_path / "hook.json", tmp_path / "stuck.log"
+    stuck = spawn_driver("batch", "--brokers", tx_env.brokers, "--topic", "Twice", "--group", tx_env.group,
+                         "--rows", "200", "--partitions", "4", "--payload", "stuck-", "--opt", "jobId=orders-0043",
+                         "--opt", "inject.hangAt=before-decision", "--opt", f"inject.markerFile={marker}",
+                         log_path=log)
+    try:
+        wait_marker(marker, stuck, log)
+        os.killpg(stuck.pid, signal.SIGSTOP)
+        run_driver("batch", "--brokers", tx_env.brokers, "--topic", "Twice", "--group", tx_env.group, "--rows",
+                   "200", "--partitions", "4", "--payload", "new-", "--opt", "jobId=orders-0043",
+                   log_path=tmp_path / "new.log")
+        os.killpg(stuck.pid, signal.SIGCONT)
+        (tmp_path / "hook.json.release").write_text("go")
+        code = stuck.wait(120)
+    finally:
+        kill_group(stuck)
+    out = log.read_text(errors="replace")
+    assert code != 0 and "BATCH DONE" not in out, out[-3000:]
+    assert "refused the commit" in out and "ABORTED" in out, out[-3000:]
+    tx_env.wait_settled()
+    assert_published_once_with(tx_env.events("Twice"), range(200), "new-")
 
 
 def assert_published_once_with(events, ids, payload: str) -> None:
