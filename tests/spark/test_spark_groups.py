@@ -79,24 +79,40 @@ def test_one_key_lands_on_one_queue_across_runs(spark, cluster_env):
             index -= len(queues)
 
 
+def driver_args(env, topic: str, payload: str, job_id: str) -> list[str]:
+    return ["batch", "--brokers", env.brokers, "--topic", topic, "--group", env.group, "--rows", "200",
+            "--partitions", "4", "--payload", payload, "--opt", f"jobId={job_id}"]
+
+
+def at_decision(env, tmp_path, topic: str, payload: str, job_id: str):
+    """A driver whose write stored every half message and waits at its decision: (process, its log)."""
+    marker, log = tmp_path / "hook.json", tmp_path / f"{payload.rstrip('-')}.log"
+    proc = spawn_driver(*driver_args(env, topic, payload, job_id), "--opt", "inject.hangAt=before-decision",
+                        "--opt", f"inject.markerFile={marker}", log_path=log)
+    try:
+        wait_marker(marker, proc, log)
+    except BaseException:
+        kill_group(proc)
+        raise
+    return proc, log
+
+
+def write(env, tmp_path, topic: str, payload: str, job_id: str, tag: str) -> None:
+    run_driver(*driver_args(env, topic, payload, job_id), log_path=tmp_path / f"{tag}.log")
+
+
 def test_a_rerun_with_the_same_job_id_and_changed_input_commits_only_its_own_rows(tx_env, tmp_path):
     """The second review's Spark defect: a save() whose driver was killed before its decision, re-run
     with the same jobId on input that changed meanwhile, committed a MIX of both runs: the dead run's
     transaction ids (<job>-p<partition>-t<task attempt>-c<n>) were the new run's too (task attempt ids
     start again at 0), so its sends were taken for duplicates and the decision kept the dead run's
     bodies. Ids are unique per run now: the dead run's members are rolled back."""
-    marker, log = tmp_path / "hook.json", tmp_path / "first.log"
-    first = spawn_driver("batch", "--brokers", tx_env.brokers, "--topic", "Rerun", "--group", tx_env.group,
-                         "--rows", "200", "--partitions", "4", "--payload", "old-", "--opt", "jobId=orders-0042",
-                         "--opt", "inject.hangAt=before-decision", "--opt", f"inject.markerFile={marker}",
-                         log_path=log)
+    first, log = at_decision(tx_env, tmp_path, "Rerun", "old-", "orders-0042")
     try:
-        wait_marker(marker, first, log)
         dead = {t["transaction_id"] for t in tx_env.pending()}
     finally:
         kill_group(first)  # the driver dies before its decision; the job stays OPEN
-    run_driver("batch", "--brokers", tx_env.brokers, "--topic", "Rerun", "--group", tx_env.group, "--rows", "200",
-               "--partitions", "4", "--payload", "new-", "--opt", "jobId=orders-0042", log_path=tmp_path / "rerun.log")
+    write(tx_env, tmp_path, "Rerun", "new-", "orders-0042", "rerun")
     tx_env.wait_settled()
     events = tx_env.events("Rerun")
     assert_published_once_with(events, range(200), "new-")
@@ -110,17 +126,10 @@ def test_two_runs_at_once_with_one_job_id_publish_only_the_later_runs_rows(tx_en
     """A driver stuck at its decision (paused: a node that stopped answering) while a new run with the
     same jobId goes: the new run aborts the stuck run's job and commits its own; the stuck run,
     resumed, is refused at its decision. Only the new run's rows are published, once."""
-    marker, log = tmp_path / "hook.json", tmp_path / "stuck.log"
-    stuck = spawn_driver("batch", "--brokers", tx_env.brokers, "--topic", "Twice", "--group", tx_env.group,
-                         "--rows", "200", "--partitions", "4", "--payload", "stuck-", "--opt", "jobId=orders-0043",
-                         "--opt", "inject.hangAt=before-decision", "--opt", f"inject.markerFile={marker}",
-                         log_path=log)
+    stuck, log = at_decision(tx_env, tmp_path, "Twice", "stuck-", "orders-0043")
     try:
-        wait_marker(marker, stuck, log)
         os.killpg(stuck.pid, signal.SIGSTOP)
-        run_driver("batch", "--brokers", tx_env.brokers, "--topic", "Twice", "--group", tx_env.group, "--rows",
-                   "200", "--partitions", "4", "--payload", "new-", "--opt", "jobId=orders-0043",
-                   log_path=tmp_path / "new.log")
+        write(tx_env, tmp_path, "Twice", "new-", "orders-0043", "new")
         os.killpg(stuck.pid, signal.SIGCONT)
         (tmp_path / "hook.json.release").write_text("go")
         code = stuck.wait(120)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.names import PROPERTY_DELIVER_MS, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
@@ -41,6 +43,14 @@ class Clocks:
                              marks.ages(all_marks, self.wall(), self.boot))
 
 
+@pytest.fixture
+def marks(tmp_path):
+    """The marks family of a real store."""
+    db = open_database(str(tmp_path / "store"))
+    yield Marks(db)
+    db.close()
+
+
 def test_a_mark_stamped_by_a_clock_set_back_never_lets_retention_past_a_younger_one():
     marks = [Mark(1_000, 10, 0, []), Mark(975, 20, 0, []), Mark(976, 30, 0, []), Mark(1_006, 40, 0, [])]
     # 20 ms retention at 1,010: the mark at LSN 10 (1,000) is young, so nothing after it may go,
@@ -50,66 +60,50 @@ def test_a_mark_stamped_by_a_clock_set_back_never_lets_retention_past_a_younger_
     assert choose_cutoff(marks, 1_030, 20, 0, 0, 10 ** 9).lsn == 40
 
 
-def test_marks_are_never_stamped_before_the_newest(tmp_path):
-    db = open_database(str(tmp_path / "store"))
-    try:
-        marks, boot = Marks(db), BootClock()
-        marks.take(1_000, 10, 0, [], boot)
-        assert marks.take(970, 20, 0, [], boot).ms == 1_001  # the clock set back 30 ms
-        assert [(m.ms, m.lsn) for m in marks.all()] == [(1_000, 10), (1_001, 20)]
-    finally:
-        db.close()
+def test_marks_are_never_stamped_before_the_newest(marks):
+    boot = BootClock()
+    marks.take(1_000, 10, 0, [], boot)
+    assert marks.take(970, 20, 0, [], boot).ms == 1_001  # the clock set back 30 ms
+    assert [(m.ms, m.lsn) for m in marks.all()] == [(1_000, 10), (1_001, 20)]
 
 
-def test_records_written_while_the_clock_was_behind_are_kept_their_whole_retention_once_it_is_right(tmp_path):
-    db = open_database(str(tmp_path / "store"))
-    try:
-        marks, clocks = Marks(db), Clocks(1_000_000)
-        clocks.take(marks, 10)
-        clocks.skew_ms = -30_000  # set back 30 s for 24 s: marks every 2 s, each stamped just after the last
-        for lsn in range(20, 140, 10):
-            clocks.real_ms += 2_000
-            clocks.take(marks, lsn)
-        clocks.skew_ms = 0
-        clocks.real_ms += 2_000  # right again, 26 s after the first mark
-        clocks.take(marks, 140)
-        # the marks are 26, 24, 22, 20, 18 ... 2 and 0 s old: records before LSN 40 were written 20 s
-        # ago or more, those after it less (by their stamps, all but the last look 26 s old)
-        assert clocks.cutoff(marks).lsn == 40
-        assert choose_cutoff(marks.all(), clocks.wall(), RETENTION_MS, 0, 0, 10 ** 9).lsn == 130
-        clocks.real_ms += 10_000
-        assert clocks.cutoff(marks).lsn == 90
-    finally:
-        db.close()
+def test_records_written_while_the_clock_was_behind_are_kept_their_whole_retention_once_it_is_right(marks):
+    clocks = Clocks(1_000_000)
+    clocks.take(marks, 10)
+    clocks.skew_ms = -30_000  # set back 30 s for 24 s: marks every 2 s, each stamped just after the last
+    for lsn in range(20, 140, 10):
+        clocks.real_ms += 2_000
+        clocks.take(marks, lsn)
+    clocks.skew_ms = 0
+    clocks.real_ms += 2_000  # right again, 26 s after the first mark
+    clocks.take(marks, 140)
+    # the marks are 26, 24, 22, 20, 18 ... 2 and 0 s old: records before LSN 40 were written 20 s
+    # ago or more, those after it less (by their stamps, all but the last look 26 s old)
+    assert clocks.cutoff(marks).lsn == 40
+    assert choose_cutoff(marks.all(), clocks.wall(), RETENTION_MS, 0, 0, 10 ** 9).lsn == 130
+    clocks.real_ms += 10_000
+    assert clocks.cutoff(marks).lsn == 90
 
 
-def test_a_clock_set_ahead_deletes_nothing_early(tmp_path):
-    db = open_database(str(tmp_path / "store"))
-    try:
-        marks, clocks = Marks(db), Clocks(1_000_000)
-        clocks.take(marks, 10)
-        clocks.real_ms += 1_000
-        clocks.skew_ms = 60_000
-        clocks.take(marks, 20)
-        assert clocks.cutoff(marks) is None  # by the wall clock the first mark is 61 s old; really 1 s
-        clocks.real_ms += 19_000
-        assert clocks.cutoff(marks).lsn == 10
-    finally:
-        db.close()
+def test_a_clock_set_ahead_deletes_nothing_early(marks):
+    clocks = Clocks(1_000_000)
+    clocks.take(marks, 10)
+    clocks.real_ms += 1_000
+    clocks.skew_ms = 60_000
+    clocks.take(marks, 20)
+    assert clocks.cutoff(marks) is None  # by the wall clock the first mark is 61 s old; really 1 s
+    clocks.real_ms += 19_000
+    assert clocks.cutoff(marks).lsn == 10
 
 
-def test_a_mark_of_another_boot_is_aged_by_the_wall_clock(tmp_path):
-    db = open_database(str(tmp_path / "store"))
-    try:
-        marks, clocks = Marks(db), Clocks(1_000_000)
-        clocks.take(marks, 10)  # taken on boot-a; the machine restarts, its boot clock from 0 again
-        rebooted = BootClock("boot-b", clock=lambda: 5.0)
-        clocks.real_ms += 25_000
-        (m,) = marks.all()
-        assert marks.ages([m], clocks.wall(), rebooted) == {m.ms: Age(25_000, False)}
-        assert marks.ages([m], clocks.wall(), clocks.boot) == {m.ms: Age(25_000, True)}
-    finally:
-        db.close()
+def test_a_mark_of_another_boot_is_aged_by_the_wall_clock(marks):
+    clocks = Clocks(1_000_000)
+    clocks.take(marks, 10)  # taken on boot-a; the machine restarts, its boot clock from 0 again
+    rebooted = BootClock("boot-b", clock=lambda: 5.0)
+    clocks.real_ms += 25_000
+    (m,) = marks.all()
+    assert marks.ages([m], clocks.wall(), rebooted) == {m.ms: Age(25_000, False)}
+    assert marks.ages([m], clocks.wall(), clocks.boot) == {m.ms: Age(25_000, True)}
 
 
 def test_an_earlier_boots_mark_stamped_by_a_fast_clock_does_not_hold_back_this_boots_old_marks():
