@@ -135,10 +135,7 @@ def show_in_cluster(args) -> int:
     if not args.name or not args.group:
         raise SystemExit("txbroker job show: --broker needs --name and --group (the job's producer group)")
     with ClusterJobCoordinator(args.group, args.broker, **client_options(args)) as c:
-        job = c.find(args.name)
-    if job is None:
-        raise SystemExit(f"txbroker job show: no job named {args.name!r} of producer group {args.group!r} on any group "
-                         f"of the cluster {args.broker} belongs to (never opened, or expired)")
+        job = _named(c, args, "show")
     print(json.dumps({**msgspec.structs.asdict(job.info), "at": job.home}, indent=2))
     return 0
 
@@ -153,6 +150,15 @@ def decide(args) -> int:
     return 0
 
 
+def _named(c, args, verb: str):
+    """The newest job of --name on the cluster of --broker, as its producer --group sees it."""
+    job = c.find(args.name)
+    if job is None:
+        raise SystemExit(f"txbroker job {verb}: no job named {args.name!r} of producer group {args.group!r} on any "
+                         f"group of the cluster {args.broker} belongs to (never opened, or expired)")
+    return job
+
+
 def decide_in_cluster(args):
     """--name with --broker: commit (its prepared members) or abort the job of that name at its home,
     which tells every other group it spans (each also asks by itself)."""
@@ -162,10 +168,7 @@ def decide_in_cluster(args):
         raise SystemExit(f"txbroker job {args.action}: --name, --broker and --group go together (a job by its "
                          "name, on the cluster of --broker, of producer group --group)")
     with ClusterJobCoordinator(args.group, args.broker, **client_options(args)) as c:
-        job = c.find(args.name)
-        if job is None:
-            raise SystemExit(f"txbroker job {args.action}: no job named {args.name!r} of producer group "
-                             f"{args.group!r} on any group of the cluster {args.broker} belongs to")
+        job = _named(c, args, args.action)
         try:
             return c.commit(job) if args.action == "commit" else c.abort(job)
         except BrokerError as e:
