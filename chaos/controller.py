@@ -154,7 +154,7 @@ class Controller:
             m.info = self.access.try_info(m.ip) if m.ip else None
         self._crash("fenced")
         slaves = [m for m in members.values() if m.info is not None and (m is head or m.name not in deposed)]
-        best = max(slaves, key=lambda m: (m.info.log_end_offset, m is head, -m.index))
+        best = failover.most_caught_up(slaves, head)
         if best is not head:
             log.warning("%s is ahead of %s: promoting it instead", best.name, head.name)
             self.save(master=best.name)

@@ -299,10 +299,11 @@ class GroupPass:
         # a deposed master's extra records were never acknowledged (SYNC) or are knowingly lost (ASYNC)
         slaves = [m for m in members.values() if m.info is not None and not m.deleting
                   and (m is head or m.name not in deposed)]
-        best = max(slaves, key=lambda m: (m.info.log_end_offset, m is head, -m.index))
+        best = failover.most_caught_up(slaves, head)
         if best is not head:
-            self.log.warning("%s is ahead of %s (offset %d > %d): promoting it instead", best.name, head.name,
-                             best.info.log_end_offset, head.info.log_end_offset)
+            self.log.warning("%s is ahead of %s (epoch %d offset %d > epoch %d offset %d): promoting it instead",
+                             best.name, head.name, best.info.epoch, best.info.log_end_offset, head.info.epoch,
+                             head.info.log_end_offset)
             self.master = best.name
             self.save_status(master=best.name)
             head = best

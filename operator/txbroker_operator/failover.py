@@ -16,6 +16,9 @@ Rules (DESIGN.md, "Roles, replication, failover"):
   n in sync, a failover waits until n - k + 1 of them answer: one of those holds every
   acknowledged write, and the most caught-up is promoted (the fault harness, seed 16, promoted the
   one that answered first and lost what only the other held);
+- when none was reported in sync but every other broker answers, the furthest at the newest epoch
+  holds every acknowledged write (most_caught_up), in sync or not (the fault harness, seed 274: a
+  group of two whose new master was lost before the old one, restarted, had followed it);
 - the new epoch is above every epoch any broker or the status has seen, so no two masters ever
   share one.
 """
@@ -139,14 +142,34 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
             best = synced[0]
             behind = ""
         elif not cfg["allow_out_of_sync"]:
-            return Blocked("NoInSyncSlave",
-                           f"master {master} is down and no slave was in sync (SYNC replication); the most "
-                           f"caught-up is {best.name} at offset {best.info.log_end_offset}{behind}. Set "
-                           "spec.failover.allowOutOfSyncPromotion: true to promote it anyway")
+            silent = sorted(((set(last_seen) | set(members)) - {master}) - {m.name for m in options})
+            if silent:
+                return Blocked("NoInSyncSlave",
+                               f"master {master} is down and no slave was in sync (SYNC replication); "
+                               f"{', '.join(silent)} do{'es' if len(silent) == 1 else ''} not answer as a slave and may "
+                               f"hold acknowledged writes the others lack; the most caught-up is {best.name} at "
+                               f"offset {best.info.log_end_offset}{behind}. Set "
+                               "spec.failover.allowOutOfSyncPromotion: true to promote it anyway")
+            best = most_caught_up(options, None)
+            behind = (f"; no slave was in sync, but every other broker answers, and {best.name} is the furthest "
+                      f"at the newest epoch ({best.info.epoch}): it holds every acknowledged write")
     epoch = highest_epoch(members, status) + 1
     return Promote(best.name, epoch, "FailedOver",
                    f"master {master} down for {down_for:.0f}s; promoted {best.name} (offset "
                    f"{best.info.log_end_offset}) at epoch {epoch}{behind}")
+
+
+def most_caught_up(brokers: list[Member], head: Member | None) -> Member:
+    """The broker holding every acknowledged write among `brokers` (all answering): the furthest at
+    the newest log epoch, then `head`, then the lowest ordinal. An epoch's master writes its epoch
+    record first, so a broker at that epoch holds a prefix of that master's log, and SYNC replication
+    acknowledges a write once a slave holds it: the furthest at the newest epoch holds all that epoch
+    acknowledged, and (each promotion having picked such a broker) all acknowledged before it. Where
+    none took the newest master's epoch, that master acknowledged nothing. A longer log at an older
+    epoch is a deposed master's tail of records never acknowledged: promoting it for its length
+    would drop what the newer epoch acknowledged. (Under ASYNC flush a slave's power loss can take
+    what it acknowledged: that loss window is measured, docs/verification.md.)"""
+    return max(brokers, key=lambda m: (m.info.epoch, m.info.log_end_offset, m is head, -m.index))
 
 
 def fence_before_promotion(members: Mapping[str, Member], successor: str) -> list[Member]:

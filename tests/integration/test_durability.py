@@ -3,19 +3,26 @@ loss of the master, a write the broker could not replicate is neither acknowledg
 retry) nor visible to consumers until a slave has it, and a restart does not change that."""
 
 import asyncio
+import random
 import signal
 import threading
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from support.cli import run_cli
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
-    AsyncTransactionProducer, BrokerError, ConsumeStatus, LocalTransactionState as S, Message, Producer, PullConsumer,
+    AsyncTransactionProducer, BrokerError, BrokerUnavailable, ConsumeStatus, LocalTransactionState as S, Message, Producer, PullConsumer,
     PushConsumer,
 )
 from txbroker.client.admin import AdminClient, AdminError
+from txbroker.protocol import admin as answers
+from txbroker_operator import failover, status
+from txbroker_operator.brokers import BrokerInfo
+from txbroker_operator.observe import Member
 
 SYNC = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "1000",
         "--check-interval-ms", "60000")
@@ -178,3 +185,66 @@ def test_consumer_after_an_unclean_failover_skips_nothing_the_new_master_acknowl
         wait_until(lambda: {f"n-{i}" for i in range(5)} <= set(got), 30,
                    what="every message the new master acknowledged to reach the consumer")
     assert not [x for x in got if x.startswith("master-only")], "a message no slave had was consumed"
+
+
+def _as_member(name: str, index: int, b, role: str = "slave") -> Member:
+    """The operator's view of one broker: its admin API's answer (None: it does not answer), and
+    its pod's role label."""
+    try:
+        seen = BrokerInfo.from_api(msgspec.convert(info(b), answers.BrokerInfo))
+    except BrokerUnavailable:
+        seen = None
+    pod = {"metadata": {"name": name, "labels": {"txbroker.dev/index": str(index), "txbroker.dev/role": role}},
+           "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": str(seen is not None)}]}}
+    return Member(name, index, pod, seen)
+
+
+def _damage(store: Path) -> None:
+    """A failing disk: bits flipped in the store's tables and log."""
+    rnd = random.Random(274)
+    for f in sorted(p for p in store.rglob("*") if p.suffix in (".sst", ".log") and p.stat().st_size > 64):
+        with open(f, "r+b") as out:
+            for at in sorted(rnd.randrange(f.stat().st_size) for _ in range(8)):
+                out.seek(at)
+                byte = out.read(1)[0]
+                out.seek(at)
+                out.write(bytes([byte ^ 0x10]))
+
+
+def test_a_group_of_two_whose_new_master_is_lost_before_the_old_one_follows_it_fails_back(broker_factory):
+    """The fault harness, seed 274: a group of two brokers. Its master b0 is killed and b1 promoted at
+    epoch 2; b1 is lost (its store damaged) before b0, restarted as a slave, has followed it. No slave
+    was ever in sync with b1, so nothing at epoch 2 was acknowledged, and b0 holds every write
+    acknowledged before: the operator's decision promotes it (it left the group without a master,
+    for good). Every acknowledged message is there, new sends are acknowledged, and b1 comes back as
+    b0's slave."""
+    m, s = pair(broker_factory)
+    with Producer("g", m.address) as p:
+        for i in range(20):
+            p.send(Message("Two", f"acked-{i}".encode()))
+    entries = status.broker_entries({"b0": _as_member("b0", 0, m, "master"), "b1": _as_member("b1", 1, s)}, "b0", [])
+    m.kill()
+    promote(s)
+    with Producer("g", s.address) as p:   # b1 alone at epoch 2 acknowledges nothing
+        with pytest.raises(BrokerError) as refused_send:
+            p.send(Message("Two", b"epoch-2-only"))
+    assert refused_send.value.code_name in ("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT")
+    entries = status.broker_entries({"b0": _as_member("b0", 0, m), "b1": _as_member("b1", 1, s, "master")}, "b1",
+                                    entries)
+    s.kill()
+    _damage(s.data_dir)
+    m.extra_args = ["--role", "slave", "--master", s.address, "--broker-name", "master", *SYNC]
+    m.start()
+    members = {"b0": _as_member("b0", 0, m), "b1": _as_member("b1", 1, s, "master")}
+    entries = status.broker_entries(members, "b1", entries)
+    decision = failover.decide_failover({"replication": "SYNC"}, {"epoch": 2, "master": "b1", "brokers": entries},
+                                        members, "b1", 30)
+    assert isinstance(decision, failover.Promote), decision
+    assert decision.successor == "b0" and decision.epoch == 3
+    promote(m, decision.epoch)
+    s.extra_args = ["--role", "slave", "--master", m.address, "--broker-name", "slave", *SYNC]
+    s.start()
+    wait_until(lambda: in_sync(m) == 1, 30, what="b1 back, as b0's slave, in sync")
+    with Producer("g", m.address) as p:
+        p.send(Message("Two", b"after"))
+    assert txload.visible(m.address, "Two") == {**{f"acked-{i}": 1 for i in range(20)}, "after": 1}

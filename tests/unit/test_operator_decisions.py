@@ -56,13 +56,58 @@ def test_sync_promotes_only_a_slave_that_was_in_sync():
 
 
 def test_sync_without_an_in_sync_slave_waits_for_an_explicit_override():
+    """b-1 does not answer: it may hold acknowledged writes b-2 lacks."""
     seen = {**LAST_SEEN, "brokers": [dict(b, inSync=False) for b in LAST_SEEN["brokers"]]}
-    members = {"b-1": member("b-1", 1, info(offset=110)), "b-2": member("b-2", 2, info(offset=118))}
+    members = {"b-1": member("b-1", 1, None), "b-2": member("b-2", 2, info(offset=118))}
     d = failover.decide_failover({"replication": "SYNC"}, seen, members, "b-0", 30)
     assert isinstance(d, Blocked) and d.reason == "NoInSyncSlave" and "allowOutOfSyncPromotion" in d.message
+    assert "b-1 does not answer" in d.message
     forced = failover.decide_failover({"replication": "SYNC", "failover": {"allowOutOfSyncPromotion": True}},
                                       seen, members, "b-0", 30)
     assert isinstance(forced, Promote) and forced.successor == "b-2"
+
+
+def test_a_sync_master_lost_before_any_broker_took_its_epoch_fails_over_to_the_master_before_it():
+    """The fault harness, seed 274: a group of two. Its master b-0 was killed, b-1 promoted at epoch 2,
+    and b-1's store damaged 1.4 s later, before b-0 (restarted) followed it. b-0 was never reported in
+    sync with b-1, so no slave was promotable and the group stayed without a master for good, its
+    damaged master failing to start (a damaged store is seeded from a master). But b-0, answering at
+    epoch 1, holds no record of epoch 2: SYNC replication acknowledged nothing at epoch 2, and b-0,
+    master at epoch 1, holds every write acknowledged before."""
+    spec = {"replication": "SYNC"}
+    seen = {"epoch": 2, "master": "b-1", "brokers": [
+        {"name": "b-0", "role": "slave", "epoch": 1, "offset": 3495},
+        {"name": "b-1", "role": "master", "epoch": 2, "offset": 3496, "syncReplicas": 1}]}
+    members = {"b-0": member("b-0", 0, info(epoch=1, offset=3495)), "b-1": member("b-1", 1, None, ready=False)}
+    p = failover.decide_failover(spec, seen, members, "b-1", 30)
+    assert isinstance(p, Promote) and p.successor == "b-0" and p.epoch == 3
+    assert "every other broker answers" in p.message
+
+
+def test_with_every_slave_answering_the_one_furthest_at_the_newest_epoch_holds_every_acknowledged_write():
+    """None was reported in sync, all answer: b-1 took the lost master's epoch 3 (so holds a prefix of
+    its log, and whatever it acknowledged is on the furthest such slave), b-2 is a deposed master of
+    epoch 2 with a longer log of records never acknowledged. b-1 is promoted, not the longest log."""
+    seen = {"epoch": 3, "master": "b-0", "brokers": [
+        {"name": "b-0", "role": "master", "epoch": 3, "offset": 120, "syncReplicas": 1},
+        {"name": "b-1", "role": "slave", "epoch": 3, "offset": 110, "inSync": False},
+        {"name": "b-2", "role": "slave", "epoch": 2, "offset": 130, "inSync": False}]}
+    members = {"b-1": member("b-1", 1, info(epoch=3, offset=110)), "b-2": member("b-2", 2, info(epoch=2, offset=130))}
+    p = failover.decide_failover({"replication": "SYNC"}, seen, members, "b-0", 30)
+    assert isinstance(p, Promote) and p.successor == "b-1"
+    # one of them silent: it may be the only one holding some acknowledged write
+    d = failover.decide_failover({"replication": "SYNC"}, seen, {**members, "b-2": member("b-2", 2, None)}, "b-0", 30)
+    assert isinstance(d, Blocked) and d.reason == "NoInSyncSlave"
+
+
+def test_take_over_prefers_the_newest_epoch_to_the_longest_log():
+    """A deposed master of an older epoch may have a longer log than the successor (records it took
+    while cut off, never acknowledged); promoting it for its length would drop what the newer epoch
+    acknowledged."""
+    stale = member("b-2", 2, info(epoch=2, offset=130))
+    current = member("b-1", 1, info(epoch=3, offset=110))
+    assert failover.most_caught_up([stale, current], current) is current
+    assert failover.most_caught_up([stale, member("b-0", 0, info(epoch=3, offset=112))], current).name == "b-0"
 
 
 def test_a_master_that_never_served_is_not_failed_over():

@@ -126,7 +126,9 @@ class World:
         return self.info(ip)
 
     def demote(self, ip, master, epoch):
-        self._broker(ip).update(role="slave", epoch=epoch, master=master)
+        # a broker's epoch is its log's: following a master changes it once that master's epoch
+        # record arrives, not when it is told to follow
+        self._broker(ip).update(role="slave", master=master)
 
     def put_transaction_defaults(self, ip, settings):
         self._broker(ip)
