@@ -6,9 +6,10 @@ seed, the faults injected (each with its family, group and target), the operatio
 kind with details, and per fault the longest time without an acknowledged commit and the client
 operations that failed meanwhile.
 
-The nemesis first draws one fault of every family the schedule runs, in an order from the seed (a
-group is added before one is drained), then faults of any of those families until the time is up;
-each is held 1-6 s and healed, 0.5-2 s apart.
+The schedule is drawn from the seed before the first fault (chaos/steps.py): one fault of every
+family the schedule runs, in an order from the seed (a group is added before one is drained), then
+faults of any of those families while they fit in the time; each is held 1-6 s and healed, 0.5-2 s
+apart, its targets drawn from a random source of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from txbroker.client import AsyncPullConsumer
 from txbroker.client.admin import AdminClient
 from txbroker_operator import scaling
 
-from chaos import backup, checker, workload
+from chaos import backup, checker, steps, workload
 from chaos.broker import MODES
 from chaos.cluster import Cluster, start_cluster
 from chaos.nemesis import FAMILIES, INSTANT, Nemesis
@@ -40,6 +41,7 @@ from chaos.net import Network
 from chaos.reader import Reader
 
 log = logging.getLogger("chaos")
+POSSIBLE_WAIT_S = 20.0  # how long a fault waits for the cluster's state to allow it before it is skipped
 MAX_BROKERS = 8  # two groups of three, and a third group of two the membership family adds
 
 
@@ -201,6 +203,17 @@ def _acting(cluster: Cluster) -> dict[int, set[str]]:
                 for epoch, names in json.loads(line)["acting"].items():
                     out.setdefault(f"{g.name}@{epoch}", set()).update(names)
     return out
+
+
+def _wait_until_possible(nemesis: Nemesis, kind: str, timeout: float) -> bool:
+    """A fault the cluster's state forbids now (a group still re-seeding, a drain under way, a backup
+    running) waits for it a while rather than giving its turn to another."""
+    deadline = time.monotonic() + timeout
+    while not nemesis.possible(kind):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def run(seed: int, duration: float, workdir: Path, tag: str, mode: str, families: list[str], *,
@@ -367,19 +380,20 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     began = time.monotonic()
     t_end = began + duration
     time.sleep(2.0)
-    planned = plan(rnd, families, every_kind)
-    while time.monotonic() < t_end - 3:
-        kind = planned.pop(0) if planned else rnd.choice([k for f in families for k in FAMILIES[f]])
-        if not nemesis.possible(kind):
-            if every_kind and all(e["kind"] != kind for e in nemesis.events):
-                planned.append(kind)  # not now (a group still re-seeding, a drain under way): later
-                time.sleep(0.2)
+    # held past the failover grace (2 s) about three times in five; one group is added per schedule
+    schedule = steps.draw(rnd, plan(rnd, families, every_kind),
+                          [k for f in families for k in FAMILIES[f] if k != "add-group"], duration,
+                          hold_s=(1.0, 6.0), gap_s=(0.5, 2.0), instant=frozenset(INSTANT))
+    skipped_steps = []
+    for i, step in enumerate(schedule):
+        nemesis.rnd = steps.for_step(seed, i)
+        if not _wait_until_possible(nemesis, step.kind, POSSIBLE_WAIT_S):
+            skipped_steps.append({"step": i, "kind": step.kind, "at_s": round(time.monotonic() - began, 2)})
             continue
-        ev = nemesis.inject(kind)
-        if kind not in INSTANT:
-            time.sleep(rnd.uniform(1.0, 6.0))  # past the failover grace (2 s) about three times in five
+        ev = nemesis.inject(step.kind)
+        time.sleep(step.hold_s)
         nemesis.heal(ev)
-        time.sleep(rnd.uniform(0.5, 2.0))
+        time.sleep(step.gap_s)
     nemesis.heal_all()
     time.sleep(max(t_end - time.monotonic(), 0))
     stop_load.set()
@@ -423,6 +437,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     return {"seed": seed, "mode": mode, "families": families, "duration_s": duration, "retention_s": retention_s,
             "faults": Counter(e["kind"] for e in events),
             "faults_by_family": Counter(e["family"] for e in events),
+            "schedule": steps.as_report(schedule), "skipped_steps": skipped_steps,
             "events": [{**{k: v for k, v in e.items() if k not in ("start", "healed", "backup")},
                         "at_s": round(e["start"] - began, 2),
                         **({"held_s": round(e["healed"] - e["start"], 2)} if "healed" in e else {})} for e in events],

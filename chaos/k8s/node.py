@@ -218,8 +218,8 @@ class Nemesis:
             time.sleep(interval)
         return None
 
-    def hold(self, ev: dict) -> None:
-        """Keep the fault a few seconds (past the 3 s failover grace more often than not)."""
+    def hold(self, ev: dict, seconds: float) -> None:
+        """Keep the fault `seconds` (drawn with the schedule), or until the failover it started ends."""
         if ev["kind"] == "kill-operator-mid-failover" and "skipped" not in ev:
             # the standby takes the Lease once it expires (15 s) and finishes the failover; the
             # master crash-loops meanwhile (killed again whenever the kubelet restarts it), else a
@@ -238,7 +238,7 @@ class Nemesis:
             done = self._wait(failed_over, 90, 0.3)
             ev["failover_finished_after_s"] = round(time.monotonic() - ev["start"], 2) if done else None
         else:
-            time.sleep(self.rnd.uniform(2.0, 8.0))
+            time.sleep(seconds)
 
     def heal(self, ev: dict) -> None:
         kind = ev["kind"]

@@ -2,9 +2,10 @@
 (node.py), heal, settle, let the consumers finish, read everything, check (chaos/checker.py, the
 same checks as the local harness, over the whole history), one JSON report.
 
-The nemesis first draws one fault of every family the schedule runs, in an order from the seed,
-then faults of any of them until the time is up; each is held 2-8 s (a mid-failover operator kill:
-until the standby has finished the failover) and healed, 1-3 s apart. Runs inside the cluster's
+The schedule is drawn from the seed before the first fault (chaos/steps.py): one fault of every
+family the schedule runs, in an order from the seed, then faults of any of them while they fit in
+the time; each is held 2-8 s (a mid-failover operator kill: until the standby has finished the
+failover) and healed, 1-3 s apart, its targets drawn from a random source of its own. Runs inside the cluster's
 network namespace (`python -m chaos.k8s` enters it).
 """
 
@@ -22,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from chaos import checker
+from chaos import checker, steps
 from chaos.k8s import record
 from chaos.k8s.deploy import Deployment, check_cluster, wait
 from chaos.k8s.node import FAMILIES, Nemesis
@@ -139,16 +140,18 @@ def _schedule(rnd: random.Random, d: Deployment, watcher: Watcher, seed: int, du
     t_start = time.monotonic()
     t_end = t_start + duration
     time.sleep(2.0)
-    planned = plan(rnd, families)
-    while time.monotonic() < t_end - 3:
+    # held past the 3 s failover grace more often than not
+    schedule = steps.draw(rnd, plan(rnd, families), [k for f in families for k in FAMILIES[f]], duration,
+                          hold_s=(2.0, 8.0), gap_s=(1.0, 3.0))
+    for i, step in enumerate(schedule):
         check_cluster()
-        kind = planned.pop(0) if planned else rnd.choice([k for f in families for k in FAMILIES[f]])
-        ev = nemesis.inject(kind)
-        log(f"seed {seed}: +{ev['start'] - t_start:5.1f}s {kind} {ev['group']} {ev['target']}"
+        nemesis.rnd = steps.for_step(seed, i)
+        ev = nemesis.inject(step.kind)
+        log(f"seed {seed}: +{ev['start'] - t_start:5.1f}s {step.kind} {ev['group']} {ev['target']}"
             + (f" (skipped: {ev['skipped']})" if "skipped" in ev else ""))
-        nemesis.hold(ev)
+        nemesis.hold(ev, step.hold_s)
         nemesis.heal(ev)
-        time.sleep(rnd.uniform(1.0, 3.0))
+        time.sleep(step.gap_s)
     nemesis.heal_all()
     time.sleep(max(t_end - time.monotonic(), 0))
     d.workload("/stop", post=True)
@@ -201,6 +204,7 @@ def _schedule(rnd: random.Random, d: Deployment, watcher: Watcher, seed: int, du
         "faults": Counter(e["kind"] for e in events if "skipped" not in e),
         "faults_by_family": Counter(e["family"] for e in events if "skipped" not in e),
         "faults_skipped": [{"kind": e["kind"], "target": e["target"], "why": e["skipped"]} for e in events if "skipped" in e],
+        "schedule": steps.as_report(schedule),
         "events": [{k: v for k, v in e.items() if k not in ("start", "healed", "netns")} for e in events],
         "failovers": sum(max(g.get("epoch", 1) - 1, 0) for g in status.get("groups") or []),
         "after_promotion": _after_promotions(watcher.promotions, commits),
