@@ -47,7 +47,7 @@ class TxBrokerBatchWriter(DataSourceArrowWriter):
         self.name = check_name("jobId", o.job_id or new_job_id())
         self.run = uuid.uuid4().hex[:8]  # this run of the application: its members' ids are its own
         route = learn_route(o.brokers, o.topic, o.security, o.request_timeout)
-        o.faults.at_decision("before-open", None, {"job": self.name})
+        o.faults.at_point("before-open", None, {"job": self.name})
         with jobs_for(o) as jobs:
             job = jobs.open(self.name, o.deadline_ms / 1000, o.prepared_deadline_ms / 1000)
             if job.info.state == PREPARED or (job.info.state == OPEN and job.info.already):

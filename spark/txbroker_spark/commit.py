@@ -52,16 +52,16 @@ def decide_commit(o: WriteOptions, jobs: Jobs, job: ClusterJob, what: str, kept:
     members visible. A job the broker aborted first (its deadline passed) raises: nothing of it was
     published."""
     detail = {"job": job.job_id, "txids": kept.count}
-    o.faults.at_decision("before-decision", batch_id, detail)
+    o.faults.at_point("before-decision", batch_id, detail)
     t0 = time.monotonic()
     try:
-        jobs.commit(job, kept.members, decided=lambda: o.faults.at_decision("after-home-decision", batch_id, detail))
+        jobs.commit(job, kept.members, decided=lambda: o.faults.at_point("after-home-decision", batch_id, detail))
     except JobAborted as e:
         raise RuntimeError(f"txbroker: {what}: the broker refused the commit ({e}); nothing of it was "
                            "published") from None
     except DecisionNotReplicated as e:  # neither refused nor promised: say so, never "nothing published"
         raise RuntimeError(f"txbroker: {what}: the outcome of job {job.job_id} is unknown: {e}") from None
-    o.faults.at_decision("after-decision", batch_id, detail)
+    o.faults.at_point("after-decision", batch_id, detail)
     info = jobs.wait_resolved(job, o.request_timeout)
     log.info("%s: committed %d rows in %d transactions on %s (job %s; decision and visibility %.3fs)", what,
              kept.rows, kept.count, ", ".join(f"{g}: {len(ids)}" for g, ids in sorted(kept.members.items())),

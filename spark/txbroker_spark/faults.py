@@ -4,7 +4,7 @@
 The write path calls two hooks, each at a named point, and nothing else of this module:
 
     o.faults.after_send(partition, attempt_number, txids)   a task attempt, once its half messages are stored
-    o.faults.at_decision(point, batch_id, detail)           the driver: "before-open" (a batch write, before it
+    o.faults.at_point(point, batch_id, detail)              the driver: "before-open" (a batch write, before it
                                                             opens its job), "before-decision", "after-home-decision"
                                                             (its home recorded it, no other group told yet),
                                                             "after-decision" (every group told)
@@ -60,7 +60,7 @@ class FaultPlan:
         raise RuntimeError(f"inject.failPartition={partition}: attempt {attempt_number} fails after sending "
                            f"{len(txids)} half transactions")
 
-    def at_decision(self, point: str, batch_id: int | None, detail: dict) -> None:
+    def at_point(self, point: str, batch_id: int | None, detail: dict) -> None:
         """The driver at `point` of its write (batch_id: the micro-batch, None for a batch write):
         announce it, then wait to be killed, or released by a file `<marker>.release` (a driver
         paused and resumed), at most 10 min."""

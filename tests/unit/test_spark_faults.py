@@ -14,8 +14,8 @@ from txbroker_spark.faults import FaultPlan
 def test_an_empty_plan_does_nothing(tmp_path):
     plan = FaultPlan()
     plan.after_send(0, 0, ["t"])
-    plan.at_decision("before-decision", None, {})
-    plan.at_decision("after-decision", 3, {})
+    plan.at_point("before-decision", None, {})
+    plan.at_point("after-decision", 3, {})
 
 
 def test_fail_partition_raises_in_the_first_attempt_only_unless_always():
@@ -38,12 +38,12 @@ def test_slow_partition_announces_what_it_stored_then_sleeps(tmp_path):
 def test_hang_fires_at_its_point_and_batch_and_is_released_by_the_file(tmp_path):
     marker = tmp_path / "hook.json"
     plan = FaultPlan(hang_at="after-decision", hang_batch=1, marker_file=str(marker))
-    plan.at_decision("before-decision", 1, {})  # another point
-    plan.at_decision("after-decision", 0, {})  # another micro-batch
+    plan.at_point("before-decision", 1, {})  # another point
+    plan.at_point("after-decision", 0, {})  # another micro-batch
     assert not marker.exists()
 
     done = threading.Event()
-    t = threading.Thread(target=lambda: (plan.at_decision("after-decision", 1, {"job": "j"}), done.set()))
+    t = threading.Thread(target=lambda: (plan.at_point("after-decision", 1, {"job": "j"}), done.set()))
     t.start()
     try:
         for _ in range(100):
@@ -57,5 +57,5 @@ def test_hang_fires_at_its_point_and_batch_and_is_released_by_the_file(tmp_path)
     assert done.is_set()
     # a batch write (no micro-batch) hangs whatever hangBatch says
     (tmp_path / "hook.json").unlink()
-    plan.at_decision("after-decision", None, {"job": "b"})
+    plan.at_point("after-decision", None, {"job": "b"})
     assert json.loads(marker.read_text())["job"] == "b"
