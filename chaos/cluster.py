@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from txbroker_operator import brokers, scaling
 
-from chaos.broker import BrokerProc, replication_of
+from chaos.broker import BrokerProc, flush_of, replication_of
 from chaos.controller import read_state, write_state
 from chaos.net import Network
 
@@ -133,7 +133,8 @@ class Cluster:
         with open(g.controller_log, "ab") as out:
             g.controller = subprocess.Popen(
                 [sys.executable, "-m", "chaos.controller", "--state", str(g.status_path), "--pods", str(g.pods_path),
-                 "--mode", replication_of(self.mode), *(["--crash-at", crash_at] if crash_at else [])],
+                 "--mode", replication_of(self.mode), "--flush", flush_of(self.mode),
+                 *(["--crash-at", crash_at] if crash_at else [])],
                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         g.controller_starts += 1
 

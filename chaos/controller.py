@@ -52,10 +52,13 @@ def write_state(path: Path, state: dict) -> None:
 
 
 class Controller:
-    def __init__(self, status_path: Path, pods_path: Path, mode: str, crash_at: str = ""):
+    def __init__(self, status_path: Path, pods_path: Path, mode: str, crash_at: str = "", flush: str = "SYNC"):
         self.path, self.pods_path = status_path, pods_path
         self.acting_path = status_path.with_name(status_path.name + ".acting")
-        self.spec = {"replication": mode, "failover": {"gracePeriodSeconds": GRACE_SECONDS}}
+        # as a TxBroker's spec: the brokers' data survives their restarts (storage); the group's size
+        # is the pods file's, read at each pass
+        self.spec = {"replication": mode, "flush": flush, "storage": {"size": "the broker's directory"},
+                     "failover": {"gracePeriodSeconds": GRACE_SECONDS}}
         self.access = brokers.PLAIN
         self.crash_at = crash_at
 
@@ -72,7 +75,9 @@ class Controller:
 
     def pods(self, master: str) -> list[dict]:
         out = []
-        for name, p in sorted(read_state(self.pods_path).items()):
+        listed = read_state(self.pods_path)
+        self.spec["replicas"] = len(listed)
+        for name, p in sorted(listed.items()):
             out.append({"metadata": {"name": name, "labels": {c.LABEL_INDEX: str(p["index"]),
                                                               c.LABEL_ROLE: failover.role_for(name, master)}},
                         "status": {"podIP": p["ip"], "conditions": [{"type": "Ready", "status": str(p["ready"])}]}})
@@ -180,11 +185,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="a broker group's controller (the operator's failover)")
     ap.add_argument("--state", required=True, type=Path, help="the status file (read at start, written here)")
     ap.add_argument("--pods", required=True, type=Path, help="the pods file (the kubelet loop's)")
-    ap.add_argument("--mode", choices=["SYNC", "ASYNC"], default="SYNC")
+    ap.add_argument("--mode", choices=["SYNC", "ASYNC"], default="SYNC", help="replication")
+    ap.add_argument("--flush", choices=["SYNC", "ASYNC"], default="SYNC")
     ap.add_argument("--crash-at", choices=["", "saved", "fenced"], default="")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    ctl = Controller(args.state, args.pods, args.mode, args.crash_at)
+    ctl = Controller(args.state, args.pods, args.mode, args.crash_at, args.flush)
     while True:
         try:
             ctl.pass_once()

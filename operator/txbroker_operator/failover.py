@@ -16,9 +16,11 @@ Rules (DESIGN.md, "Roles, replication, failover"):
   n in sync, a failover waits until n - k + 1 of them answer: one of those holds every
   acknowledged write, and the most caught-up is promoted (the fault harness, seed 16, promoted the
   one that answered first and lost what only the other held);
-- when none was reported in sync but every other broker answers, the furthest at the newest epoch
-  holds every acknowledged write (most_caught_up), in sync or not (the fault harness, seed 274: a
-  group of two whose new master was lost before the old one, restarted, had followed it);
+- when none was reported in sync but every other broker of the group answers, with what it
+  acknowledged still on it (SYNC flush, persistent storage: `unaccounted`), the furthest at the
+  newest epoch holds every acknowledged write (most_caught_up), in sync or not (the fault harness,
+  seed 274: a group of two whose new master was lost before the old one, restarted, had followed
+  it; a review: a slave whose pod was deleted leaves no entry, so the group is counted by replicas);
 - the new epoch is above every epoch any broker or the status has seen, so no two masters ever
   share one.
 """
@@ -142,14 +144,12 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
             best = synced[0]
             behind = ""
         elif not cfg["allow_out_of_sync"]:
-            silent = sorted(((set(last_seen) | set(members)) - {master}) - {m.name for m in options})
-            if silent:
+            unsure = unaccounted(spec, last_seen, members, master, options)
+            if unsure:
                 return Blocked("NoInSyncSlave",
-                               f"master {master} is down and no slave was in sync (SYNC replication); "
-                               f"{', '.join(silent)} do{'es' if len(silent) == 1 else ''} not answer as a slave and may "
-                               f"hold acknowledged writes the others lack; the most caught-up is {best.name} at "
-                               f"offset {best.info.log_end_offset}{behind}. Set "
-                               "spec.failover.allowOutOfSyncPromotion: true to promote it anyway")
+                               f"master {master} is down and no slave was in sync (SYNC replication); {unsure}; "
+                               f"the most caught-up is {best.name} at offset {best.info.log_end_offset}{behind}. "
+                               "Set spec.failover.allowOutOfSyncPromotion: true to promote it anyway")
             best = most_caught_up(options, None)
             behind = (f"; no slave was in sync, but every other broker answers, and {best.name} is the furthest "
                       f"at the newest epoch ({best.info.epoch}): it holds every acknowledged write")
@@ -157,6 +157,32 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
     return Promote(best.name, epoch, "FailedOver",
                    f"master {master} down for {down_for:.0f}s; promoted {best.name} (offset "
                    f"{best.info.log_end_offset}) at epoch {epoch}{behind}")
+
+
+def unaccounted(spec: Mapping[str, Any], last_seen: Mapping[str, Any], members: Mapping[str, Member],
+                master: str, options: list[Member]) -> str:
+    """Why the slaves that answer may not hold every acknowledged write between them, or "" when
+    they must (most_caught_up then names the one holding all of it). Each of the group's other
+    brokers must answer as a slave (one silent, deleted or not yet recreated may be the only one
+    holding some write: counted by spec.replicas, since a deleted pod leaves no entry), and what a
+    broker acknowledged must still be on it: on disk when acknowledged (SYNC flush: under ASYNC
+    flush a power cut can take it) and kept when its pod is replaced (spec.storage: without it a
+    new pod starts empty, or refills from the master it followed)."""
+    silent = sorted(((set(last_seen) | set(members)) - {master}) - {m.name for m in options})
+    if silent:
+        return (f"{', '.join(silent)} do{'es' if len(silent) == 1 else ''} not answer as a slave and may hold "
+                "acknowledged writes the others lack")
+    others = int(spec.get("replicas") or 1) - 1
+    if len(options) < others:
+        return (f"{len(options)} of the group's {others} other brokers answer: one that does not may hold "
+                "acknowledged writes the others lack")
+    if spec.get("flush") != "SYNC":
+        return "under ASYNC flush a power cut may have taken acknowledged writes from a slave that answers"
+    if not spec.get("storage"):
+        return "without spec.storage a replaced pod answers without what it acknowledged"
+    if most_caught_up(options, None).info.epoch < 1:   # none holds anything: nothing to vouch for
+        return "every slave that answers has an empty store"
+    return ""
 
 
 def most_caught_up(brokers: list[Member], head: Member | None) -> Member:

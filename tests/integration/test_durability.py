@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from support.brokers import free_port
 from support.cli import run_cli
 from support.waiting import wait_until
 from support import txload
@@ -199,6 +200,9 @@ def _as_member(name: str, index: int, b, role: str = "slave") -> Member:
     return Member(name, index, pod, seen)
 
 
+DURABLE_PAIR = {"replication": "SYNC", "flush": "SYNC", "storage": {"size": "1Gi"}, "replicas": 2}  # as SYNC's brokers
+
+
 def _damage(store: Path) -> None:
     """A failing disk: bits flipped in the store's tables and log."""
     rnd = random.Random(274)
@@ -237,8 +241,7 @@ def test_a_group_of_two_whose_new_master_is_lost_before_the_old_one_follows_it_f
     m.start()
     members = {"b0": _as_member("b0", 0, m), "b1": _as_member("b1", 1, s, "master")}
     entries = status.broker_entries(members, "b1", entries)
-    decision = failover.decide_failover({"replication": "SYNC"}, {"epoch": 2, "master": "b1", "brokers": entries},
-                                        members, "b1", 30)
+    decision = failover.decide_failover(DURABLE_PAIR, {"epoch": 2, "master": "b1", "brokers": entries}, members, "b1", 30)
     assert isinstance(decision, failover.Promote), decision
     assert decision.successor == "b0" and decision.epoch == 3
     promote(m, decision.epoch)
@@ -248,3 +251,41 @@ def test_a_group_of_two_whose_new_master_is_lost_before_the_old_one_follows_it_f
     with Producer("g", m.address) as p:
         p.send(Message("Two", b"after"))
     assert txload.visible(m.address, "Two") == {**{f"acked-{i}": 1 for i in range(20)}, "after": 1}
+
+
+def test_a_slave_in_sync_whose_pod_is_deleted_is_waited_for_not_forgotten(broker_factory):
+    """A review of the rule above, on real brokers: b2 in sync holds every acknowledged write, b1
+    answers but is cut off (not in sync). b0 crashes and b2's pod is deleted (a drain): its status
+    entry goes with it, and once its pod is gone it is no member. Counting only what was left,
+    failover promoted b1, which lacked all 20 acknowledged writes; the group is counted by replicas."""
+    m = broker_factory(*SYNC, name="b0")
+    s2 = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "b2", *SYNC, name="b2")
+    s1 = broker_factory("--role", "slave", "--master", f"127.0.0.1:{free_port()}", "--broker-name", "b1", *SYNC,
+                        name="b1")
+    wait_until(lambda: in_sync(m) == 1, what="b2 in sync")
+    with Producer("g", m.address) as p:
+        for i in range(20):
+            p.send(Message("Acked", f"acked-{i}".encode()))
+    entries = status.broker_entries({"b0": _as_member("b0", 0, m, "master"), "b1": _as_member("b1", 1, s1),
+                                     "b2": _as_member("b2", 2, s2)}, "b0", [])
+    assert [e.get("promotable") for e in entries if e["name"] != "b0"] == [False, True]
+    m.kill()
+    s2.stop()
+    deleting = _as_member("b2", 2, s2)
+    deleting.pod["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    members = {"b0": _as_member("b0", 0, m, "master"), "b1": _as_member("b1", 1, s1), "b2": deleting}
+    spec = {**DURABLE_PAIR, "replicas": 3}
+    assert isinstance(failover.decide_failover(spec, {"epoch": 1, "master": "b0", "brokers": entries}, members, "b0",
+                                               30), failover.Blocked)
+    entries = status.broker_entries(members, "b0", entries)
+    assert "b2" not in [e["name"] for e in entries]     # what made it forgotten
+    members = {"b0": _as_member("b0", 0, m, "master"), "b1": _as_member("b1", 1, s1)}   # b2's pod gone
+    d = failover.decide_failover(spec, {"epoch": 1, "master": "b0", "brokers": entries}, members, "b0", 30)
+    assert isinstance(d, failover.Blocked) and d.reason == "NoInSyncSlave", d
+    s2.start()   # its pod recreated on its volume: b2 answers, and is promoted
+    members["b2"] = _as_member("b2", 2, s2)
+    entries = status.broker_entries(members, "b0", entries)
+    d = failover.decide_failover(spec, {"epoch": 1, "master": "b0", "brokers": entries}, members, "b0", 30)
+    assert isinstance(d, failover.Promote) and d.successor == "b2", d
+    promote(s2, d.epoch)
+    assert txload.visible(s2.address, "Acked") == {f"acked-{i}": 1 for i in range(20)}

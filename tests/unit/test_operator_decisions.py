@@ -31,6 +31,7 @@ def member(name, index, broker_info=None, ready=True, ip=None, role_label="slave
     return Member(name, index, pod, broker_info)
 
 
+DURABLE = {"replication": "SYNC", "flush": "SYNC", "storage": {"size": "1Gi"}, "replicas": 3}
 LAST_SEEN = {"epoch": 3, "master": "b-0", "brokers": [{"name": "b-0", "role": "master", "offset": 120},
                                      {"name": "b-1", "role": "slave", "offset": 110, "inSync": False},
                                      {"name": "b-2", "role": "slave", "offset": 118, "inSync": True}]}
@@ -74,7 +75,7 @@ def test_a_sync_master_lost_before_any_broker_took_its_epoch_fails_over_to_the_m
     damaged master failing to start (a damaged store is seeded from a master). But b-0, answering at
     epoch 1, holds no record of epoch 2: SYNC replication acknowledged nothing at epoch 2, and b-0,
     master at epoch 1, holds every write acknowledged before."""
-    spec = {"replication": "SYNC"}
+    spec = {"replication": "SYNC", "flush": "SYNC", "storage": {"size": "1Gi"}, "replicas": 2}
     seen = {"epoch": 2, "master": "b-1", "brokers": [
         {"name": "b-0", "role": "slave", "epoch": 1, "offset": 3495},
         {"name": "b-1", "role": "master", "epoch": 2, "offset": 3496, "syncReplicas": 1}]}
@@ -93,11 +94,45 @@ def test_with_every_slave_answering_the_one_furthest_at_the_newest_epoch_holds_e
         {"name": "b-1", "role": "slave", "epoch": 3, "offset": 110, "inSync": False},
         {"name": "b-2", "role": "slave", "epoch": 2, "offset": 130, "inSync": False}]}
     members = {"b-1": member("b-1", 1, info(epoch=3, offset=110)), "b-2": member("b-2", 2, info(epoch=2, offset=130))}
-    p = failover.decide_failover({"replication": "SYNC"}, seen, members, "b-0", 30)
+    p = failover.decide_failover(DURABLE, seen, members, "b-0", 30)
     assert isinstance(p, Promote) and p.successor == "b-1"
     # one of them silent: it may be the only one holding some acknowledged write
-    d = failover.decide_failover({"replication": "SYNC"}, seen, {**members, "b-2": member("b-2", 2, None)}, "b-0", 30)
-    assert isinstance(d, Blocked) and d.reason == "NoInSyncSlave"
+    d = failover.decide_failover(DURABLE, seen, {**members, "b-2": member("b-2", 2, None)}, "b-0", 30)
+    assert isinstance(d, Blocked) and d.reason == "NoInSyncSlave" and "b-2 does not answer" in d.message
+
+
+def test_a_slave_whose_pod_was_deleted_is_still_counted_by_replicas():
+    """A review of 259723e: the in-sync slave b-2 held the acknowledged writes; its pod deleted (a
+    drain), its status entry went with it, and once the pod was gone it was no member either, so
+    "every other broker answers" counted b-1 alone and promoted it without the writes. The group's
+    brokers are counted by spec.replicas."""
+    seen = {"epoch": 1, "master": "b-0", "brokers": [
+        {"name": "b-0", "role": "master", "epoch": 1, "offset": 22, "syncReplicas": 1},
+        {"name": "b-1", "role": "slave", "epoch": 0, "offset": 0, "inSync": False, "promotable": False}]}
+    members = {"b-1": member("b-1", 1, info(epoch=1, offset=2))}
+    d = failover.decide_failover(DURABLE, seen, members, "b-0", 30)
+    assert isinstance(d, Blocked) and d.reason == "NoInSyncSlave" and "1 of the group's 2 other brokers" in d.message
+
+
+def test_no_slave_in_sync_is_promoted_only_where_what_it_acknowledged_is_still_on_it():
+    """ASYNC flush (a power cut takes what the page cache held), no spec.storage (a replaced pod
+    starts empty): each may have lost what it acknowledged. Every slave with an empty store: none
+    holds anything (a lone empty one holds nothing either, so it does not stand in the way)."""
+    seen = {"epoch": 3, "master": "b-0", "brokers": [
+        {"name": "b-0", "role": "master", "epoch": 3, "offset": 120, "syncReplicas": 1},
+        {"name": "b-1", "role": "slave", "epoch": 3, "offset": 110, "inSync": False},
+        {"name": "b-2", "role": "slave", "epoch": 3, "offset": 100, "inSync": False}]}
+    members = {"b-1": member("b-1", 1, info(epoch=3, offset=110)), "b-2": member("b-2", 2, info(epoch=3, offset=100))}
+    assert isinstance(failover.decide_failover(DURABLE, seen, members, "b-0", 30), Promote)
+    for spec, why in (({**DURABLE, "flush": "ASYNC"}, "under ASYNC flush"),
+                      ({k: v for k, v in DURABLE.items() if k != "storage"}, "without spec.storage")):
+        d = failover.decide_failover(spec, seen, members, "b-0", 30)
+        assert isinstance(d, Blocked) and why in d.message, (spec, d)
+    one_empty = {**members, "b-2": member("b-2", 2, info(epoch=0, offset=0))}
+    assert failover.decide_failover(DURABLE, seen, one_empty, "b-0", 30).successor == "b-1"
+    empty = {n: member(n, i, info(epoch=0, offset=0)) for i, n in ((1, "b-1"), (2, "b-2"))}
+    d = failover.decide_failover(DURABLE, seen, empty, "b-0", 30)
+    assert isinstance(d, Blocked) and "every slave that answers has an empty store" in d.message
 
 
 def test_take_over_prefers_the_newest_epoch_to_the_longest_log():
