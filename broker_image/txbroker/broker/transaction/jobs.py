@@ -35,6 +35,7 @@ from txbroker.protocol.names import JOB_ID, JOB_ID_RULE, JOB_NAME, JOB_NAME_RULE
 from txbroker.store.records import (
     JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, JobDecisionRecord, JobOpenRecord, JobPrepareRecord, JobState,
 )
+from txbroker.store.derived.jobs import PREPARED_TIMEOUT_MS
 from txbroker.store.state import StateMachine
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class JobService:
         self.groups = None  # job_groups.JobGroups: jobs spanning broker groups (set by the broker)
         self._task: asyncio.Task | None = None
         self._resolving: dict[str, asyncio.Task] = {}
+        # job id -> (its stamp, when this broker first saw it ahead of its clock): see _expired
+        self._stamped_ahead: dict[str, tuple[int, int]] = {}
 
     # ---- requests --------------------------------------------------------------------------------
 
@@ -271,14 +274,26 @@ class JobService:
             raise RequestError(ResponseCode.TRANSACTION_STATE_GROUP_WRONG,
                                f"job {j.job_id} belongs to producer group {j.producer_group!r}, not {group!r}")
 
-    @staticmethod
-    def _expired(j: JobState) -> bool:
+    def _expired(self, j: JobState) -> bool:
         """Past its bound undecided: an OPEN job's deadline, a PREPARED one's longer bound (a slow
         coordinator never loses prepared work to the OPEN deadline). A member group's entry has none:
-        its home decides."""
+        its home decides. A bound stamped by a clock ahead of this one (set back since, or another
+        master's running fast) runs from when this broker first saw the stamp ahead, not from when
+        its clock catches up (the fault harness, seed 274 run again: a job opened under a clock
+        120 s ahead stayed open 120 s past its deadline, as check-back's stamps did before e098c77)."""
         if j.decided or j.home:
             return False
-        return now_ms() >= (j.prepared_deadline_ms if j.state == JOB_PREPARED else j.deadline_ms)
+        if j.state == JOB_PREPARED:
+            bound, stamp = j.prepared_deadline_ms, j.prepared_deadline_ms - (j.prepared_timeout_ms or PREPARED_TIMEOUT_MS)
+        else:
+            bound, stamp = j.deadline_ms, j.open_ms
+        now = now_ms()
+        seen = self._stamped_ahead.get(j.job_id)
+        if seen is None or seen[0] != stamp:
+            if stamp <= now:
+                return now >= bound
+            seen = self._stamped_ahead[j.job_id] = (stamp, now)
+        return now - seen[1] >= bound - stamp
 
     def _deadline_passed(self, j: JobState) -> None:
         """A decision after the deadline: the deadline's ABORT is recorded (first decision wins) and
@@ -364,6 +379,9 @@ class JobService:
         late = [j for j in self._state.jobs.values() if self._expired(j)]
         for j in late:
             self._abort_expired(j)
+        if self._stamped_ahead:
+            for job_id in [k for k in self._stamped_ahead if k not in self._state.jobs]:
+                del self._stamped_ahead[job_id]
         return len(late)
 
     def _abort_expired(self, j: JobState) -> None:
