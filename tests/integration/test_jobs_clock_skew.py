@@ -7,37 +7,26 @@ has caught up with the stamp."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 
-from support.brokers import BrokerProcess
+from support.faketime import needs_faketime, skewable_broker
 from support.waiting import wait_until
 from txbroker.client import JobCoordinator
 from txbroker.client.admin import AdminClient
 
-FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 TIMEOUT_S = 2.0
 AHEAD_S = 120
 
-pytestmark = pytest.mark.skipif(not Path(FAKETIME).exists(), reason="libfaketime missing (chaos/setup.sh installs it)")
+pytestmark = needs_faketime
 
 
 @pytest.fixture
 def skewable(tmp_path):
     """A broker whose wall clock is the offset in `clock`."""
-    clock = tmp_path / "clock"
-    clock.write_text("+0\n")
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", [])
-    b.env = dict(os.environ, LD_PRELOAD=FAKETIME, FAKETIME_TIMESTAMP_FILE=str(clock), FAKETIME_CACHE_DURATION="1",
-                 DONT_FAKE_MONOTONIC="1")
-    b.start()
-    yield b, clock
-    if b.proc is not None and b.proc.poll() is None:
-        b.proc.kill()
-        b.proc.wait(10)
+    with skewable_broker(tmp_path, []) as (b, clock):
+        yield b, clock
 
 
 def test_a_job_opened_under_a_clock_since_set_back_is_aborted_its_timeout_later(skewable):

@@ -7,37 +7,26 @@ retention deleted those records at once."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 
-from support.brokers import BrokerProcess
+from support.faketime import needs_faketime, skewable_broker
 from support.cli import run_cli
 from support.waiting import wait_until
 from txbroker.client import BrokerError, Message, Producer, PullConsumer
 
-FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 RETENTION_S = 2.0
 
-pytestmark = pytest.mark.skipif(not Path(FAKETIME).exists(), reason="libfaketime missing (chaos/setup.sh installs it)")
+pytestmark = needs_faketime
 
 
 @pytest.fixture
 def skewable(tmp_path):
     """A broker (2 s retention, a pass every 100 ms) whose wall clock is the offset in `clock`."""
-    clock = tmp_path / "clock"
-    clock.write_text("+0\n")
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log",
-                      ["--retention-ms", str(int(RETENTION_S * 1000)), "--retention-check-interval-ms", "100"])
-    b.env = dict(os.environ, LD_PRELOAD=FAKETIME, FAKETIME_TIMESTAMP_FILE=str(clock), FAKETIME_CACHE_DURATION="1",
-                 DONT_FAKE_MONOTONIC="1")
-    b.start()
-    yield b, clock
-    if b.proc is not None and b.proc.poll() is None:
-        b.proc.kill()
-        b.proc.wait(10)
+    with skewable_broker(tmp_path, ["--retention-ms", str(int(RETENTION_S * 1000)),
+                                    "--retention-check-interval-ms", "100"]) as (b, clock):
+        yield b, clock
 
 
 def broker_clock_behind(p: Producer, c: PullConsumer) -> float:
