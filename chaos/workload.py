@@ -151,7 +151,8 @@ async def _started(client, stop: threading.Event):
 
 async def _producer(bootstrap, h: History, stop: threading.Event, w: int, seed: int, done: threading.Event) -> None:
     rnd = random.Random(seed * 1000 + w)
-    p = AsyncClusterTransactionProducer(GROUP, bootstrap, Decisions(h, rnd), request_timeout=5, route_refresh=1)
+    decisions = Decisions(h, rnd)
+    p = AsyncClusterTransactionProducer(GROUP, bootstrap, decisions, request_timeout=5, route_refresh=1)
     if await _started(p, stop) is None:
         return
     n = 0
@@ -170,6 +171,8 @@ async def _producer(bootstrap, h: History, stop: threading.Event, w: int, seed: 
                 r = await p.send_message_in_transaction(msgs, (txid, tx), transaction_id=txid,
                                                         selector=key_selector if by_key else None)
             except (ClientError, ValueError):
+                if txid not in decisions.ran:   # no local transaction: every check-back answers ROLLBACK
+                    tx.intended = "ROLLBACK"
                 h.add(txid, tx)
                 h.failed()
                 await asyncio.sleep(0.05)  # a client backs off before trying again
@@ -197,6 +200,7 @@ async def _coordinator(c: AsyncClusterJobCoordinator, h: History, stop: threadin
     n = 0
     while not stop.is_set():
         n += 1
+        added: list[str] = []
         try:
             job = await c.open(timeout=20)
             with h.lock:
@@ -209,10 +213,14 @@ async def _coordinator(c: AsyncClusterJobCoordinator, h: History, stop: threadin
                 txid = f"{job.job_id}-m{k}"
                 tx = Tx([f"job{n}.{k}"], "COMMIT", kind="member", job=job.job_id, groups=[group], topics=["Orders"])
                 h.add(txid, tx)
+                added.append(txid)
                 await c.send(job, group, Message("Orders", tx.bodies[0].encode()), txid)
                 members.setdefault(group, []).append(txid)
                 order.append(txid)
         except (ClientError, ValueError):
+            # this job is never decided here: its deadline aborts it, so no member may be read
+            for t in added:
+                h.txs[t].intended = "ROLLBACK"
             h.failed()
             await asyncio.sleep(0.05)
             continue
@@ -363,6 +371,7 @@ async def _skips(h: History, consumers: list, stop: threading.Event) -> None:
 async def _samplers(groups_now: GroupsNow, h: History, coordinator: AsyncClusterJobCoordinator,
                     consumers: list, stop: threading.Event) -> None:
     readers: dict[str, AsyncPullConsumer] = {}
+    turn = 0
     try:
         while not stop.is_set():
             for name, addresses in groups_now().items():
@@ -378,21 +387,40 @@ async def _samplers(groups_now: GroupsNow, h: History, coordinator: AsyncCluster
                     with h.lock:
                         h.offsets.extend((now, name, cg, q, o, by) for q, o in offsets.items())
             with h.lock:
-                recent = list(h.jobs.items())[-6:]
-            for job_id, home in recent:
-                member = coordinator.groups.members.get(home)
-                if member is None:
-                    continue
-                try:
-                    info = await member.describe(job_id)
-                except ClientError:
-                    continue
-                with h.lock:
-                    h.decisions.append((time.time(), job_id, info.state))
+                jobs = list(h.jobs.items())
+            # the newest, and a turn through the older ones: a decision that changes long after it
+            # was made (a failover, settling) is seen too, not only in its first seconds
+            older = jobs[:-6]
+            start = turn % len(older) if older else 0
+            turn += 6
+            await _decisions_of(jobs[-6:] + older[start:start + 6], coordinator, h)
             await asyncio.sleep(0.5)
+        with h.lock:  # at the end, every job its home still holds
+            jobs = list(h.jobs.items())
+        await _decisions_of(jobs, coordinator, h)
     finally:
         for r in readers.values():
             await r.close()
+
+
+async def _decisions_of(jobs: list[tuple[str, str]], coordinator: AsyncClusterJobCoordinator, h: History,
+                        within: float = 20.0) -> None:
+    """What each job's home answers about it now (COMMITTED, ABORTED, ...), into the history; a home
+    that does not answer is not asked again this time."""
+    deadline, silent = time.monotonic() + within, set()
+    for job_id, home in jobs:
+        member = coordinator.groups.members.get(home)
+        if member is None or home in silent or time.monotonic() > deadline:
+            continue
+        try:
+            info = await member.describe(job_id)
+        except BrokerError:
+            continue  # not there now: expired with the log
+        except ClientError:
+            silent.add(home)
+            continue
+        with h.lock:
+            h.decisions.append((time.time(), job_id, info.state))
 
 
 def run(bootstrap: list[str], groups_now: GroupsNow, h: History, reader: Reader, stop: threading.Event,
