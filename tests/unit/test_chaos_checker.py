@@ -136,3 +136,28 @@ def test_a_message_retention_deleted_before_it_was_as_old_as_the_retention_was_d
     assert got["deleted young"] == ["young.0: deleted by retention 9.0s or less after it was sent (retention 20s)"]
     assert len(got["skipped by retention"]) == 2 and "group lost" not in got
     assert "deleted young" not in checker.check_groups(h, r, False)  # retention not known: not judged
+
+
+def test_a_spanning_transaction_read_on_one_group_only_is_torn():
+    h = History()
+    h.add("t7", Tx(["t7.0", "t7.1"], "COMMIT", acked="COMMIT", groups=["g0", "g1"], topics=["Orders", "Billing"]))
+    got = check(h, reader(Orders={"t7.0": [("g0", 0, 3)]}))
+    assert got["torn"] == ["t7 on g0+g1: 1 of 2 messages read (t7.0)"]
+
+
+def test_a_member_of_an_aborted_job_that_is_read_is_a_phantom():
+    h = History()
+    job(h, "j3", {"j3-a": ("g0", "ROLLBACK"), "j3-b": ("g1", "ROLLBACK")})
+    for m in ("j3-a", "j3-b"):
+        h.ack(m, "ROLLBACK")   # the coordinator's abort was acknowledged
+    got = check(h, reader(Orders={"j3-b.0": [("g1", 0, 8)]}))
+    assert [x.split(":")[0] for x in got["phantom"]] == ["j3-b (member on g1)"]
+
+
+def test_a_job_whose_abort_was_acknowledged_and_later_answered_committed_is_a_decision_that_changed():
+    h = History()
+    job(h, "j4", {"j4-a": ("g0", "ROLLBACK")})
+    h.ack("j4-a", "ROLLBACK")
+    h.decisions.append((1.0, "j4", "COMMITTED"))
+    assert check(h, reader())["decision changed"] == [
+        "job j4: the coordinator was acknowledged its abort; its home later answered COMMITTED"]
