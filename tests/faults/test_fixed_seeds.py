@@ -42,6 +42,7 @@ def _assert_held(out: dict, families: str) -> None:
     assert set(out["faults"]) == every, f"not drawn: {every - set(out['faults'])}"
     assert out["commits_acknowledged"] > 0 and out["group"]["consumed"] > 0, (out["operations"], out["group"])
     assert out["operations"].get("txs spanning groups", 0) > 0, out["operations"]
+    assert out["operations"].get("members acknowledged COMMIT", 0) > 0, out["operations"]  # jobs over the groups
     assert out["anomalies"] == {}, (f"seed {out['seed']}: {out['anomalies']}\n"
                                     + json.dumps(out["anomaly_details"], indent=1) + "\nfaults: "
                                     + json.dumps(out["events"]))
@@ -56,6 +57,9 @@ def test_power_cuts_and_damaged_files_lose_nothing_acknowledged(tmp_path):
     damage = [e for e in out["events"] if e["family"] == "corruption"]
     assert {e["how"] for e in damage} == {"bitflip", "truncate"}, damage
     assert all(e["damage"] for e in damage), damage  # each found a file to damage
+    # detected (a damaged store is never opened as is) and re-synced from the master, each time
+    found = out["corruption"]
+    assert found["seeds for damage"] >= 1 and found["seeded"] >= found["seeds for damage"], found  # (seeded: also for records the master deleted)
 
 
 def test_groups_added_and_drained_degraded_links_and_a_controller_killed_mid_failover(tmp_path):
