@@ -116,6 +116,9 @@ def summary(reports: list[dict]) -> str:
     lines.append(f"ordered keys reordered across a move to another queue (a route change; not anomalies): {moved} keys"
                  f" in {sum(1 for r in ok if r.get('reordered_where_the_key_moved'))} schedules; where a send's queue"
                  f" is unknown (unanswered) and the route changed: {unplaced} keys")
+    skipped = [(r["seed"], x["kind"]) for r in ok for x in r.get("skipped_steps", [])]
+    lines.append(f"faults skipped (the cluster's state forbade them for 20 s): {len(skipped)}"
+                 + (f" {skipped[:10]}" if skipped else ""))
     cuts = [sum(r.get("truncations", {}).values()) for r in ok]
     lines.append(f"logs truncated on rejoining a new master: {sum(cuts)} times in {sum(1 for n in cuts if n)} schedules")
     damage = Counter()
