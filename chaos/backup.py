@@ -4,7 +4,8 @@
              the other faults run. What comes back is one of:
                taken        backup.json written: its manifest (group, epoch, last and published LSN)
                refused      409 NOT_IN_SYNC: the slave was not in sync (not connected, its master
-                            silent, behind) or had become the master; the broker's words are kept
+                            silent, behind) or had become the master; 507 NO_SPACE: its disk was full
+                            (seed 282: answered 500 before); the broker's words are kept
                unreachable  its admin API did not answer (killed, paused past the timeout, cut off)
                failed       anything else (the checker's `backup failed`: a refusal must say why)
              A backup that did not finish must leave no backup.json (whole or absent).
@@ -47,7 +48,7 @@ def classify(code: int, stderr: str) -> tuple[str, str]:
     said = lines[-1] if lines else ""
     if code == 0:
         return "taken", ""
-    if code == 1 and "(NOT_IN_SYNC)" in said:
+    if code == 1 and ("(NOT_IN_SYNC)" in said or "(NO_SPACE)" in said):
         return "refused", said
     if code == 1 and " unreachable: " in said:
         return "unreachable", said

@@ -9,11 +9,15 @@ import subprocess
 import pytest
 
 from support import txload
+from support.cli import run_cli
+from support.waiting import wait_until
 from txbroker.client import BrokerError, BrokerUnavailable, Message, Producer, RequestTimeout
+from txbroker.client.admin import AdminClient
 from txbroker.store.records import HalfRecord
 from txbroker.store.state import StateMachine
 
 EXIT_STORE_FAILED = 70
+SYNC_PAIR = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC")
 
 
 @pytest.fixture
@@ -85,3 +89,34 @@ def test_no_retried_request_is_answered_success_after_a_failed_write(tmp_path):
         s.db.close()  # as the stopping broker leaves it: no drain after a failed write
 
     asyncio.run(main())
+
+
+def test_a_backup_on_a_full_disk_is_refused_naming_it(broker_factory, small_disk, tmp_path):
+    """The fault harness, seed 282 (at 774c133): a backup asked of a slave whose disk had just filled
+    answered HTTP 500 "Server got itself in trouble": the checkpoint's IO error was not caught. It
+    is refused naming the full disk, and leaves no backup behind."""
+    m = broker_factory(*SYNC_PAIR, "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s", *SYNC_PAIR, name="s")
+    s.stop()
+    s.data_dir = small_disk / "data"
+    s.start()
+    wait_until(lambda: any(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]),
+               what="the slave in sync")
+    with Producer("g", m.address) as p:
+        for i in range(50):
+            p.send(Message("Kept", f"m{i}".encode()))
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:   # the disk fills under the idle slave
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    r = run_cli("backup", "create", "--admin", s.admin_url, "--to", str(tmp_path / "backup"), check=False)
+    assert r.returncode == 1, r
+    said = r.stderr.strip().splitlines()[-1]
+    assert "(NO_SPACE)" in said and "No space left on device" in said, said
+    assert not (tmp_path / "backup" / "backup.json").exists()
+    filler.unlink()
+    assert not list((small_disk / "data" / ".snapshots").glob("backup-*")), "a half checkpoint was left"

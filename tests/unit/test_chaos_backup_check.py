@@ -110,6 +110,11 @@ def test_backup_outcomes_a_refusal_must_say_why():
     assert classify(1, say) == ("refused", say)
     assert classify(1, "txbroker backup: admin API at http://x unreachable: timed out")[0] == "unreachable"
     assert classify(1, "txbroker backup: broker error (INTERNAL)")[0] == "failed"
+    assert classify(1, "txbroker backup: Server got itself in trouble (500)")[0] == "failed"   # seed 282, before
+    full = "txbroker backup: no room for the checkpoint in /d: IO error: No space left on device (NO_SPACE)"
+    assert classify(1, full) == ("refused", full)
+    assert check_backups([{"group": "g2", "target": "b7", "at_s": 70.3, "exit_code": 1, "outcome": "refused",
+                           "reason": full}]) == {}
     assert classify(0, "") == ("taken", "")
     base = {"group": "g0", "target": "b1", "at_s": 3.0, "exit_code": 1}
     ok = [{**base, "outcome": "refused", "reason": say}, {**base, "outcome": "unreachable", "reason": "timed out"},

@@ -16,6 +16,7 @@ filesystem) until dropped, or for IDLE_S after its last use.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import secrets
 import shutil
@@ -82,7 +83,14 @@ class BackupService:
         pending, parked = self._b.transactions.counts()
         jobs = sum(1 for _ in state.iter_jobs())
         log_start = state.log_complete_from
-        target = state.checkpoint(PREFIX + backup_id)
+        try:
+            target = state.checkpoint(PREFIX + backup_id)
+        except Exception as e:  # noqa: BLE001 - RocksDB's errors come as bare Exceptions (an OSError from mkdir)
+            seed.drop_snapshot(self._b.config.data_dir, PREFIX + backup_id)
+            if "No space left" in str(e) or getattr(e, "errno", None) == errno.ENOSPC:
+                raise BackupRefused(507, "NO_SPACE", f"no room for the checkpoint in {self._b.config.data_dir}: "
+                                                     f"{e}") from e
+            raise BackupRefused(500, "STORE_ERROR", f"the checkpoint could not be written: {e}") from e
         try:
             files = await asyncio.to_thread(describe_files, target)
         except BaseException:
