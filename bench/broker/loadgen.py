@@ -8,7 +8,8 @@ to --out.
   tx     N AsyncTransactionProducer instances (one connection each), K coroutines per producer, each a
          closed loop of send_message_in_transaction (half send + acknowledged COMMIT) of --batch
          messages. The listener commits; with --record-commits it notes time.monotonic() just before
-         END_TRANSACTION is sent (execute_local_transaction runs right before it).
+         END_TRANSACTION is sent (execute_local_transaction runs right before it). --pipelined-end:
+         each loop goes on while its END is on its way, and counts it once acknowledged.
   plain  the same with AsyncProducer.send (no transaction).
   tail   one AsyncPullConsumer long-polling (pull(..., wait_ms)) every queue of the topic from its end;
          notes when each message arrives.
@@ -68,7 +69,8 @@ async def run_producers(args) -> dict:
     producers = []
     for _ in range(args.producers):
         if args.mode == "tx":
-            p = AsyncTransactionProducer(group, args.broker, listener, request_timeout=args.timeout)
+            p = AsyncTransactionProducer(group, args.broker, listener, request_timeout=args.timeout,
+                                         wait_end=not args.pipelined_end)
         else:
             p = AsyncProducer(group, args.broker, request_timeout=args.timeout)
         await p.start()
@@ -84,8 +86,28 @@ async def run_producers(args) -> dict:
     record_acks = args.record_commits and args.mode == "tx"
     acked_at: dict[str, float] = {}
 
-    async def loop(p, index: int) -> None:
+    def count(t0: float, t1: float, txid: str) -> None:
         nonlocal done_in_window
+        if record_acks:
+            acked_at[txid] = t1
+        if t0 >= win.open:
+            lat.append((t1 - t0) * 1000.0)
+        if win.open <= t1 <= win.close:
+            done_in_window += 1
+
+    def failed(r) -> bool:
+        if r.send_status != "SEND_OK" or r.end_error or r.local_state is not LocalTransactionState.COMMIT:
+            key = f"{r.send_status} {r.end_error[:80]}"
+            errors[key] = errors.get(key, 0) + 1
+            return True
+        return False
+
+    def ended(r, t0: float, txid: str) -> None:
+        """--pipelined-end: a transaction counts once its END is acknowledged, not when the call returns."""
+        if not failed(r):
+            count(t0, monotonic(), txid)
+
+    async def loop(p, index: int) -> None:
         now = monotonic()
         if now < win.start:
             await asyncio.sleep(win.start - now)
@@ -107,9 +129,10 @@ async def run_producers(args) -> dict:
                 if args.mode == "tx":
                     r = await p.send_message_in_transaction(msgs if batch > 1 else msgs[0],
                                                             transaction_id=txid)
-                    if r.send_status != "SEND_OK" or r.end_error or r.local_state is not LocalTransactionState.COMMIT:
-                        key = f"{r.send_status} {r.end_error[:80]}"
-                        errors[key] = errors.get(key, 0) + 1
+                    if r.ended is not None:   # --pipelined-end: counted when acknowledged
+                        r.ended.add_done_callback(lambda _f, r=r, t0=t0, txid=txid: ended(r, t0, txid))
+                        continue
+                    if failed(r):
                         continue
                 else:
                     await p.send(msgs if batch > 1 else msgs[0])
@@ -118,13 +141,7 @@ async def run_producers(args) -> dict:
                 errors[key] = errors.get(key, 0) + 1
                 await asyncio.sleep(0.01)
                 continue
-            t1 = monotonic()
-            if record_acks:
-                acked_at[txid] = t1
-            if t0 >= win.open:
-                lat.append((t1 - t0) * 1000.0)
-            if win.open <= t1 <= win.close:
-                done_in_window += 1
+            count(t0, monotonic(), txid)
 
     tasks = [asyncio.ensure_future(loop(p, i * args.inflight + k))
              for i, p in enumerate(producers) for k in range(args.inflight)]
@@ -191,6 +208,9 @@ def main(argv=None) -> int:
     ap.add_argument("--wait-ms", type=int, default=1000)
     ap.add_argument("--timeout", type=float, default=30.0)
     ap.add_argument("--record-commits", action="store_true")
+    ap.add_argument("--pipelined-end", action="store_true",
+                    help="tx: the next transaction starts while the last END_TRANSACTION is on its way (wait_end=False); "
+                         "each counts once its END is acknowledged")
     ap.add_argument("--worker-id", default="w0")
     ap.add_argument("--no-uvloop", action="store_true")
     ap.add_argument("--out", required=True)

@@ -61,11 +61,20 @@ class AsyncTransactionProducer:
     """asyncio transactional producer. Listener methods may be plain or `async def`."""
 
     def __init__(self, group: str, brokers, listener: TransactionListener, *, request_timeout: float = 10.0,
-                 check_workers: int = 4, check_queue: int = 2000, credentials=None, tls=None):
+                 check_workers: int = 4, check_queue: int = 2000, credentials=None, tls=None,
+                 wait_end: bool = True):
+        """`wait_end=False`: send_message_in_transaction returns once its END_TRANSACTION is on its
+        way, not acknowledged: `result.ended` is done when it is (queue_offsets) or could not be
+        (end_error, check-back decides); flush() and close() wait for every one still in flight.
+        A producer that sends its next transaction at once has the END and the next half message
+        travel, and be answered, together: one round trip a transaction (RocketMQ's END is one-way
+        and never acknowledged)."""
         if not group:
             raise ValueError("a transactional producer needs a producer group")
         self.group = group
         self.listener = listener
+        self.wait_end = wait_end
+        self._ending: set[asyncio.Future] = set()  # END_TRANSACTIONs sent, not yet acknowledged
         self.client_id = new_client_id()
         self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
                                    request_timeout=request_timeout, on_request=self._on_request,
@@ -112,7 +121,14 @@ class AsyncTransactionProducer:
                 retry = HEARTBEAT_S
                 log.exception("producer group %s: heartbeat failed", self.group)
 
+    async def flush(self) -> None:
+        """Wait until every END_TRANSACTION sent without waiting is acknowledged or given up on (each
+        is retried until the request timeout; the outcome is in its result)."""
+        while self._ending:
+            await asyncio.gather(*list(self._ending))
+
     async def close(self) -> None:
+        await self.flush()
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
         await self.client.close()
@@ -135,13 +151,22 @@ class AsyncTransactionProducer:
         """Send the decision; idempotent, so retried across reconnects until the timeout."""
         return await self.session.end(transaction_id, state, commit_log_offset, from_check)
 
-    async def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None) -> TransactionSendResult:
+    async def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
+                                          wait_end: bool | None = None) -> TransactionSendResult:
+        """Half message, local transaction, END_TRANSACTION; `wait_end` (default: the producer's)
+        False returns before the END is acknowledged (see __init__)."""
         begun = await self.session.begin(as_list(msg_or_msgs), transaction_id)
         if isinstance(begun, TransactionSendResult):  # not safely stored: rolled back, no local transaction
             return begun
         state = await local_decision_async(_EXECUTE, begun.transaction_id, self.listener.execute_local_transaction,
                                            msg_or_msgs, arg)
-        return await self.session.finish(begun, state)
+        return self._track(await self.session.finish(begun, state, self.wait_end if wait_end is None else wait_end))
+
+    def _track(self, result: TransactionSendResult) -> TransactionSendResult:
+        if result.ended is not None:
+            self._ending.add(result.ended)
+            result.ended.add_done_callback(self._ending.discard)
+        return result
 
     # ---- check-back ------------------------------------------------------------------------------
 
@@ -201,15 +226,24 @@ class TransactionProducer(background.Blocking):
         """HOST:PORT of the broker this producer talks to now (the master it found), or "" when none."""
         return self._async.client.address
 
-    def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None) -> TransactionSendResult:
-        session = self._async.session
-        begun = background.run(session.begin(as_list(msg_or_msgs), transaction_id))
+    def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
+                                    wait_end: bool | None = None) -> TransactionSendResult:
+        """As AsyncTransactionProducer's; without waiting for the END, flush() waits for them all."""
+        a = self._async
+        begun = background.run(a.session.begin(as_list(msg_or_msgs), transaction_id))
         if isinstance(begun, TransactionSendResult):  # not safely stored: rolled back, no local transaction
             return begun
         # the local transaction runs here, in the caller's thread (its database session, its locks)
         state = local_decision(_EXECUTE, begun.transaction_id, self.listener.execute_local_transaction, msg_or_msgs,
                                arg)
-        return background.run(session.finish(begun, state))
+        return background.run(self._finish(begun, state, a.wait_end if wait_end is None else wait_end))
+
+    async def _finish(self, begun, state, wait_end: bool) -> TransactionSendResult:
+        return self._async._track(await self._async.session.finish(begun, state, wait_end))
+
+    def flush(self) -> None:
+        """Wait until every END_TRANSACTION sent without waiting is acknowledged or given up on."""
+        background.run(self._async.flush())
 
     @property
     def listener(self) -> TransactionListener:

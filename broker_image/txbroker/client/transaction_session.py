@@ -62,6 +62,9 @@ class TransactionSendResult:
     queue_offsets: list[int] = field(default_factory=list)  # where committed messages landed
     end_error: str = ""  # END_TRANSACTION could not be delivered: check-back will decide
     groups: list[str] = field(default_factory=list)  # a cluster's producers: the home broker group, then the others
+    # END_TRANSACTION sent without waiting (wait_end=False): done once it is acknowledged (queue_offsets
+    # filled) or could not be delivered (end_error); it never raises. None: nothing left to wait for.
+    ended: "asyncio.Future[None] | None" = field(default=None, repr=False, compare=False)
 
     @property
     def msg_id(self) -> str:
@@ -186,13 +189,24 @@ class TransactionSession:
                 raise
             return await self._roll_back_unstored(e, txid)
 
-    async def finish(self, prepared: Prepared, state: LocalTransactionState) -> TransactionSendResult:
+    async def finish(self, prepared: Prepared, state: LocalTransactionState,
+                     wait_end: bool = True) -> TransactionSendResult:
         """END_TRANSACTION with the local transaction's state (nothing for UNKNOWN: check-back decides).
-        A decision that cannot be delivered is reported in `end_error`, not raised."""
+        A decision that cannot be delivered is reported in `end_error`, not raised. `wait_end=False`
+        returns once END_TRANSACTION is on its way, its acknowledgement in `result.ended`: a caller
+        that goes on to its next transaction has both requests, and both answers, travel together
+        (one round trip a transaction, as RocketMQ's one-way END, still acknowledged)."""
         result = TransactionSendResult("SEND_OK", prepared.transaction_id, prepared.msg_ids, state,
                                        prepared.commit_log_offset)
         if state is LocalTransactionState.UNKNOWN:
             return result
+        if wait_end:
+            await self._end_into(result, prepared, state)
+        else:
+            result.ended = asyncio.ensure_future(self._end_into(result, prepared, state))
+        return result
+
+    async def _end_into(self, result: TransactionSendResult, prepared: Prepared, state: LocalTransactionState) -> None:
         try:
             r = await self.end(prepared, state)
             result.queue_offsets = r.queue_offsets
@@ -201,7 +215,6 @@ class TransactionSession:
                               "END_TRANSACTION %s for %s not delivered (%s); check-back will resolve it",
                               state.name, prepared.transaction_id, e)
             result.end_error = str(e)
-        return result
 
     async def _roll_back_unstored(self, e: BrokerError, txid: str) -> TransactionSendResult:
         _warnings.warning("half message not safely stored", "half message not safely stored (%s): rolling back "
