@@ -125,6 +125,14 @@ class Table:
                                   self.get("rocketmq", f"tx_c{n}"), "tx/s",
                                   notes=("txbroker: one AsyncTransactionProducer with n transactions in flight, "
                                          "the connection layout of RocketMQ's driver" if n == 8 else ""))
+        for n in (1, 8, 32):
+            piped = self.get("txbroker", f"tx_c{n}_pipelined")
+            if piped is None:
+                continue
+            self.rate_and_latency("1. tx, END not waited for" if n == 1 else "", n, piped,
+                                  self.get("rocketmq", f"tx_c{n}"), "tx/s",
+                                  notes=("txbroker: wait_end=False, each END acknowledged (counted then) while the "
+                                         "next transaction goes; RocketMQ's END is one-way" if n == 1 else ""))
         for g in self.group_counts():
             for n in (1, 8, 32):
                 o, t = self.get("txbroker", f"tx_c{n}_g{g}"), self.get("rocketmq", f"tx_c{n}_g{g}")

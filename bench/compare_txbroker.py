@@ -116,6 +116,11 @@ def cases(flush: str, duration: float, warmup: float, light_rate: float) -> list
     # RocketMQ's driver shares ONE producer (one connection) among its threads: the same shape here
     out += [Case("1", f"tx_c{n}_1conn", n, S(f"tx-1px{n}", "tx", 1, inflight=n),
                  note=f"one producer (one connection), {n} transactions in flight") for n in (8, 32)]
+    # each END acknowledged, but not waited for before the next transaction (wait_end=False): one
+    # round trip a transaction, as RocketMQ's one-way END
+    out += [Case("1", f"tx_c{n}_pipelined", n, S(f"tx-{n}p-pipelined", "tx", n, procs, pipelined_end=True),
+                 note="END_TRANSACTION acknowledged, not waited for before the next transaction")
+            for n, procs in ((1, 1), (8, 1), (32, 2))]
     out += [
         Case("3", "delivery_light_c1", 1, S("deliver-light", "tx", 1, rate=light_rate, tail=True),
              note=f"1 producer paced to {light_rate:g} tx/s"),

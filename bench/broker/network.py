@@ -40,6 +40,7 @@ class Spec:
     warmup: float = 2.0
     rate: float = 0.0  # total operations/s (0: closed loop)
     tail: bool = False  # also run a tailing reader and measure commit-to-visible
+    pipelined_end: bool = False  # tx: the next transaction goes while the last END is on its way (loadgen.py)
     queues: int = 4
     size: int = 1024
     uvloop: bool = True
@@ -95,6 +96,8 @@ def run_once(spec: Spec, workdir: str) -> dict:
                    "--out", out] + common
             if spec.tail:
                 cmd.append("--record-commits")
+            if spec.pipelined_end:
+                cmd.append("--pipelined-end")
             commands.append(cmd)
             clients.append((out, "load", cmd))
         result["client_commands"] = [shlex.join(c) for c in commands]
