@@ -117,22 +117,19 @@ class Table:
                                   self.get("rocketmq", f"tx_c{n}"), "tx/s",
                                   notes=(f"{NOTE_ONEWAY}; RocketMQ: Java driver, 1 producer shared by the threads"
                                          if n == 1 else ""))
-        for n in (8, 32):
-            one = self.get("txbroker", f"tx_c{n}_1conn")
-            if one is None:
-                continue
-            self.rate_and_latency("1. tx, ours also on one connection" if n == 8 else "", n, one,
-                                  self.get("rocketmq", f"tx_c{n}"), "tx/s",
-                                  notes=("txbroker: one AsyncTransactionProducer with n transactions in flight, "
-                                         "the connection layout of RocketMQ's driver" if n == 8 else ""))
-        for n in (1, 8, 32):
-            piped = self.get("txbroker", f"tx_c{n}_pipelined")
-            if piped is None:
-                continue
-            self.rate_and_latency("1. tx, END not waited for" if n == 1 else "", n, piped,
-                                  self.get("rocketmq", f"tx_c{n}"), "tx/s",
-                                  notes=("txbroker: wait_end=False, each END acknowledged (counted then) while the "
-                                         "next transaction goes; RocketMQ's END is one-way" if n == 1 else ""))
+        variants = (("1conn", "1. tx, ours also on one connection", "txbroker: one AsyncTransactionProducer with n "
+                     "transactions in flight, the connection layout of RocketMQ's driver"),
+                    ("pipelined", "1. tx, END not waited for", "txbroker: wait_end=False, each END acknowledged "
+                     "(counted then) while the next transaction goes; RocketMQ's END is one-way"))
+        for suffix, title, note in variants:
+            first = True
+            for n in (1, 8, 32):
+                ours = self.get("txbroker", f"tx_c{n}_{suffix}")
+                if ours is None:
+                    continue
+                self.rate_and_latency(title if first else "", n, ours, self.get("rocketmq", f"tx_c{n}"), "tx/s",
+                                      notes=note if first else "")
+                first = False
         for g in self.group_counts():
             for n in (1, 8, 32):
                 o, t = self.get("txbroker", f"tx_c{n}_g{g}"), self.get("rocketmq", f"tx_c{n}_g{g}")
