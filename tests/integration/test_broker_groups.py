@@ -130,6 +130,25 @@ def test_a_transaction_spanning_groups_commits_everywhere_or_nowhere(cluster):
     assert g1.transaction(unknown.transaction_id).by == "home"
 
 
+def test_spanning_transactions_whose_end_is_not_waited_for_end_on_every_group(cluster):
+    """wait_end=False (issue 33): each send returns with its home's END on its way; flush() returns
+    once every home acknowledged and every participant was told, so all is settled at once."""
+    listener = Decide()
+    with ClusterTransactionProducer(GROUP, cluster.bootstrap, listener, wait_end=False) as p:
+        results = []
+        for i in range(12):
+            listener.state = S.ROLLBACK if i % 3 == 0 else S.COMMIT
+            results.append(p.send_message_in_transaction([Message("Orders", f"a-{i}".encode()),
+                                                          Message("Orders", f"b-{i}".encode())], selector=spread))
+        assert all(r.groups == ["g0", "g1"] and r.ended is not None for r in results)
+        p.flush()
+        assert all(r.ended.done() and r.end_error == "" for r in results)
+        assert all(r.queue_offsets for r in results if r.local_state is S.COMMIT)
+    expected = {f"{side}-{i}": 1 for i in range(12) if i % 3 for side in "ab"}
+    wait_until(lambda: visible(cluster) == expected, what="the committed ones visible on both groups, once")
+    assert all(txload.settled(g.master.admin_url) for g in cluster.groups)
+
+
 @pytest.mark.parametrize("when", ["between the halves and the decision", "between the decision and visibility"])
 @pytest.mark.parametrize("victim", ["g0", "g1"])  # g0 holds the home half message, g1 the participant
 def test_a_transaction_spanning_groups_survives_a_master_killed_midway(cluster, victim, when):

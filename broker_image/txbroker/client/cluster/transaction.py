@@ -51,11 +51,17 @@ class Spanning:
 
 class AsyncClusterTransactionProducer(ClusterSender):
     def __init__(self, group: str, bootstrap, listener: TransactionListener, *, request_timeout: float = 10.0,
-                 route_refresh: float = 10.0, check_workers: int = 4, credentials=None, tls=None):
+                 route_refresh: float = 10.0, check_workers: int = 4, credentials=None, tls=None,
+                 wait_end: bool = True):
+        """`wait_end=False`, as AsyncTransactionProducer's: a send returns once the home's END is on
+        its way; the participants are told once the home acknowledged it, and `result.ended` is done
+        after both. flush() and close() wait for every transaction still ending."""
         if not group:
             raise ValueError("a transactional producer needs a producer group")
         self.group = group
         self.listener = listener
+        self.wait_end = wait_end
+        self._ending: set[asyncio.Future] = set()
         self._kwargs = dict(request_timeout=request_timeout, check_workers=check_workers, credentials=credentials,
                             tls=tls)
         super().__init__(bootstrap, route_refresh=route_refresh, request_timeout=request_timeout,
@@ -99,15 +105,37 @@ class AsyncClusterTransactionProducer(ClusterSender):
             return result
         return Spanning(home, begun, stored)
 
-    async def finish(self, begun: Spanning, state: LocalTransactionState) -> TransactionSendResult:
-        """Steps 4-5."""
-        result = await self.groups.members[begun.home].session.finish(begun.home_half, state)
+    async def finish(self, begun: Spanning, state: LocalTransactionState, wait_end: bool = True) -> TransactionSendResult:
+        """Steps 4-5; without waiting for the END, step 5 follows its acknowledgement in `result.ended`."""
+        result = await self.groups.members[begun.home].session.finish(begun.home_half, state, wait_end)
         result.groups = [begun.home, *begun.participants]
         for p in begun.participants.values():
             result.msg_ids += p.msg_ids
-        if state is not LocalTransactionState.UNKNOWN and not result.end_error:
-            await self._tell(begun.participants, state)
+        if result.ended is None:
+            if state is not LocalTransactionState.UNKNOWN and not result.end_error:
+                await self._tell(begun.participants, state)
+            return result
+        if begun.participants:   # told only once the home has the decision: the home's END is the commit point
+            result.ended = asyncio.ensure_future(self._tell_once_ended(result.ended, result, begun.participants, state))
+        self._ending.add(result.ended)
+        result.ended.add_done_callback(self._ending.discard)
         return result
+
+    async def _tell_once_ended(self, home_ended: asyncio.Future, result: TransactionSendResult,
+                               participants: dict[str, Prepared], state: LocalTransactionState) -> None:
+        await home_ended
+        if not result.end_error:
+            await self._tell(participants, state)
+
+    async def flush(self) -> None:
+        """Wait until every transaction sent without waiting for its END has ended (or its END could
+        not be delivered: its result's end_error; check-back decides)."""
+        while self._ending:
+            await asyncio.gather(*list(self._ending))
+
+    async def close(self) -> None:
+        await self.flush()
+        await super().close()
 
     async def _tell(self, participants: dict[str, Prepared], state: LocalTransactionState) -> None:
         """The home's decision to the participants: a shortcut; each asks the home itself anyway."""
@@ -132,7 +160,7 @@ class AsyncClusterTransactionProducer(ClusterSender):
         return await self.begin(await self.place(msgs, selector, arg), txid)
 
     async def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
-                                          selector=None) -> TransactionSendResult:
+                                          selector=None, wait_end: bool | None = None) -> TransactionSendResult:
         """As AsyncTransactionProducer's; with `selector`, messages may land on several groups."""
         msgs = as_list(msg_or_msgs)
         txid = transaction_id or uuid.uuid4().hex
@@ -140,7 +168,7 @@ class AsyncClusterTransactionProducer(ClusterSender):
         if isinstance(begun, TransactionSendResult):
             return begun
         state = await local_decision_async(_EXECUTE, txid, self.listener.execute_local_transaction, msg_or_msgs, arg)
-        return await self.finish(begun, state)
+        return await self.finish(begun, state, self.wait_end if wait_end is None else wait_end)
 
 
 class _Shared(TransactionListener):
@@ -167,7 +195,7 @@ class ClusterTransactionProducer(background.Blocking):
         return self._async.routes.route
 
     def send_message_in_transaction(self, msg_or_msgs, arg=None, transaction_id: str | None = None,
-                                    selector=None) -> TransactionSendResult:
+                                    selector=None, wait_end: bool | None = None) -> TransactionSendResult:
         a = self._async
         msgs = as_list(msg_or_msgs)
         txid = transaction_id or uuid.uuid4().hex
@@ -175,7 +203,11 @@ class ClusterTransactionProducer(background.Blocking):
         if isinstance(begun, TransactionSendResult):
             return begun
         state = local_decision(_EXECUTE, txid, a.listener.execute_local_transaction, msg_or_msgs, arg)
-        return background.run(a.finish(begun, state))
+        return background.run(a.finish(begun, state, a.wait_end if wait_end is None else wait_end))
+
+    def flush(self) -> None:
+        """Wait until every transaction sent without waiting for its END has ended."""
+        background.run(self._async.flush())
 
     def refresh_route(self) -> bool:
         return background.run(self._async.routes.update())
