@@ -1,6 +1,7 @@
 """The clients and what they saw, on a cluster of broker groups: every feature users lean on.
 
-  transactions   two ClusterTransactionProducers: 1-3 messages on Orders and Billing; half of them
+  transactions   two ClusterTransactionProducers, one waiting for each END and one not (wait_end=False:
+                 its outcome recorded when the END's acknowledgement comes): 1-3 messages on Orders and Billing; half of them
                  placed by key (so they may span groups), a fifth rolled back, some left UNKNOWN for
                  check-back; now and then an Orders message no consumer will accept (poison: it must
                  end as a dead letter)
@@ -152,7 +153,8 @@ async def _started(client, stop: threading.Event):
 async def _producer(bootstrap, h: History, stop: threading.Event, w: int, seed: int, done: threading.Event) -> None:
     rnd = random.Random(seed * 1000 + w)
     decisions = Decisions(h, rnd)
-    p = AsyncClusterTransactionProducer(GROUP, bootstrap, decisions, request_timeout=5, route_refresh=1)
+    p = AsyncClusterTransactionProducer(GROUP, bootstrap, decisions, request_timeout=5, route_refresh=1,
+                                        wait_end=w % 2 == 0)
     if await _started(p, stop) is None:
         return
     n = 0
@@ -184,13 +186,21 @@ async def _producer(bootstrap, h: History, stop: threading.Event, w: int, seed: 
             if r.send_status != "SEND_OK":  # refused (e.g. no slave in sync): rolled back, try again soon
                 h.failed()
                 await asyncio.sleep(0.05)
-            elif r.local_state is not S.UNKNOWN and not r.end_error:
-                h.ack(txid, r.local_state.name)
-            elif r.end_error:
-                h.failed()
+            elif r.local_state is not S.UNKNOWN:
+                if r.ended is None:
+                    _record_end(h, txid, r)
+                else:   # the END still on its way: recorded once it is acknowledged or given up on
+                    r.ended.add_done_callback(lambda _f, txid=txid, r=r: _record_end(h, txid, r))
         await _until(done)  # still answering check-backs while the cluster settles
     finally:
         await p.close()
+
+
+def _record_end(h: History, txid: str, r) -> None:
+    if r.end_error:
+        h.failed()
+    else:
+        h.ack(txid, r.local_state.name)
 
 
 async def _coordinator(c: AsyncClusterJobCoordinator, h: History, stop: threading.Event, seed: int) -> None:
