@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +47,9 @@ def read_state(path: Path) -> dict:
 
 
 def write_state(path: Path, state: dict) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    # a temporary file per thread: the kubelet loop and an added group's start write one pods file
+    # at once in one process (seed 311: the second os.replace found the first had taken its file)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, path)
 

@@ -372,6 +372,9 @@ up() {
         --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
         --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
         --initial-cluster node=http://127.0.0.1:2380
+    # a snapshot whose removal a killed containerd cut short (the native snapshotter renames it
+    # rm-<id> first): nothing refers to it, and it holds a whole image copy
+    rm -rf "$DIR/containerd-root/io.containerd.snapshotter.v1.native/snapshots"/rm-*
     spawn containerd containerd --config "$DIR/containerd.toml"
     wait_for etcd etcd 30 in_ns curl -sf http://127.0.0.1:2379/health
 
@@ -400,6 +403,7 @@ up() {
         --volumes "$DIR/volumes" --node "$NODE"
 
     wait_for containerd containerd 30 test -S "$SOCK"
+    prune_runtime
     import_images "$(pause_image)" $ARCHIVES "$POLICY_AGENT_TAR" "$SPARK_OPERATOR_TAR"
     spawn kubelet "$BIN/kubelet" --config "$DIR/kubelet.yaml" --root-dir "$DIR/kubelet" \
         --kubeconfig "$DIR/kubelet.kubeconfig" --hostname-override "$NODE" --node-ip "$NODE_IP" --v 1
@@ -417,8 +421,26 @@ EOF
 }
 
 import_images() {  # the node's runtime gets the images (as `kind load docker-image` does)
-    local tar
-    for tar in "$@"; do ctr -a "$SOCK" -n k8s.io images import "$tar" >/dev/null; done
+    local tar   # unpacked for the snapshotter pods use, not containerd's default (overlayfs)
+    for tar in "$@"; do ctr -a "$SOCK" -n k8s.io images import --snapshotter native "$tar" >/dev/null; done
+}
+
+# What earlier sessions left in containerd's root, which the cache keeps for its images: their
+# containers (the kubelet is new each session and never collects them), each holding a whole copy
+# of its image (native snapshotter), and image layers once unpacked for overlayfs, which pods do not
+# use. Left alone they filled the disk within a few days of runs.
+prune_runtime() {
+    local ids keys key left=-1
+    ids="$(ctr -a "$SOCK" -n k8s.io containers ls -q)"
+    [[ -z "$ids" ]] || ctr -a "$SOCK" -n k8s.io containers rm $ids >/dev/null
+    # layers go child first: each pass removes the snapshots nothing is built on
+    while keys="$(ctr -a "$SOCK" -n k8s.io snapshots --snapshotter overlayfs ls | awk 'NR > 1 {print $1}')"; do
+        [[ -n "$keys" ]] || break
+        (( left != $(wc -l <<< "$keys") )) || break   # no progress: leave the rest
+        left=$(wc -l <<< "$keys")
+        for key in $keys; do ctr -a "$SOCK" -n k8s.io snapshots --snapshotter overlayfs rm "$key" >/dev/null 2>&1 || true; done
+    done
+    log "runtime pruned: $(wc -w <<< "$ids") earlier containers removed"
 }
 
 down() {

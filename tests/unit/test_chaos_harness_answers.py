@@ -129,3 +129,25 @@ def test_every_job_its_home_still_holds_is_asked_at_the_end_and_a_silent_home_on
     asyncio.run(workload._decisions_of(jobs, coordinator, h))
     assert [j for _t, j, s in h.decisions] == [j for j, home in jobs if home == "g0"]
     assert asked.count("job.g1.e1.0") == 1 and not any(j.startswith("job.g1.e1.1") for j in asked)
+
+
+def test_two_threads_writing_one_state_file_at_once_both_succeed(tmp_path):
+    """The fault harness, seed 311: the kubelet loop and an added group's start wrote one pods file at
+    once through the same temporary file; one os.replace found it gone and the schedule died."""
+    from chaos.controller import read_state, write_state
+
+    path, failures = tmp_path / "g2.pods.json", []
+
+    def writer(k):
+        try:
+            for i in range(300):
+                write_state(path, {"writer": k, "i": i})
+        except OSError as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [] and read_state(path)["i"] == 299
