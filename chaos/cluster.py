@@ -186,7 +186,8 @@ class Cluster:
             d = brokers.PLAIN.drain(head.ip)
             report = scaling.DrainReport(undelivered=d.undelivered, pending_transactions=d.pending_transactions,
                                          drained=d.drained, route_version=running, topics=d.topics,
-                                         undecided_jobs=d.undecided_jobs, unreleased_jobs=d.unreleased_jobs)
+                                         undecided_jobs=d.undecided_jobs, unreleased_jobs=d.unreleased_jobs,
+                                         unreleased_decisions=d.unreleased_decisions)
         except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
             why = str(e)
         waiting: dict[str, int] | None = {}

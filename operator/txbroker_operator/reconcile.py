@@ -377,7 +377,8 @@ class Pass:
         return scaling.DrainReport(undelivered=drain.undelivered, pending_transactions=drain.pending_transactions,
                                    drained=drain.drained, route_version=running, topics=drain.topics,
                                    undecided_jobs=drain.undecided_jobs,
-                                   unreleased_jobs=drain.unreleased_jobs), ""
+                                   unreleased_jobs=drain.unreleased_jobs,
+                                   unreleased_decisions=drain.unreleased_decisions), ""
 
     def waiting_on(self, g: GroupPass, drain_version: int) -> tuple[dict[str, int] | None, str]:
         """Per other group kept running, its participants whose decision lives on `g` (their masters'

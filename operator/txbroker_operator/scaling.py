@@ -68,6 +68,7 @@ class DrainReport:
     topics: Mapping[str, int] = field(default_factory=dict)
     undecided_jobs: int = 0  # jobs whose home is the group, not decided yet (other groups follow its decision)
     unreleased_jobs: int = 0  # decided there, not yet followed by every group they span
+    unreleased_decisions: int = 0  # spanning transactions decided there, some participant not yet ended
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,9 @@ def decide_removal(group: str, report: DrainReport | None, unknown_why: str, dra
         jobs = f" and {report.undecided_jobs} undecided job(s)" if report.undecided_jobs else ""
         if report.unreleased_jobs:
             jobs += f" and {report.unreleased_jobs} decided job(s) other groups have not followed yet"
+        if report.unreleased_decisions:
+            jobs += (f" and {report.unreleased_decisions} decided spanning transaction(s) whose participants "
+                     f"have not all ended yet")
         return Wait("PendingTransactions", f"{group} is draining and holds {report.pending_transactions} pending "
                                            f"transaction(s){jobs}: they must be committed, rolled back or parked "
                                            f"first{hint}")

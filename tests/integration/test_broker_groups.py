@@ -500,6 +500,31 @@ def test_clients_start_while_a_group_has_no_master_and_take_it_up_once_it_has(cl
         wait_until(lambda: set(sent) <= set(take.got), what="the consumer taking g1 up too")
 
 
+def test_a_home_does_not_drain_before_its_participants_ended_as_published(cluster):
+    """The fault harness, seed 366: g2, home of a spanning transaction, was found drained and removed
+    while its participant on g1 had ended only on g1's cut-off master, in a record no slave held;
+    the slave promoted next held the participant pending, with no home left to ask. A home keeps
+    its spanning decisions until every participant's master answers, as published, that it ended:
+    it is not drained before."""
+    async def decide_at_home_only():
+        async with AsyncClusterTransactionProducer(GROUP, cluster.bootstrap, Decide()) as p:
+            begun = await p.begin(await p.place([Message("Orders", b"a-9"), Message("Orders", b"b-9")], spread,
+                                                None), "span-9")
+            assert begun.home == "g0" and set(begun.participants) == {"g1"}
+            cluster.group("g1").master.proc.send_signal(signal.SIGSTOP)   # it cannot follow for now
+            await p.groups.members["g0"].session.finish(begun.home_half, S.ROLLBACK)   # no message to deliver
+
+    home = AdminClient(cluster.group("g0").master.admin_url)
+    try:
+        asyncio.run(decide_at_home_only())
+        held = home.get("/api/v1/drain")
+        assert (held["drained"], held["pending_transactions"], held.get("unreleased_decisions")) == (False, 0, 1), held
+    finally:
+        cluster.group("g1").master.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: home.get("/api/v1/drain")["drained"], what="the home drained once its participant ended")
+    assert AdminClient(cluster.group("g1").master.admin_url).transaction("span-9").by == "home"
+
+
 def test_a_retried_half_send_learns_what_the_first_stored_though_the_group_now_drains(cluster):
     """Second review, defect 6 (I3): a half send stored on g1 whose answer was lost was retried after
     g1 began draining; the retry was refused before the duplicate check, so the cluster producer

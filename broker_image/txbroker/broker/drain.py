@@ -9,7 +9,8 @@ even holding no member: released, broker/transaction/job_groups.py).
 `waiting_on` counts, by the group that decides them, the participants held here and the jobs whose
 members here still wait for their home's decision: the group they wait on may not leave before they
 have asked it (whoever removes a group asks every other group's master). A home group keeps its
-spanning decisions until its participants have ended (broker/transaction/home.py)."""
+spanning decisions until its participants have ended (broker/transaction/home.py), and is not
+drained before."""
 
 from __future__ import annotations
 
@@ -80,6 +81,10 @@ def drain_status(broker) -> DrainStatus:
         elif any((p := state.pending_transaction(t)) is not None and p.state != "PARKED"
                  for t in state.job_members.get(j.job_id, ())):
             waiting_on[j.home] = waiting_on.get(j.home, 0) + 1
-    drained = undelivered == 0 and pending == 0 and undecided_jobs == 0 and unreleased_jobs == 0
+    # (a participant's own master may report it ended before any slave holds that: only the home's
+    # release, on the participants' answers as published, says none can ask any more; seed 366)
+    unreleased_decisions = len(state.unreleased_decisions())
+    drained = (undelivered == 0 and pending == 0 and undecided_jobs == 0 and unreleased_jobs == 0
+               and unreleased_decisions == 0)
     return DrainStatus(broker.cluster.group, broker.cluster.draining, undelivered, topics, pending, drained,
-                       waiting_on, undecided_jobs, unreleased_jobs)
+                       waiting_on, undecided_jobs, unreleased_jobs, unreleased_decisions)

@@ -364,3 +364,6 @@ class DrainStatus(Struct):
     undecided_jobs: int = 0  # jobs whose home is here, not decided yet (their decision is taken here)
     # jobs whose home is here, decided, that some group they span has not followed yet (it asks here)
     unreleased_jobs: int = 0
+    # spanning transactions decided here whose participants have not all ended, as their groups'
+    # masters publish it (a participant would ask here how its transaction ended)
+    unreleased_decisions: int = 0
