@@ -1,7 +1,8 @@
 """The clients and what they saw, on a cluster of broker groups: every feature users lean on.
 
   transactions   two ClusterTransactionProducers, one waiting for each END and one not (wait_end=False:
-                 its outcome recorded when the END's acknowledgement comes): 1-3 messages on Orders and Billing; half of them
+                 its outcome recorded when the acknowledgement comes): 1-3 messages on Orders and
+                 Billing; half of them
                  placed by key (so they may span groups), a fifth rolled back, some left UNKNOWN for
                  check-back; now and then an Orders message no consumer will accept (poison: it must
                  end as a dead letter)

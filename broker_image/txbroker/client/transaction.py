@@ -26,7 +26,7 @@ from txbroker.client.errors import ClientError
 from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.producer import as_list, new_client_id
 from txbroker.client.transaction_session import (
-    LocalTransactionState, TransactionSendResult, TransactionSession, local_decision, local_decision_async,
+    EndsInFlight, LocalTransactionState, TransactionSendResult, TransactionSession, local_decision, local_decision_async,
 )
 from txbroker.protocol.bodies import (
     CheckTransactionStateRequest, EndTransactionResponse, HeartbeatRequest, Message, MessageExt, SendResponse, decoder,
@@ -74,7 +74,7 @@ class AsyncTransactionProducer:
         self.group = group
         self.listener = listener
         self.wait_end = wait_end
-        self._ending: set[asyncio.Future] = set()  # END_TRANSACTIONs sent, not yet acknowledged
+        self._ending = EndsInFlight()
         self.client_id = new_client_id()
         self.client = BrokerClient(brokers, client_id=self.client_id, producer_groups=[group],
                                    request_timeout=request_timeout, on_request=self._on_request,
@@ -124,8 +124,7 @@ class AsyncTransactionProducer:
     async def flush(self) -> None:
         """Wait until every END_TRANSACTION sent without waiting is acknowledged or given up on (each
         is retried until the request timeout; the outcome is in its result)."""
-        while self._ending:
-            await asyncio.gather(*list(self._ending))
+        await self._ending.wait()
 
     async def close(self) -> None:
         await self.flush()
@@ -160,13 +159,7 @@ class AsyncTransactionProducer:
             return begun
         state = await local_decision_async(_EXECUTE, begun.transaction_id, self.listener.execute_local_transaction,
                                            msg_or_msgs, arg)
-        return self._track(await self.session.finish(begun, state, self.wait_end if wait_end is None else wait_end))
-
-    def _track(self, result: TransactionSendResult) -> TransactionSendResult:
-        if result.ended is not None:
-            self._ending.add(result.ended)
-            result.ended.add_done_callback(self._ending.discard)
-        return result
+        return self._ending.track(await self.session.finish(begun, state, self.wait_end if wait_end is None else wait_end))
 
     # ---- check-back ------------------------------------------------------------------------------
 
@@ -239,7 +232,7 @@ class TransactionProducer(background.Blocking):
         return background.run(self._finish(begun, state, a.wait_end if wait_end is None else wait_end))
 
     async def _finish(self, begun, state, wait_end: bool) -> TransactionSendResult:
-        return self._async._track(await self._async.session.finish(begun, state, wait_end))
+        return self._async._ending.track(await self._async.session.finish(begun, state, wait_end))
 
     def flush(self) -> None:
         """Wait until every END_TRANSACTION sent without waiting is acknowledged or given up on."""

@@ -121,6 +121,25 @@ async def local_decision_async(where: str, txid: str, call, *args) -> LocalTrans
 
 # ---- the session --------------------------------------------------------------------------------
 
+class EndsInFlight:
+    """The END_TRANSACTIONs a producer sent without waiting (wait_end=False), until each is done."""
+
+    def __init__(self):
+        self._ending: set[asyncio.Future] = set()
+
+    def track(self, result: TransactionSendResult) -> TransactionSendResult:
+        if result.ended is not None:
+            self._ending.add(result.ended)
+            result.ended.add_done_callback(self._ending.discard)
+        return result
+
+    async def wait(self) -> None:
+        """Until every one is acknowledged or given up on (each retried until the request timeout;
+        the outcome is in its result)."""
+        while self._ending:
+            await asyncio.gather(*list(self._ending))
+
+
 class TransactionSession:
     """Half messages and their decisions for `group`, over `client` (which the caller opens and closes)."""
 

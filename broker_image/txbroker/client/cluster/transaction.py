@@ -30,7 +30,7 @@ from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.producer import as_list
 from txbroker.client.transaction import AsyncTransactionProducer, TransactionListener
 from txbroker.client.transaction_session import (
-    LocalTransactionState, Prepared, TransactionSendResult, local_decision, local_decision_async,
+    EndsInFlight, LocalTransactionState, Prepared, TransactionSendResult, local_decision, local_decision_async,
 )
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.codes import ResponseCode
@@ -61,7 +61,7 @@ class AsyncClusterTransactionProducer(ClusterSender):
         self.group = group
         self.listener = listener
         self.wait_end = wait_end
-        self._ending: set[asyncio.Future] = set()
+        self._ending = EndsInFlight()
         self._kwargs = dict(request_timeout=request_timeout, check_workers=check_workers, credentials=credentials,
                             tls=tls)
         super().__init__(bootstrap, route_refresh=route_refresh, request_timeout=request_timeout,
@@ -117,9 +117,7 @@ class AsyncClusterTransactionProducer(ClusterSender):
             return result
         if begun.participants:   # told only once the home has the decision: the home's END is the commit point
             result.ended = asyncio.ensure_future(self._tell_once_ended(result.ended, result, begun.participants, state))
-        self._ending.add(result.ended)
-        result.ended.add_done_callback(self._ending.discard)
-        return result
+        return self._ending.track(result)
 
     async def _tell_once_ended(self, home_ended: asyncio.Future, result: TransactionSendResult,
                                participants: dict[str, Prepared], state: LocalTransactionState) -> None:
@@ -130,8 +128,7 @@ class AsyncClusterTransactionProducer(ClusterSender):
     async def flush(self) -> None:
         """Wait until every transaction sent without waiting for its END has ended (or its END could
         not be delivered: its result's end_error; check-back decides)."""
-        while self._ending:
-            await asyncio.gather(*list(self._ending))
+        await self._ending.wait()
 
     async def close(self) -> None:
         await self.flush()
