@@ -35,7 +35,8 @@ BROKER_PORT = 20911  # where the broker listens when the proxy holds the client 
 # decided (seed 46), the harness's own timers, not what a user runs (60 s x 15).
 FLAGS = ("--replication-timeout-ms", "1000", "--replication-heartbeat-ms", "200", "--check-interval-ms", "500",
          "--check-max", "40", "--transaction-timeout-ms", "300", "--log-level", os.environ.get("CHAOS_BROKER_LOG_LEVEL", "INFO"),
-         "--message-delay-level", "1s 1s 1s 2s 2s 2s 3s 3s 3s 4s 4s 4s 5s 5s 5s 6s 6s 6s")
+         "--message-delay-level", "1s 1s 1s 2s 2s 2s 3s 3s 3s 4s 4s 4s 5s 5s 5s 6s 6s 6s",
+         "--await-role-confirmation")  # as the operator's pods: a restarted master waits for its controller
 # A broker's wall clock is skewed through libfaketime (chaos/setup.sh installs it): the offset is
 # read from a file the nemesis rewrites; monotonic clocks stay true, as a skewed NTP would leave them.
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"

@@ -143,6 +143,9 @@ class Controller:
                 return
             if st.get("deciding"):
                 self.save(deciding=False)
+            if head.info.unconfirmed:   # started again as master: it is, by the status
+                self.access.confirm(head.ip, head.info.epoch)
+                log.info("%s started again as master at epoch %d: confirmed", head.name, head.info.epoch)
             for m in members.values():
                 if m is not head and m.info is not None and (m.info.is_master or m.info.master != head.address):
                     self.access.demote(m.ip, head.address, max(self.status["epoch"], head.info.epoch))

@@ -97,6 +97,10 @@ class Access:
         self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_MASTER, "epoch": epoch})
         return self.info(ip)
 
+    def confirm(self, ip: str, epoch: int) -> None:
+        """A master that started again and awaits its controller's word: it still leads, at `epoch` (its own)."""
+        self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_MASTER, "epoch": epoch})
+
     def demote(self, ip: str, master_address: str, epoch: int) -> None:
         self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_SLAVE, "master": master_address, "epoch": epoch})
 
@@ -172,6 +176,7 @@ class BrokerInfo:
     store_format: int = 0        # the store format it writes (0: a broker before 0.2.0, which did not say)
     incompatible: str = ""       # replication refused for the two brokers' versions (either side says so): why
     handover: str = ""           # a master handing over to a successor (switchover under way)
+    unconfirmed: str = ""        # a restarted master taking no write until its controller confirms it: why
 
     @classmethod
     def from_api(cls, a: answers.BrokerInfo) -> "BrokerInfo":
@@ -181,7 +186,8 @@ class BrokerInfo:
                    fenced_by=a.fenced_by, pending=a.pending_transactions, parked=a.parked_transactions,
                    slaves=tuple(msgspec.structs.asdict(s) for s in rep.slaves), connected=rep.connected,
                    sync_replicas=rep.sync_replicas if rep.mode == "SYNC" else 0, version=a.version,
-                   store_format=a.store_format, incompatible=rep.incompatible, handover=a.handover)
+                   store_format=a.store_format, incompatible=rep.incompatible, handover=a.handover,
+                   unconfirmed=a.unconfirmed)
 
     @property
     def is_master(self) -> bool:

@@ -191,6 +191,9 @@ def broker_pod(name: str, namespace: str, spec: Mapping[str, Any], index: int, r
         # a master whose pod is deleted (a drain) serves on while the operator switches over; an
         # environment variable, not a flag: a broker before 0.2.0 ignores it (a flag would stop it)
         {"name": "TXBROKER_STOP_HANDOVER_WAIT_MS", "value": str(STOP_HANDOVER_WAIT_MS)},
+        # a master restarted in its pod takes no write until this operator confirms it (its role label
+        # may predate a failover it missed); an environment variable for the same reason
+        {"name": "TXBROKER_AWAIT_ROLE_CONFIRMATION", "value": "1"},
     ]
     container: dict[str, Any] = {
         "name": c.CONTAINER_NAME,

@@ -113,7 +113,8 @@ class World:
     def info(self, ip):
         b = self._broker(ip)
         return BrokerInfo(role=b["role"], epoch=b["epoch"], log_end_offset=b["offset"], master=b["master"],
-                          fenced_by=0, pending=0, parked=0, slaves=(), connected=b["role"] == "slave")
+                          fenced_by=0, pending=0, parked=0, slaves=(), connected=b["role"] == "slave",
+                          unconfirmed=b.get("unconfirmed", ""))
 
     def try_info(self, ip):
         try:
@@ -125,10 +126,15 @@ class World:
         self._broker(ip).update(role="master", epoch=epoch, master="")
         return self.info(ip)
 
+    def confirm(self, ip, epoch):
+        b = self._broker(ip)
+        assert b["role"] == "master" and b["epoch"] == epoch, f"confirmed {ip} at {epoch}, but it is {b}"
+        b["unconfirmed"] = ""
+
     def demote(self, ip, master, epoch):
         # a broker's epoch is its log's: following a master changes it once that master's epoch
         # record arrives, not when it is told to follow
-        self._broker(ip).update(role="slave", master=master)
+        self._broker(ip).update(role="slave", master=master, unconfirmed="")
 
     def put_transaction_defaults(self, ip, settings):
         self._broker(ip)
@@ -213,6 +219,27 @@ def test_one_groups_master_lost_fails_over_that_group_only(world, monkeypatch):
     # the lost pod comes back as a slave of the new master; the route did not move (stable names)
     assert world.objects[("Pod", "orders-g1-0")]["metadata"]["labels"][c.LABEL_ROLE] == "slave"
     assert world.route()["version"] == 1
+
+
+def test_a_restarted_master_is_confirmed_only_while_the_status_names_it(world, monkeypatch):
+    passes(world)
+    waits = "this master started again at epoch 1 and takes no write until its controller confirms it"
+    g0_master = world.brokers[world.pod_ip("orders-0")]
+    g0_master["unconfirmed"] = waits         # its container restarted; the status still names it
+    passes(world, 1)
+    assert g0_master == {"role": "master", "epoch": 1, "offset": 100, "master": ""} | {"unconfirmed": ""}
+    # g1 fails over while its master is down; it comes back as master (its label read before the
+    # relabel) and awaits a word: it is made to follow the new master, never confirmed
+    ip = world.pod_ip("orders-g1-0")
+    lost = world.brokers.pop(ip)
+    passes(world, 1)
+    real = time.time
+    monkeypatch.setattr(broker_group.time, "time", lambda: real() + 30)   # past the grace period
+    passes(world, 1)
+    assert world.status()["groups"][1]["master"] == "orders-g1-1"
+    world.brokers[ip] = {**lost, "unconfirmed": waits}
+    passes(world, 1)
+    assert world.brokers[ip]["role"] == "slave" and world.brokers[ip]["master"] == f"{world.pod_ip('orders-g1-1')}:10911"
 
 
 def test_lowering_groups_drains_and_keeps_a_group_that_holds_undelivered_messages(world):

@@ -218,7 +218,7 @@ class AdminApp:
             limits=answers.Limits(b.config.max_connections, b.config.max_unacked_bytes, b.unacked.used,
                                   b.config.idle_timeout_ms, b.config.max_inflight_per_connection),
             retention_mark_offset=b.retention.newest_mark_lsn, synced_offset=b.wal_sync.synced_lsn,
-            probation=b.role.probation, stepped_down=b.role.stepped_down,
+            probation=b.role.probation, unconfirmed=b.role.unconfirmed, stepped_down=b.role.stepped_down,
             store_format=STORE_FORMAT_VERSION, readable_formats=sorted(READABLE_FORMATS), handover=b.role.handover,
         )
 
@@ -245,11 +245,15 @@ class AdminApp:
         return _answer(answers.ConnectionList([c.describe(now) for c in list(self.b.connections)]))
 
     async def change_role(self, request):
-        """{"role": "master", "epoch": E} promotes; {"role": "slave", "master": ADDR, "epoch": E} demotes."""
+        """{"role": "master", "epoch": E} promotes (E above this broker's epoch) or, at a master's own
+        epoch, confirms it (a restarted master awaiting its controller's word); {"role": "slave",
+        "master": ADDR, "epoch": E} demotes."""
         doc = await request.json()
         if not isinstance(doc, dict) or doc.get("role") not in ("master", "slave") or not isinstance(doc.get("epoch"), int):
             return _error(400, 'body must be {"role": "master"|"slave", "epoch": N[, "master": "HOST:PORT"]}', "MALFORMED")
-        if doc["role"] == "master":
+        if doc["role"] == "master" and self.b.role.is_master and doc["epoch"] <= self.b.state.epoch:
+            self.b.roles.confirm(doc["epoch"])
+        elif doc["role"] == "master":
             await self.b.roles.promote(doc["epoch"])
         else:
             if not isinstance(doc.get("master"), str) or ":" not in doc["master"]:

@@ -45,6 +45,10 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     # Told to stop (SIGTERM) as a master with a slave in sync: keep serving up to this long while the
     # operator hands mastership over (a switchover: a drain evicting the master's pod), then stop. 0: stop at once.
     stop_handover_wait_ms: int = 0
+    # Under a controller (the operator): a master that starts again on a store it led takes no write
+    # until the controller confirms it still is the master (POST /api/v1/role at its own epoch). Its
+    # pod's role may have been read before a promotion it missed while it was down.
+    await_role_confirmation: bool = False
     # Retention (store/retention.py): records older than retention_ms go (RocketMQ's fileReservedTime,
     # 72 h), and the oldest go while the log holds more than retention_bytes (0: no size limit);
     # checked every retention_check_interval_ms.

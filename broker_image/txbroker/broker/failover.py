@@ -7,7 +7,12 @@ A master that starts again under ASYNC flush and SYNC replication may have lost,
 records its slaves have (it answered them before fsync, once a slave had them). It would cut them
 off the slaves, or write other records at their offsets under the same epoch. So it starts on
 probation: it takes no write until a slave subscribes and shows it is not behind; a slave ahead at
-its own epoch makes it step down, for the operator to promote that slave (`lost_tail`)."""
+its own epoch makes it step down, for the operator to promote that slave (`lost_tail`).
+
+Under a controller (--await-role-confirmation), a master that starts again on a store it led also
+takes no write until the controller confirms it (`confirm`): its role comes from its pod, which
+may have been read before a promotion it missed while it was down, and a slave restarted as
+stale would acknowledge its writes; the new master never has them (the fault schedules, seed 3)."""
 
 from __future__ import annotations
 
@@ -57,7 +62,7 @@ class RoleChanges:
             self._stepped_down.clear()
         self._b.role.master_address = ""
         self._b.role.fenced_by = 0
-        self._b.role.probation = self._b.role.stepped_down = ""
+        self._b.role.probation = self._b.role.stepped_down = self._b.role.unconfirmed = ""
         await self._b.state.append(EpochRecord(epoch, self._b.config.broker_name, now_ms()))[1]
         self._b.leader.attach(promoted=True)
         self.start_master_services()
@@ -85,8 +90,36 @@ class RoleChanges:
     def end_probation(self, slave: str) -> None:
         if self._b.role.probation:
             self._b.role.probation = ""
-            self.start_master_services()
-            log.warning("slave %s is not ahead of this log: taking writes", slave)
+            log.warning("slave %s is not ahead of this log%s", slave,
+                        ": taking writes" if not self._b.role.unconfirmed else "")
+            if not self._b.role.unconfirmed:
+                self.start_master_services()
+
+    def await_confirmation(self) -> None:
+        epoch = self._b.state.epoch
+        self._b.role.unconfirmed = (f"this master started again at epoch {epoch} and takes no write until its "
+                                    "controller confirms it still is the master (another may have been promoted "
+                                    "while it was down)")
+        log.warning("started as master at epoch %d: taking no write until the controller confirms this broker "
+                    "still is the master", epoch)
+
+    def confirm(self, epoch: int) -> None:
+        """The controller's word that this master still leads at `epoch`, its own (said again: no change)."""
+        role, ours = self._b.role, self._b.state.epoch
+        if not role.is_master or role.stepped_down:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"only a master is confirmed at its epoch; this broker is "
+                               f"{role.stepped_down or role.role} at epoch {ours}")
+        if epoch != ours:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"this master is at epoch {ours}: it is confirmed at {ours} or promoted above it, "
+                               f"got {epoch}")
+        if role.unconfirmed:
+            role.unconfirmed = ""
+            log.warning("the controller confirmed this broker as master at epoch %d%s", epoch,
+                        ": taking writes" if not role.probation else "")
+            if not role.probation:
+                self.start_master_services()
 
     def lost_tail(self, slave: str, first: int, last: int) -> None:
         """Slave `slave` holds records `first`..`last` of this master's own epoch, which this master
@@ -97,7 +130,7 @@ class RoleChanges:
         log.error("this master %s; stepping down: it takes no write, and the operator's failover promotes the most "
                   "caught-up slave", why)
         self._step_down(f"this master {why}")
-        self._b.role.probation = ""
+        self._b.role.probation = self._b.role.unconfirmed = ""
         self._b.role.stepped_down = f"this broker was master and {why}"
         asyncio.ensure_future(self._stop_master_services())
 
@@ -117,7 +150,7 @@ class RoleChanges:
                                f"the new master's epoch {epoch} is below this broker's {self._b.state.epoch}")
         self._step_down(f"demoted: the master is {master} at epoch {epoch}")
         await self._stop_master_services()
-        self._b.role.probation = self._b.role.stepped_down = ""
+        self._b.role.probation = self._b.role.stepped_down = self._b.role.unconfirmed = ""
         self._b.role.master_address = master
         self._b.role.fenced_by = 0
         if self._b.follower is not None:
@@ -139,9 +172,9 @@ class RoleChanges:
         writes again, as master) when the successor has not caught up within `timeout` s or leaves."""
         b, role = self._b, self._b.role
         self._refuse_while_truncating()
-        if not role.is_master or role.probation or role.stepped_down:
+        if not role.is_master or role.on_hold or role.stepped_down:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION, "only a master taking writes hands over; this broker is "
-                               + (role.probation or role.stepped_down or f"a {role.role}"))
+                               + (role.on_hold or role.stepped_down or f"a {role.role}"))
         if role.handover:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION, f"this master is already handing over {role.handover}")
         if epoch <= b.state.epoch:

@@ -29,6 +29,7 @@ class RoleState:
         self.master_address = master_address
         self.fenced_by = 0  # the higher epoch that deposed this broker, if any
         self.probation = ""  # a master that takes no write yet: why (broker/failover.py)
+        self.unconfirmed = ""  # a restarted master awaiting its controller's word (broker/failover.py): why
         self.stepped_down = ""  # a master that gave up its role (lost records its slaves have): why
         # A master handing over to a successor (a switchover, broker/failover.py hand_over): to whom.
         # It takes no write meanwhile; client requests wait at `gate` (dispatch.py) until it is done.
@@ -43,14 +44,19 @@ class RoleState:
     def is_master(self) -> bool:
         return self.role == MASTER
 
+    @property
+    def on_hold(self) -> str:
+        """Why a master takes no write yet (probation, or its controller's word awaited), or ""."""
+        return self.unconfirmed or self.probation
+
     def require_master(self) -> None:
         if self.role == MASTER:
             if not self.leading:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
                                    "this master is starting, being promoted or stopping: it takes writes only "
                                    "while it leads its slaves")
-            if self.probation:
-                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.probation)
+            if self.probation or self.unconfirmed:
+                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.unconfirmed or self.probation)
             if self.handover:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
                                    f"this master is handing over {self.handover} and takes no write")

@@ -134,9 +134,11 @@ class Broker:
             if not restarted:  # a new master opens epoch 1
                 await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
             self.leader.attach()
+            if restarted and self.config.await_role_confirmation:
+                self.roles.await_confirmation()
             if restarted and self.config.flush_disk_type == "ASYNC" and self.config.replication_mode == "SYNC":
                 self.roles.begin_probation()
-            else:
+            if not self.role.on_hold:
                 self.roles.start_master_services()
         elif self.config.master:
             self.follower = ReplicationFollower(self, self.config.master)

@@ -69,6 +69,12 @@ def register(sub) -> None:
                         "while mastership is handed over (POST /api/v1/handover, the operator's switchover when "
                         "a drain evicts the master's pod), then stop (default: env TXBROKER_STOP_HANDOVER_WAIT_MS, "
                         "else 0: stop at once)")
+    p.add_argument("--await-role-confirmation", action="store_true",
+                   default=True if os.environ.get("TXBROKER_AWAIT_ROLE_CONFIRMATION") == "1" else None,
+                   help="under a controller (the operator sets it): a master that starts again on a store it led "
+                        "takes no write until the controller confirms it still is the master (POST /api/v1/role "
+                        "with its own epoch), since its role may have been read before a promotion it missed "
+                        "while it was down (default: env TXBROKER_AWAIT_ROLE_CONFIRMATION=1, else off)")
     p.add_argument("--slave-read-enable", action="store_true", default=None,
                    help="as a slave, serve pulls of replicated messages")
     p.add_argument("--message-delay-level",
@@ -118,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "retention_bytes": args.retention_bytes, "retention_check_interval_ms": args.retention_check_interval_ms,
         "job_retention_ms": args.job_retention_ms, "scrub_interval_ms": args.scrub_interval_ms,
         "slave_read_enable": args.slave_read_enable, "stop_handover_wait_ms": args.stop_handover_wait_ms,
+        "await_role_confirmation": args.await_role_confirmation,
         "message_delay_level": args.message_delay_level, "consumer_expiry_ms": args.consumer_expiry_ms,
         "auth_file": args.auth_file, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
         "tls_client_ca": args.tls_client_ca, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name,

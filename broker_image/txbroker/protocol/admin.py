@@ -147,6 +147,7 @@ class BrokerInfo(Struct):
     retention_mark_offset: int = 0  # the log end at retention's newest mark: what a later pass may delete up to
     synced_offset: int = 0  # last LSN fsynced to the local disk (ASYNC flush: a power loss keeps this much)
     probation: str = ""  # a restarted master taking no write until a slave shows it lost nothing: why
+    unconfirmed: str = ""  # a restarted master taking no write until its controller confirms it: why
     stepped_down: str = ""  # a master that gave up its role (it lost records its slaves have): why
     store_format: int = 0  # the store format this broker writes (STORE_FORMAT_VERSION; 0: before 0.2.0)
     readable_formats: list[int] = field(default_factory=list)  # the store formats it opens (older ones upgraded)
