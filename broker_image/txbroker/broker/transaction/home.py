@@ -114,8 +114,11 @@ class HomeDecisions:
             f = state.finished(txid)
             if f is None or f.end_lsn > durable:
                 continue  # not decided as far as anyone may know yet
-            # first a check interval after the decision: the producer tells its participants at once
-            if now - max(self._asked.get(txid, 0), f.end_ms) < self._settings.for_group(f.producer_group).check_interval_ms:
+            # first a check interval after the decision: the producer tells its participants at once.
+            # A stamp ahead of this clock (set since by a clock running ahead) counts from when first
+            # seen here, not the stamp: else it waits out the skew (the fault schedules, seed 401)
+            stamp = f.end_ms if f.end_ms <= now else self._asked.setdefault(txid, now)
+            if now - max(self._asked.get(txid, 0), stamp) < self._settings.for_group(f.producer_group).check_interval_ms:
                 continue
             self._asked[txid] = now
             ended = self._ended.setdefault(txid, set())
