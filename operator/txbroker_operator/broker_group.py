@@ -207,9 +207,8 @@ class GroupPass:
             if head is not None and head.alive_master and head.address:
                 if head.info.unconfirmed:   # started again as master: it is, by the status
                     access.confirm(head.ip, head.info.epoch)
-                    head.info = access.try_info(head.ip)
                     self.log.info("%s", self.say(f"{head.name} started again as master at epoch "
-                                                 f"{head.info.epoch if head.info else '?'}: confirmed"))
+                                                 f"{head.info.epoch}: confirmed"))
                 for m in members.values():
                     if m is not head and m.info is not None and not m.deleting and \
                             (m.info.is_master or m.info.master != head.address):

@@ -103,3 +103,28 @@ def test_a_promoted_sync_slave_acknowledges_no_write_before_it_leads(tmp_path, m
     seen = asyncio.run(go())
     assert len(seen) == 1 and seen[0] != "acknowledged", \
         "a send while the promotion's epoch was being written was acknowledged with no slave holding it"
+
+
+def test_a_confirmed_master_still_on_probation_takes_no_write(tmp_path):
+    """Under ASYNC flush a restarted master is on probation until a slave shows it lost nothing; its
+    controller's confirmation ends only the wait for the controller, not that."""
+    async def go():
+        cfg = dict(flush_disk_type="ASYNC", await_role_confirmation=True)
+        first = Broker(config(tmp_path, **cfg))
+        await first.start()           # a new master: epoch 1, no confirmation needed
+        assert not first.role.on_hold
+        await first.stop()
+        broker = Broker(config(tmp_path, **cfg))
+        await broker.start()
+        try:
+            before = broker.role.unconfirmed, broker.role.probation
+            broker.roles.confirm(1)
+            after = broker.role.unconfirmed, await try_send(broker.data_address)
+        finally:
+            await broker.stop()
+        return before, after
+
+    (unconfirmed, probation), (still_unconfirmed, send) = asyncio.run(go())
+    assert "confirms" in unconfirmed and "power cut" in probation
+    assert still_unconfirmed == ""
+    assert send.startswith("refused") and "power cut" in send, send

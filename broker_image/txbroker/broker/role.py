@@ -55,8 +55,8 @@ class RoleState:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
                                    "this master is starting, being promoted or stopping: it takes writes only "
                                    "while it leads its slaves")
-            if self.probation or self.unconfirmed:
-                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.unconfirmed or self.probation)
+            if self.on_hold:
+                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.on_hold)
             if self.handover:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
                                    f"this master is handing over {self.handover} and takes no write")
