@@ -15,7 +15,7 @@ import pytest
 from support.cli import run_cli
 from support.metrics import metric
 from support.groups import FLAGS, start_cluster
-from support.waiting import wait_until
+from support.waiting import WaitTimedOut, wait_until
 from support import txload
 from txbroker.client import (
     AsyncClusterTransactionProducer, BrokerError, ClientError, ClusterProducer, ClusterPushConsumer,
@@ -348,6 +348,18 @@ class Load:
         self._p.shutdown()
 
 
+def wait_all_consumed(load, take, timeout=15.0):
+    """Wait, while the consumer still runs, until every acknowledged commit reached its listener;
+    failing, name what is missing and on which group it was acknowledged."""
+    def missing():
+        return {b: g for b, g in list(load.acked.items()) if b not in take.got}
+    try:
+        wait_until(lambda: not missing(), timeout, what="every acknowledged commit consumed")
+    except WaitTimedOut:
+        gone = missing()
+        raise AssertionError(f"{len(gone)} acknowledged commit(s) never consumed: {sorted(gone.items())[:10]}") from None
+
+
 def test_one_group_failing_over_under_load_leaves_the_other_accepting(cluster):
     """One producer and one consumer group throughout, never restarted: while g1 has no master, g0
     takes transactions and its messages are consumed; after g1's failover the same producer commits
@@ -355,22 +367,24 @@ def test_one_group_failing_over_under_load_leaves_the_other_accepting(cluster):
     g0, g1 = cluster.group("g0"), cluster.group("g1")
     take = Collect()
     with ClusterPushConsumer("load-cg", cluster.bootstrap, "Orders", take, rebalance_interval=1.0,
-                             offset_commit_interval=0.2), Load(cluster.bootstrap) as load:
-        wait_until(lambda: load.count("g0") >= 20 and load.count("g1") >= 20, what="transactions on both groups")
-        g1.master.kill(signal.SIGKILL)
-        on_g1, on_g0 = load.count("g1"), load.count("g0")
-        wait_until(lambda: load.count("g0") >= on_g0 + 50, what="g0 accepting while g1 has no master")
-        assert load.count("g1") <= on_g1 + 1  # at most one in flight when the master died
-        consumed = sum(take.got.values())
-        wait_until(lambda: sum(take.got.values()) >= consumed + 20, what="g0's messages consumed meanwhile")
-        cluster.promote(g1, 1, epoch=2)
-        cluster.rejoin(g1, 0)
-        wait_until(lambda: load.count("g1") >= on_g1 + 20, what="the same producer committing on g1 again")
+                             offset_commit_interval=0.2):
+        with Load(cluster.bootstrap) as load:
+            wait_until(lambda: load.count("g0") >= 20 and load.count("g1") >= 20, what="transactions on both groups")
+            g1.master.kill(signal.SIGKILL)
+            on_g1, on_g0 = load.count("g1"), load.count("g0")
+            wait_until(lambda: load.count("g0") >= on_g0 + 50, what="g0 accepting while g1 has no master")
+            assert load.count("g1") <= on_g1 + 1  # at most one in flight when the master died
+            consumed = sum(take.got.values())
+            wait_until(lambda: sum(take.got.values()) >= consumed + 20, what="g0's messages consumed meanwhile")
+            cluster.promote(g1, 1, epoch=2)
+            cluster.rejoin(g1, 0)
+            wait_until(lambda: load.count("g1") >= on_g1 + 20, what="the same producer committing on g1 again")
+        # the load has stopped; the consumer still runs, so the last commits can still arrive
+        wait_all_consumed(load, take)
     wait_until(lambda: txload.settled(g0.master.admin_url) and txload.settled(g1.master.admin_url),
                what="every transaction decided")
     seen = visible(cluster)
     assert set(load.acked) <= set(seen) and set(seen.values()) == {1}, "an acknowledged commit lost or doubled"
-    wait_until(lambda: set(load.acked) <= set(take.got), what="every acknowledged commit consumed")
 
 
 def test_scaling_one_two_one_groups_under_load_loses_nothing(tmp_path):
@@ -379,28 +393,29 @@ def test_scaling_one_two_one_groups_under_load_loses_nothing(tmp_path):
     got = take.got
     try:
         with ClusterPushConsumer("scale-cg", cluster.bootstrap, "Orders", take, route_refresh=0.5,
-                                 rebalance_interval=1.0, offset_commit_interval=0.2), \
-                Load(cluster.bootstrap, route_refresh=0.5) as load:
-            wait_until(lambda: load.count() >= 30, what="transactions flowing on one group")
-            g1 = cluster.add_group(tmp_path)
-            wait_until(lambda: "g1" in {g for g in load.acked.values()}, what="new writes using the new group")
-            cluster.publish(g1="draining")
-            held = AdminClient(g1.master.admin_url).get("/api/v1/drain")
-            drain = {}
+                                 rebalance_interval=1.0, offset_commit_interval=0.2):
+            with Load(cluster.bootstrap, route_refresh=0.5) as load:
+                wait_until(lambda: load.count() >= 30, what="transactions flowing on one group")
+                g1 = cluster.add_group(tmp_path)
+                wait_until(lambda: "g1" in {g for g in load.acked.values()}, what="new writes using the new group")
+                cluster.publish(g1="draining")
+                held = AdminClient(g1.master.admin_url).get("/api/v1/drain")
+                drain = {}
 
-            def drained():
-                drain.update(AdminClient(g1.master.admin_url).get("/api/v1/drain"))
-                return drain["drained"]
+                def drained():
+                    drain.update(AdminClient(g1.master.admin_url).get("/api/v1/drain"))
+                    return drain["drained"]
 
-            try:
-                wait_until(drained, 30, what="g1 drained: no new writes, its messages consumed")
-            except AssertionError as e:
-                raise AssertionError(f"{e}; g1 last said {drain}") from None
-            on_g1 = load.count("g1")
-            cluster.remove_group("g1")
-            wait_until(lambda: load.count("g0") >= 30 + on_g1, what="writes going on on g0 alone")
+                try:
+                    wait_until(drained, 30, what="g1 drained: no new writes, its messages consumed")
+                except AssertionError as e:
+                    raise AssertionError(f"{e}; g1 last said {drain}") from None
+                on_g1 = load.count("g1")
+                cluster.remove_group("g1")
+                wait_until(lambda: load.count("g0") >= 30 + on_g1, what="writes going on on g0 alone")
+            # the load has stopped; the consumer still runs, so the last commits can still arrive
+            wait_all_consumed(load, take)
         assert held["draining"] is True, held
-        wait_until(lambda: set(load.acked) <= set(got), what="every acknowledged commit consumed")
         assert on_g1 > 0 and all(n == 1 for b, n in got.items() if b in load.acked), "lost or doubled"
     finally:
         cluster.stop()
