@@ -19,6 +19,7 @@ from txbroker.client.admin import AdminClient
 from txbroker.client.connection import BrokerClient
 from txbroker.protocol.bodies import SnapshotRequest, SnapshotResponse
 from txbroker.protocol.codes import RequestCode
+from txbroker.store.db import open_database
 
 EXIT_STORE_DAMAGED, EXIT_RESEED = 71, 72
 
@@ -83,6 +84,38 @@ def test_a_slave_whose_store_is_damaged_is_seeded_from_its_master_and_serves_not
     assert readable(m) == every
     wait_until(lambda: readable(s) == every, what="the seeded slave to serve the master's log (as published)")
     assert os.path.isdir(os.path.join(s.data_dir, ".damaged"))  # the damaged store, kept aside
+
+
+def test_a_slave_whose_writes_stop_on_a_damaged_file_is_seeded_from_its_master(broker_factory):
+    """The fault harness, seed 443: a damaged table file that neither the open nor a read met, but a
+    compaction did. RocksDB then refuses every write ("Corruption"); the slave stopped as for any
+    failed write, met the same damage at each of its 119 starts and never came back, so its group
+    of two had no slave to promote or to hold SYNC writes. A write refused for damage is damage: the
+    store is marked, and the next start seeds it from the master."""
+    m, s = sync_pair(broker_factory, "--slave-read-enable", "--scrub-interval-ms", "0")
+    fill(m)
+    wait_until(in_sync(m, s), what="the slave in sync")
+    s.stop()
+    # Four table files of the same keys, so that the next open compacts them and reads every block;
+    # in RocksDB's default family, which the broker never reads: damage only a compaction meets.
+    for _ in range(4):
+        db = open_database(str(s.data_dir))
+        for i in range(3000):
+            db.db.put(f"pad{i:05d}".encode(), os.urandom(200))
+        db.close()
+    flip(max(glob.glob(f"{s.data_dir}/*.sst"), key=os.path.getsize), at=0.33)
+    try:
+        s.start()  # the compaction fails soon after the open, before or after the broker is ready
+    except AssertionError as refused:
+        assert f"exited with {EXIT_STORE_DAMAGED}" in str(refused), refused
+    with Producer("p", m.address) as p, pytest.raises(BrokerError, match="FLUSH_SLAVE_TIMEOUT"):
+        p.send(Message("Seeded", b"m400-"))  # the slave's next replicated write meets the stopped store
+    assert s.proc.wait(30) == EXIT_STORE_DAMAGED, s.log()[-2000:]
+    s.start()  # the kubelet's restart
+    wait_until(in_sync(m, s), 30, what="the seeded slave in sync")
+    assert "store seeded from master" in s.log()
+    fill(m, 10, "After")
+    wait_until(lambda: readable(s, "After") == Counter({f"m{i}": 1 for i in range(10)}), what="live replication")
 
 
 def test_a_slave_that_needs_records_its_master_deleted_is_seeded(broker_factory, tmp_path):

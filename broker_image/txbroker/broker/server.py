@@ -41,6 +41,7 @@ from txbroker.protocol.admin import Replication
 from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transaction.service import TransactionService, now_ms
+from txbroker.store.db import is_corruption
 from txbroker.store.reads import MessageReader
 from txbroker.store.records import EpochRecord
 from txbroker.store.seed import mark as reseed
@@ -313,18 +314,24 @@ class Broker:
             self.unacked.publish()
 
     def _fatal(self, exc: BaseException) -> None:
+        if is_corruption(exc):
+            # RocksDB refuses every write once a compaction or flush met a damaged file (seed 443):
+            # restarting on the same files meets it again, so it is damage, as a read's would be
+            self.corrupted(exc, "a compaction met a damaged file, and RocksDB takes no more writes")
+            return
         self.exit_code = EXIT_STORE_FAILED
         asyncio.get_running_loop().create_task(self.stop())
 
-    def corrupted(self, exc: BaseException) -> None:
-        """A read met a damaged file: nothing of it was served. The broker stops, its store marked to
-        be seeded from its master at the next start (as a slave; a master is failed over first)."""
+    def corrupted(self, exc: BaseException, how: str = "a read met a damaged file") -> None:
+        """A read (or a compaction) met a damaged file: nothing of it was served. The broker stops, its
+        store marked to be seeded from its master at the next start (as a slave; a master is failed
+        over first)."""
         if self.exit_code == EXIT_STORE_DAMAGED:
             return
         log.critical("the store is damaged (%s): stopping; at the next start as a slave it is seeded from its "
                      "master (a copy of the master's store)", exc)
         self.metrics.store_damaged.inc()
-        reseed(self.config.data_dir, f"a read met a damaged file: {exc}")
+        reseed(self.config.data_dir, f"{how}: {exc}")
         self.exit_code = EXIT_STORE_DAMAGED
         asyncio.get_running_loop().create_task(self.stop())
 
