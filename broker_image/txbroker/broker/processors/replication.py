@@ -36,8 +36,6 @@ class SnapshotProcessor:
     def __call__(self, conn, body: bytes) -> Reply:
         conn.access.require_replication()
         req = self._decode(body)
-        # a seed comes from the master, never from a node that may lag; on probation too, or a group
-        # whose master restarted and whose slave must seed would wait on each other for good
-        self._broker.role.require_master(for_slave=True)
+        self._broker.role.require_master()  # a seed comes from the master, never from a node that may lag
         conn.replica = True
         return self._broker.snapshots.handle(req)
