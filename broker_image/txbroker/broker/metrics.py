@@ -89,8 +89,9 @@ class BrokerMetrics:
         self.job_decision_to_visible = Histogram(
             "txbroker_job_decision_to_visible_seconds", "From a job's decision to its last member ended and published",
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
-        self.store_damaged = Counter("txbroker_store_damaged", "Reads that met a damaged store file (the broker "
-                                     "stops; a slave is seeded from its master at its next start)", registry=r)
+        self.store_damaged = Counter("txbroker_store_damaged", "Reads, or writes RocksDB refused, that met a "
+                                     "damaged store file (the broker stops; a slave is seeded from its master at its "
+                                     "next start)", registry=r)
         self.job_groups_visible = Histogram(
             "txbroker_job_groups_visible_seconds", "At a job's home: from its decision to every group it spans having "
             "made its kept members visible, as the home learns it (checked every second): how long a consumer of "

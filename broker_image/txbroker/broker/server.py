@@ -317,7 +317,7 @@ class Broker:
         if is_corruption(exc):
             # RocksDB refuses every write once a compaction or flush met a damaged file (seed 443):
             # restarting on the same files meets it again, so it is damage, as a read's would be
-            self.corrupted(exc, "a compaction met a damaged file, and RocksDB takes no more writes")
+            self.corrupted(exc, "RocksDB refused a write: a compaction or flush met a damaged file")
             return
         self.exit_code = EXIT_STORE_FAILED
         asyncio.get_running_loop().create_task(self.stop())
