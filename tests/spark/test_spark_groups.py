@@ -214,8 +214,10 @@ def test_a_driver_killed_after_its_homes_decision_before_telling_the_other_group
     located = cluster_env.located("Untold")
     assert by_id([m for _g, m in located]) == Counter(range(ROWS))
     assert {g for g, _m in located} == {"g0", "g1"}
-    (home,) = cluster_env.homes()
-    assert home["resolved"] and home["unresolved_groups"] == []
+    # the home learns that g1 ended its members on its next ask of g1, a tick after they ended there
+    (home,) = wait_until(lambda: (h := cluster_env.homes()) and h[0]["resolved"] and h, 30,
+                         what="the home to see every group resolve the job")
+    assert home["unresolved_groups"] == []
     entry = next(j for j in cluster_env.jobs() if j["home"])
     assert (entry["state"], entry["by"]) == ("COMMITTED", "home")
 
