@@ -70,7 +70,8 @@ def test_a_restarted_sync_master_acknowledges_no_write_before_it_leads(tmp_path,
     seen, after = asyncio.run(go())
     assert len(seen) == 1 and seen[0] != "acknowledged", \
         "a send in the moment the data port opened was acknowledged with no slave holding it"
-    assert after.startswith("refused") and "SYNC replication needs 1 slave" in after, after
+    # refused: SYNC replication has no slave yet, and a restarted master is on probation until one shows its log whole
+    assert after.startswith("refused") and "lost nothing" in after, after
 
 
 def test_a_promoted_sync_slave_acknowledges_no_write_before_it_leads(tmp_path, monkeypatch):
@@ -128,3 +129,30 @@ def test_a_confirmed_master_still_on_probation_takes_no_write(tmp_path):
     assert "confirms" in unconfirmed and "power cut" in probation
     assert still_unconfirmed == ""
     assert send.startswith("refused") and "power cut" in send, send
+
+
+def test_a_restarted_sync_flush_master_appends_nothing_before_a_slave_shows_its_log_whole(tmp_path):
+    """The fault harness, seed 450: under SYNC flush too a master's log can come back shorter than
+    its slave's (a damaged write-ahead log cut short recovers as a crash's would). Confirmed by its
+    controller, the restarted master appended new records at offsets its slave held under the same
+    epoch: two histories under one epoch, and a reader saw a consumer offset from the one that then
+    vanished. Under SYNC replication a restarted master appends nothing until a slave has shown it
+    is not ahead (then a slave ahead makes it step down)."""
+    async def go():
+        cfg = dict(await_role_confirmation=True)  # SYNC flush, SYNC replication
+        first = Broker(config(tmp_path, **cfg))
+        await first.start()
+        await first.stop()
+        broker = Broker(config(tmp_path, **cfg))
+        await broker.start()
+        try:
+            broker.roles.confirm(1)
+            before = broker.state.next_lsn
+            send = await try_send(broker.data_address)
+            return send, before, broker.state.next_lsn
+        finally:
+            await broker.stop()
+
+    send, before, after = asyncio.run(go())
+    assert after == before, f"records {before}..{after - 1} appended before any slave showed this log whole"
+    assert send.startswith("refused") and "lost nothing" in send, send

@@ -159,6 +159,26 @@ def test_a_master_whose_writes_stop_on_a_damaged_file_stops_for_its_failover(bro
     assert "needs seeding from a master" in m.log() and "start it as a slave" in m.log(), m.log()[-2000:]
 
 
+def test_a_restarted_master_on_probation_still_seeds_its_damaged_slave(broker_factory):
+    """A restarted SYNC master takes no write until a slave shows its log whole (seed 450); a slave
+    whose store is damaged must first seed itself from that master. Both restarted together (a
+    group's power cut), each would wait for the other for good unless the seed is served."""
+    m, s = sync_pair(broker_factory, "--slave-read-enable")
+    fill(m)
+    wait_until(in_sync(m, s), what="the slave in sync")
+    s.stop()
+    flip(max(glob.glob(f"{s.data_dir}/MANIFEST-*"), key=os.path.getsize))
+    m.stop()
+    m.start()  # on probation: no slave has shown it this log is whole
+    with Producer("p", m.address, request_timeout=2) as p, pytest.raises(BrokerError, match="lost nothing"):
+        p.send(Message("Seeded", b"too early"))
+    s.start()  # found at the open: seeded from the master on probation, then it subscribes
+    wait_until(in_sync(m, s), 30, what="the seeded slave in sync")
+    assert "store seeded from master" in s.log()
+    fill(m, 10, "After")
+    wait_until(lambda: readable(s, "After") == Counter({f"m{i}": 1 for i in range(10)}), what="live replication")
+
+
 def test_a_slave_that_needs_records_its_master_deleted_is_seeded(broker_factory, tmp_path):
     m = broker_factory(*SYNC_FLAGS, "--replication-mode", "ASYNC", "--retention-ms", "300",
                        "--retention-check-interval-ms", "100", "--broker-name", "m", name="m")

@@ -3,10 +3,11 @@ or a user through the admin API) decides them (operator/failover.py); this carri
 broker, and fences a master that learns of a higher epoch from a slave or a client. Epochs order the
 masters: a broker never acts as master at an epoch a newer master has passed.
 
-A master that starts again under ASYNC flush and SYNC replication may have lost, to a power cut,
-records its slaves have (it answered them before fsync, once a slave had them). It would cut them
-off the slaves, or write other records at their offsets under the same epoch. So it starts on
-probation: it takes no write until a slave subscribes and shows it is not behind; a slave ahead at
+A master that starts again under SYNC replication may have lost records its slaves have: to a
+power cut under ASYNC flush (it answered them before fsync, once a slave had them), or, under
+either flush, to a damaged write-ahead log cut short, which recovers as a crash's (seed 450). It
+would cut them off the slaves, or write other records at their offsets under the same epoch. So it
+starts on probation: it takes no write until a slave subscribes and shows it is not behind; a slave ahead at
 its own epoch makes it step down, for the operator to promote that slave (`lost_tail`).
 
 Under a controller (--await-role-confirmation), a master that starts again on a store it led also
@@ -81,11 +82,11 @@ class RoleChanges:
         self._b.schedule.start()
 
     def begin_probation(self) -> None:
-        self._b.role.probation = ("this master started again under ASYNC flush and takes no write until a slave "
-                                  "shows it lost nothing to a power cut")
-        log.warning("started as master under ASYNC flush and SYNC replication: taking no write until a slave "
-                    "subscribes and shows this log is not behind its own (a power cut may have taken records "
-                    "the slaves have)")
+        self._b.role.probation = ("this master started again and takes no write until a slave shows it lost "
+                                  "nothing (to a power cut under ASYNC flush, or a damaged log)")
+        log.warning("started as master under SYNC replication: taking no write until a slave subscribes and shows "
+                    "this log is not behind its own (a power cut under ASYNC flush, or a damaged log, may have "
+                    "taken records the slaves have)")
 
     def end_probation(self, slave: str) -> None:
         if self._b.role.probation:

@@ -49,14 +49,17 @@ class RoleState:
         """Why a master takes no write yet (probation, or its controller's word awaited), or ""."""
         return self.unconfirmed or self.probation
 
-    def require_master(self) -> None:
+    def require_master(self, for_slave: bool = False) -> None:
+        """Refuse unless this broker is a master taking writes. `for_slave`: a slave's request, which a
+        master on probation still serves (a slave that must seed itself may be what it waits for)."""
         if self.role == MASTER:
             if not self.leading:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
                                    "this master is starting, being promoted or stopping: it takes writes only "
                                    "while it leads its slaves")
-            if self.on_hold:
-                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.on_hold)
+            hold = self.unconfirmed if for_slave else self.on_hold
+            if hold:
+                raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, hold)
             if self.handover:
                 raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE,
                                    f"this master is handing over {self.handover} and takes no write")

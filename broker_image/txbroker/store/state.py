@@ -132,7 +132,9 @@ class StateMachine:
 
     def _recover(self) -> None:
         last = last_key(self.db.log)
-        self.next_lsn = (keys.lsn_from_key(last) + 1) if last else 1
+        # retention may have deleted the last records too (an END, an epoch record): the numbering
+        # goes on after them, never at LSNs a slave may hold
+        self.next_lsn = max((keys.lsn_from_key(last) + 1) if last else 1, self.marks.complete_from())
         self.durable_lsn = self.local_durable_lsn = self.next_lsn - 1
         self._load_memory()
         self._count_log_bytes()

@@ -36,6 +36,8 @@ class SnapshotProcessor:
     def __call__(self, conn, body: bytes) -> Reply:
         conn.access.require_replication()
         req = self._decode(body)
-        self._broker.role.require_master()  # a seed comes from the master, never from a node that may lag
+        # a seed comes from the master, never from a node that may lag; on probation too, or a group
+        # whose master restarted and whose slave must seed would wait on each other for good
+        self._broker.role.require_master(for_slave=True)
         conn.replica = True
         return self._broker.snapshots.handle(req)
