@@ -9,7 +9,7 @@ import pytest
 
 from support.cli import run_cli
 from support.metrics import metric
-from support.pairs import restart_as_master, sync_pair, with_short_retention
+from support.pairs import SHORT_RETENTION, restart_as_master, sync_pair, with_short_retention
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
@@ -278,3 +278,41 @@ def test_a_log_retained_to_its_end_keeps_its_numbering_after_a_restart(broker_fa
     with Producer("p", b.address) as p:
         p.send(Message("Q", b"after"))
     assert info(b)["log_end_offset"] == last + 1
+
+
+def test_a_rejoin_whose_cut_tail_retention_deleted_is_seeded_from_the_new_master(broker_factory):
+    """Found by a review of cf5e2ec: an ASYNC master answered T1's COMMIT with no slave holding it,
+    and its retention deleted that END (the log's last record). Failed over, it rejoined as a slave:
+    its truncation found no record left to cut, so it kept the decision the END derived and numbered
+    on below its retained start. T1 was COMMITTED on it and PREPARED on its new master, and when the
+    master rolled T1 back the slave could not apply it, at every start. A cut that retention already
+    passed is refused, and the store is seeded from the new master."""
+    fast = ("--replication-mode", "ASYNC", "--replication-heartbeat-ms", "100", "--replication-timeout-ms", "300")
+    m = broker_factory(*fast, "--broker-name", "m", name="m")
+    s = broker_factory("--role", "slave", "--master", m.address, *fast, "--broker-name", "s", name="s")
+    wait_until(lambda: info(m)["replication"]["slaves"], what="the slave subscribed")
+    m.extra_args = [*m.extra_args, *SHORT_RETENTION]
+    m.restart()  # (started so, it deletes its first records before the slave subscribes)
+    wait_until(lambda: any(x["in_sync"] for x in info(m)["replication"]["slaves"]), what="the slave in sync again")
+    prepare(m, "T1", b"t1-body")
+    wait_until(lambda: info(s)["local_durable_offset"] == info(m)["log_end_offset"], what="the slave to hold T1's half")
+    s.kill()
+    assert end(m, "T1", S.COMMIT).state == S.COMMIT.value  # ASYNC: answered, no slave holds it
+    last = info(m)["log_end_offset"]
+    wait_until(lambda: info(m)["log_start_offset"] > last, what="retention past the END, the log's last record")
+    m.stop()
+    restart_as_master(s, 2)  # the failover: s never had the END; T1 is PREPARED there
+    m.extra_args = [*m.extra_args, "--role", "slave", "--master", s.address]
+    try:
+        m.start()
+    except AssertionError as refused:  # it may stop before it is ready
+        assert "exited with 72" in str(refused), refused
+    wait_until(lambda: m.proc.poll() is not None, 20, what="the rejoining broker to stop for a seed")
+    assert m.proc.returncode == 72, m.log()[-2000:]
+    assert "cannot truncate after LSN" in m.log()
+    m.start()  # the kubelet's restart: seeded from the new master
+    wait_until(lambda: "store seeded from master" in m.log(), 30, what="the seed")
+    assert AdminClient(m.admin_url).get("/api/v1/transactions/T1")["state"] == "PREPARED"
+    AdminClient(s.admin_url).post("/api/v1/transactions/T1/rollback", {})
+    wait_until(lambda: info(m)["local_durable_offset"] == info(s)["log_end_offset"], what="the slave to apply the rollback")
+    assert m.proc.poll() is None and txload.visible(s.address, "Tx") == {}

@@ -9,7 +9,7 @@ marker, no resumable state); the caller reloads memory.
 A family derives state again from its kept records, which retention keeps for live state (its
 lineage). Retention on this broker never passed what is cut here, except where a slave-less
 ASYNC master deleted records its slave never got: then the cut is refused (StoreError), and the
-broker must start from a copy of its master's data.
+follower has the store seeded from its master at the next start.
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ log = logging.getLogger(__name__)
 def truncate(state: "StateMachine", last_kept: int) -> int:
     """Drop records after `last_kept` and their effects, atomically; returns how many were dropped."""
     db, h = state.db, state.db.handles
+    # checked before looking for records to drop: retention may have deleted every one of them (an
+    # END at the log's end), and what they derived stays unless the cut is refused
+    if last_kept + 1 < min(state.log_complete_from, state.next_lsn):
+        raise StoreError(f"cannot truncate after LSN {last_kept}: retention deleted this broker's records up to "
+                         f"{state.log_complete_from - 1}, so what they derived cannot be undone: it needs a copy of its "
+                         f"master's store")
     dropped = [(keys.lsn_from_key(k), decode_record(raw)) for k, raw in db.log.items(from_key=keys.lsn_key(last_kept + 1))]
     if not dropped:
         return 0
-    if last_kept + 1 < state.log_complete_from:
-        raise StoreError(f"cannot truncate after LSN {last_kept}: retention deleted this broker's records up to "
-                         f"{state.log_complete_from - 1}, so what they derived cannot be undone; start it on a copy of "
-                         f"its master's data directory (or a snapshot of its volume)")
     log.warning("truncating the log after LSN %d: %d records the master does not have", last_kept, len(dropped))
     scratch = Batch(None)  # the families' own apply code writes into this batch
     wb = scratch.wb

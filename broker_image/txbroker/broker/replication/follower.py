@@ -156,7 +156,12 @@ class ReplicationFollower:
         self.incompatible = ""
         if welcome.truncate_after >= 0:
             conn.close()
-            await state.truncate_after(welcome.truncate_after)
+            try:
+                await state.truncate_after(welcome.truncate_after)
+            except StoreError as e:  # retention passed the cut: only a copy of the master's store will do
+                self._stopping = True
+                self._broker.needs_seed(f"cannot rejoin master {self.master}: {e}")
+                return False
             return True
         self.master_published = None
         if state.publish_limit is None:  # until the master says how far it published: no further than now
