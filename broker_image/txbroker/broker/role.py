@@ -49,6 +49,12 @@ class RoleState:
         """Why a master takes no write yet (probation, or its controller's word awaited), or ""."""
         return self.unconfirmed or self.probation
 
+    def require_current(self) -> None:
+        """Reads a slave answers too, lagging as a slave does: refused by a master on hold, whose log
+        may lack a tail its slaves hold (seed 450's), while clients take its answers for the master's."""
+        if self.role == MASTER and self.on_hold:
+            raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self.on_hold)
+
     def require_master(self, for_slave: bool = False) -> None:
         """Refuse unless this broker is a master taking writes. `for_slave`: a slave's request, which a
         master on probation still serves (a slave that must seed itself may be what it waits for)."""

@@ -168,6 +168,7 @@ class SearchOffsetProcessor:
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
         conn.access.require_topic(req.topic, SUB)
+        self._b.role.require_current()
         self._b.topics.require(req.topic, req.queue_id)
         read = self._b.reader.read_queue
         lo = self._b.state.queue_start(req.topic, req.queue_id)  # retention deleted what was before
@@ -190,6 +191,7 @@ class QueryByKeyProcessor:
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
         conn.access.require_topic(req.topic, SUB)
+        self._b.role.require_current()
         self._b.topics.require(req.topic)
         out = self._b.reader.by_key(req.topic, req.key, min(req.max_messages, 1024))
         return ok(QueryByKeyResponse(out))

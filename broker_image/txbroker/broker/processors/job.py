@@ -26,11 +26,13 @@ class JobProcessor:
         self._decode = decoder(self._REQUESTS[action]).decode
         self._call = getattr(broker.jobs, action)
         self._peers_too = action == "query"  # a home asks a member group whether it resolved a job
+        self._role = broker.role
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
         if self._peers_too:
             require_group_or_peer(conn, req.producer_group)
+            self._role.require_current()  # (the others need the master: jobs.py)
         else:
             conn.access.require_producer_group(req.producer_group)
         return self._call(req)

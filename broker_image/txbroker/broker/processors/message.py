@@ -10,9 +10,11 @@ class ViewMessageProcessor:
     def __init__(self, broker):
         self._decode = decoder(ViewMessageRequest).decode
         self._reader = broker.reader
+        self._role = broker.role
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        self._role.require_current()
         try:
             got = self._reader.by_id(req.msg_id)
         except ValueError as e:

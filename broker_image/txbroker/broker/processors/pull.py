@@ -30,6 +30,8 @@ class PullProcessor:
             conn.access.require_consumer_group(req.consumer_group)
         if not self._slave_reads:
             self._role.require_master()
+        else:
+            self._role.require_current()
         self._topics.require(req.topic, req.queue_id)
         if req.offset < 0:
             return error(ResponseCode.PULL_OFFSET_MOVED, f"offset {req.offset} is negative")
