@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from support.pairs import sync_pair
+from support.pairs import cut_tail, sync_pair
 from support.waiting import wait_until
 from txbroker.client import BrokerError, JobCoordinator, Message, Producer, PullConsumer
 from txbroker.client.admin import AdminClient
@@ -50,9 +50,7 @@ def test_a_master_that_lost_a_tail_its_slave_holds_answers_no_read_until_the_sla
         assert c.commit(job.job_id, [member]).state == "COMMITTED"
     wait_until(in_sync(m, s), what="the slave in sync")
     s.stop()
-    m.stop()
-    shutil.rmtree(m.data_dir)
-    shutil.copytree(tmp_path / "before-the-tail", m.data_dir)  # the log comes back without its tail
+    cut_tail(m, tmp_path / "before-the-tail")
     m.start()
     assert info(m)["probation"]
     with PullConsumer(m.address, request_timeout=3) as c:

@@ -3,6 +3,8 @@ write can be stored on the master and not yet acknowledged by a slave (pause the
 
 from __future__ import annotations
 
+import shutil
+
 from support.waiting import wait_until
 from txbroker.client.admin import AdminClient
 
@@ -41,3 +43,11 @@ def restart_as_master(s, epoch):
         s.extra_args = s.extra_args[:at]
     s.start()
     AdminClient(s.admin_url).post("/api/v1/role", {"role": "master", "epoch": epoch})
+
+
+def cut_tail(b, copy) -> None:
+    """Stop `b` and put back `copy` of its data directory, taken earlier: its log comes back without
+    what it wrote since, as a write-ahead log cut short recovers (seed 450)."""
+    b.stop()
+    shutil.rmtree(b.data_dir)
+    shutil.copytree(copy, b.data_dir)
