@@ -19,7 +19,7 @@ from txbroker_spark.options import WriteOptions
 def jobs_for(o: WriteOptions, route=None) -> Jobs:
     """The write's producer group's jobs, with its credentials and TLS (on `route`, a ClusterRoute the
     driver took, if given)."""
-    return Jobs(o.brokers, o.group, o.security, o.request_timeout, route)
+    return Jobs(o.brokers, o.group, o.security, o.request_timeout, route, o.decision_timeout)
 
 
 @dataclass

@@ -35,9 +35,11 @@ class DeferredJob:
     name: str  # the write's option jobId
     request_timeout: float = 30.0
     security: BrokerSecurity | None = None  # credentials and TLS, as the write's (None: none)
+    decision_timeout: float = 120.0  # as the write's option decisionTimeoutSeconds
 
     def __post_init__(self):
-        self.jobs = Jobs(self.brokers, self.group, self.security, self.request_timeout)
+        self.jobs = Jobs(self.brokers, self.group, self.security, self.request_timeout,
+                         decision_timeout=self.decision_timeout)
 
     def _job(self):
         return self.jobs.find(self.name)

@@ -37,11 +37,11 @@ class Jobs:
     every active group; its decision is its home's (client/cluster/jobs.py)."""
 
     def __init__(self, brokers, group: str, security: BrokerSecurity | None = None, request_timeout: float = 30.0,
-                 route=None):
+                 route=None, decision_timeout: float = 120.0):
         self.group = group
         self.security = security or BrokerSecurity()
         self._c = ClusterJobCoordinator(group, brokers, request_timeout=request_timeout, route=route,
-                                        **self.security.client_kwargs())
+                                        decision_timeout=decision_timeout, **self.security.client_kwargs())
         self._named(self._c.start)
 
     def _named(self, call):

@@ -115,6 +115,9 @@ class WriteOptions:
     deadline_ms: int = 600_000
     prepared_deadline_ms: int = 0  # commit=deferred: how long the prepared job waits for its decision (0: 24 h)
     request_timeout: float = 30.0
+    # how long a decision waits for SYNC slaves to hold it (a failover's heir waits for its old
+    # master to rejoin as its slave), as Kafka's delivery.timeout.ms bounds a send
+    decision_timeout: float = 120.0
     immunity_seconds: int | None = None
     stream_id: str | None = None
     checkpoint: str | None = None
@@ -195,6 +198,7 @@ def parse_write_options(options, schema, *, streaming: bool) -> WriteOptions:
     if o.prepared_deadline_ms and o.prepared_deadline_ms < 1000:
         raise OptionError("preparedDeadlineSeconds", "must be at least 1 (or 0: the broker's 24 h)")
     o.request_timeout = _float(options, "requestTimeoutSeconds", 30.0, 0.5, 600.0)
+    o.decision_timeout = _float(options, "decisionTimeoutSeconds", 120.0, 1.0, 3600.0)
     immunity = option_value(options, "checkImmunitySeconds")
     o.immunity_seconds = _int(options, "checkImmunitySeconds", 0, 1, 86400) if immunity else None
     o.commit = (option_value(options, "commit", "auto")).lower()

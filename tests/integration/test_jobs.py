@@ -374,6 +374,35 @@ def test_a_decision_the_slave_never_got_in_time_is_unknown_not_refused(broker_fa
     assert bodies(m.address) == {"kept": 1}
 
 
+def test_a_decision_waits_its_decision_timeout_for_a_slave_to_come_back(broker_factory):
+    """Seen in CI: after a failover the heir's only slave is its old master, rejoining; the Spark
+    driver's DECIDE_JOB gave up at the request timeout (30 s) and failed a job that committed once
+    the slave was back. A decision is asked again for `decision_timeout`, not the request timeout."""
+    m, s = sync_pair(broker_factory)
+    unavailable = lambda: metric(m, "txbroker_requests_rejected_total", code="SLAVE_NOT_AVAILABLE")
+    slaves = lambda: AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"]
+
+    async def main():
+        async with AsyncJobCoordinator(GROUP, m.address, request_timeout=1, decision_timeout=120) as c:
+            job = await c.open(timeout=300)
+            kept = await c.send(job.job_id, Message("Orders", b"kept"))
+            s.kill()
+            await asyncio.to_thread(wait_until, lambda: not any(x["in_sync"] for x in slaves()),
+                                    what="the master to see its slave gone")
+            before = unavailable()
+            decision = asyncio.ensure_future(c.commit(job.job_id, [kept]))
+            # asked again past the request timeout (its backoff has reached 0.5 s by the sixth ask)
+            await asyncio.to_thread(wait_until, lambda: unavailable() >= before + 10 or decision.done(),
+                                    what="the master to refuse the decision ten times")
+            assert not decision.done(), decision
+            await asyncio.to_thread(s.start)
+            return await decision
+
+    decided = asyncio.run(main())
+    assert decided.state == "COMMITTED"
+    wait_until(lambda: bodies(m.address) == {"kept": 1}, what="the kept member visible")
+
+
 def test_an_undecided_job_survives_retention_then_truncation_and_a_promotion(broker_factory):
     """Second review, defect 4: retention deleted an undecided job's open record (its marks kept
     only pending half records); a truncation after the old master rejoined derived the job again

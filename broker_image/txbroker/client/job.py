@@ -12,8 +12,9 @@ and decide it with one request; the broker ends every member itself (broker/tran
 Every call is safe to repeat (ids make them idempotent), so each is retried on the master across
 reconnects and failovers until the request timeout. A refused decision (the job was already decided
 the other way, or aborted at its deadline) raises BrokerError naming the decision. A decision the
-master stored but its slaves do not hold yet is asked again until they do; past the request
-timeout it raises DecisionNotReplicated (its outcome unknown), never a BrokerError.
+master stored but its slaves do not hold yet is asked again until they do; past `decision_timeout`
+(the request timeout unless given: a failover's heir may wait for its old master to rejoin as its
+slave) it raises DecisionNotReplicated (its outcome unknown), never a BrokerError.
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ NOT_REPLICATED = (ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAIL
 
 
 class AsyncJobCoordinator:
-    def __init__(self, group: str, brokers, *, request_timeout: float = 30.0, credentials=None, tls=None):
+    def __init__(self, group: str, brokers, *, request_timeout: float = 30.0, decision_timeout: float | None = None,
+                 credentials=None, tls=None):
         if not group:
             raise ValueError("a job needs a producer group")
         self.group = group
+        self.decision_timeout = request_timeout if decision_timeout is None else decision_timeout
         self.client = BrokerClient(brokers, request_timeout=request_timeout, credentials=credentials, tls=tls)
         self.session = TransactionSession(self.client, group)  # the members' half messages and their ends
 
@@ -85,7 +88,7 @@ class AsyncJobCoordinator:
 
     async def _decide(self, code: RequestCode, body) -> JobInfo:
         """A decision (or prepare), asked again while the master answers it stored but unreplicated."""
-        deadline = time.monotonic() + self.client.request_timeout
+        deadline = time.monotonic() + self.decision_timeout
         delay = 0.05
         while True:
             try:
@@ -96,7 +99,7 @@ class AsyncJobCoordinator:
                 if time.monotonic() + delay >= deadline:
                     raise DecisionNotReplicated(
                         f"{RequestCode(code).name} of job {body.job_id}: stored on the master, not acknowledged by "
-                        f"its slaves within {self.client.request_timeout:g}s ({e.remark}); it takes effect once "
+                        f"its slaves within {self.decision_timeout:g}s ({e.remark}); it takes effect once "
                         "they have it and is lost if a failover takes it away: describe the job to learn which"
                     ) from None
             await asyncio.sleep(delay)

@@ -51,13 +51,14 @@ class ClusterJob:
 
 class AsyncClusterJobCoordinator:
     def __init__(self, group: str, bootstrap=None, *, request_timeout: float = 30.0, route_refresh: float = 10.0,
-                 credentials=None, tls=None, route: ClusterRoute | None = None):
+                 decision_timeout: float | None = None, credentials=None, tls=None, route: ClusterRoute | None = None):
         """`bootstrap`: any broker of the cluster, whose route is followed; or `route`: a route taken
         earlier, kept as is (the tasks of one Spark write all place by the route its driver saw)."""
         if not group:
             raise ValueError("a job needs a producer group")
         self.group = group
-        self._kwargs = dict(request_timeout=request_timeout, credentials=credentials, tls=tls)
+        self._kwargs = dict(request_timeout=request_timeout, decision_timeout=decision_timeout,
+                            credentials=credentials, tls=tls)
         self.groups = PerGroup(lambda g: AsyncJobCoordinator(group, g.addresses, **self._kwargs), _nothing,
                                lambda c: c.close())
         self._fixed = route
