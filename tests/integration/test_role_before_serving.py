@@ -156,3 +156,51 @@ def test_a_restarted_sync_flush_master_appends_nothing_before_a_slave_shows_its_
     send, before, after = asyncio.run(go())
     assert after == before, f"records {before}..{after - 1} appended before any slave showed this log whole"
     assert send.startswith("refused") and "lost nothing" in send, send
+
+
+def test_a_slave_subscribing_while_its_master_starts_ends_the_probation(tmp_path, monkeypatch):
+    """The fault harness, seed 509: a group cut off power as a whole came back with its slave
+    subscribing a millisecond after the master's data port opened, before the master had put itself
+    on probation. The subscription found no probation to end, and the master then began one that
+    nothing ended: it refused every write for good. A master decides its hold before it answers
+    anything."""
+    async def go():
+        first = Broker(config(tmp_path))
+        await first.start()           # a new master: epoch 1
+        await first.stop()
+
+        real_site_start = web.TCPSite.start
+        broker: Broker | None = None
+        slave: list[Broker] = []
+
+        async def site_start(site):
+            # a step of startup after the data port opened: the slave is back and subscribes now
+            s = Broker(config(tmp_path, data_dir=str(tmp_path / "slave"), role="slave", master=broker.data_address,
+                              admin_listen="127.0.0.1:0"))
+            slave.append(s)
+            monkeypatch.setattr(web.TCPSite, "start", real_site_start)
+            await s.start()
+            for _ in range(500):
+                if broker.leader.feeds:
+                    break
+                await asyncio.sleep(0.01)
+            monkeypatch.setattr(web.TCPSite, "start", site_start)
+            await real_site_start(site)
+        monkeypatch.setattr(web.TCPSite, "start", site_start)
+
+        broker = Broker(config(tmp_path))
+        await broker.start()
+        monkeypatch.setattr(web.TCPSite, "start", real_site_start)
+        try:
+            subscribed = bool(broker.leader.feeds)
+            probation = broker.role.probation
+            send = await try_send(broker.data_address)
+        finally:
+            for b in (*slave, broker):
+                await b.stop()
+        return subscribed, probation, send
+
+    subscribed, probation, send = asyncio.run(go())
+    assert subscribed, "the slave did not subscribe while its master started"
+    assert probation == "", f"the master stays on probation with its slave subscribed: {probation}"
+    assert send == "acknowledged", send

@@ -116,6 +116,8 @@ class Broker:
     async def start(self) -> None:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
+        if self.role.is_master:
+            await self._lead()
         host, port = parse_address(self.config.listen, "listen")
         if self.tls.data is None:
             self._server = await loop.create_server(lambda: BrokerConnection(self), host, port, reuse_address=True)
@@ -131,16 +133,6 @@ class Broker:
                                                       self.metrics)
         self._watcher.start()
         if self.role.is_master:
-            restarted = self.state.epoch != 0
-            if not restarted:  # a new master opens epoch 1
-                await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
-            self.leader.attach()
-            if restarted and self.config.await_role_confirmation:
-                self.roles.await_confirmation()
-            if restarted and self.config.replication_mode == "SYNC":
-                # ASYNC flush: a power cut may have taken records its slaves have; SYNC flush too, a
-                # damaged write-ahead log cut short (seed 450): either way, not before a slave shows it
-                self.roles.begin_probation()
             if not self.role.on_hold:
                 self.roles.start_master_services()
         elif self.config.master:
@@ -161,6 +153,21 @@ class Broker:
         if self.auth is not None and self.tls.admin is None:
             log.warning("authentication is on but the admin API is plain HTTP: HTTP Basic credentials cross the "
                         "network in clear text; give --tls-cert/--tls-key outside a trusted network")
+
+    async def _lead(self) -> None:
+        """A master's role, and whether it holds writes, settled before any port answers: a slave
+        subscribing (or a controller confirming) in the moment after the data port opened found no
+        probation to end, and the hold begun after it lasted for good (the fault harness, seed 509)."""
+        restarted = self.state.epoch != 0
+        if not restarted:  # a new master opens epoch 1
+            await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]
+        self.leader.attach()
+        if restarted and self.config.await_role_confirmation:
+            self.roles.await_confirmation()
+        if restarted and self.config.replication_mode == "SYNC":
+            # ASYNC flush: a power cut may have taken records its slaves have; SYNC flush too, a
+            # damaged write-ahead log cut short (seed 450): either way, not before a slave shows it
+            self.roles.begin_probation()
 
     @staticmethod
     def _peer_tls(config: BrokerConfig):
