@@ -1,8 +1,8 @@
-"""Open, found by a review of cf5e2ec: probation ends at the first slave that subscribes and is not
-ahead. With two slaves, the one behind may come back first: the master, its log cut short, then
-acknowledges writes the other slave (holding the lost tail) never gets, and steps down when that
-slave returns; a failover to it loses those writes. The broker does not know how many slaves its
-group has (the operator does). Marked xfail (strict) until fixed, so that it fails once it passes."""
+"""Found by a review of cf5e2ec: probation ended at the first slave that subscribed and was not
+ahead. With two slaves, the one behind could come back first: the master, its log cut short, then
+acknowledged writes the other slave (holding the lost tail) never got, and stepped down when that
+slave returned; a failover to it lost those writes. A master now records (durably) every slave
+that may hold what it acknowledged, and its probation waits for each of them."""
 
 import shutil
 
@@ -11,7 +11,7 @@ import pytest
 from support.pairs import SYNC_FLAGS, cut_tail
 from support.waiting import wait_until
 from txbroker.client import Message, Producer, PullConsumer
-from txbroker.client.admin import AdminClient
+from txbroker.client.admin import AdminClient, AdminError
 
 
 def info(b):
@@ -33,14 +33,21 @@ def send(m, *names):
             p.send(Message("Q", n.encode(), queue_id=0))
 
 
-@pytest.mark.xfail(strict=True, reason="open: probation ends at the first slave back, not the one holding the tail")
-def test_a_master_whose_log_lost_a_tail_acknowledges_nothing_the_slave_holding_that_tail_lacks(broker_factory, tmp_path):
+def subscribed(m, name):
+    return lambda: any(x["name"] == name for x in info(m)["replication"]["slaves"])
+
+
+def two_slaves_then_a_lost_tail(broker_factory, tmp_path):
+    """m restarted with its log cut short: s1 (down) holds the tail m acknowledged and lost, s2
+    (back) does not."""
     m = broker_factory(*SYNC_FLAGS, "--slave-read-enable", "--broker-name", "m", name="m")
     s1, s2 = (broker_factory("--role", "slave", "--master", m.address, "--broker-name", n, "--slave-read-enable",
                              *SYNC_FLAGS, name=n) for n in ("s1", "s2"))
     send(m, "a")
     wait_until(in_sync(m, s1, s2), what="both slaves in sync")
-    s2.stop()
+    assert info(m)["replication"]["recorded_slaves"] == ["s1", "s2"]
+    s2.stop()  # s1 holds everything s2 had: s2 is forgotten, and m's restart waits for s1 alone
+    wait_until(lambda: info(m)["replication"]["recorded_slaves"] == ["s1"], what="s2 forgotten")
     m.stop()
     shutil.copytree(m.data_dir, tmp_path / "before-the-tail")
     m.start()
@@ -51,11 +58,29 @@ def test_a_master_whose_log_lost_a_tail_acknowledges_nothing_the_slave_holding_t
     cut_tail(m, tmp_path / "before-the-tail")
     s2.start()
     m.start()
-    wait_until(lambda: not info(m)["probation"], what="s2 (behind) to end probation")
-    try:
-        send(m, "new-1")  # acknowledged: only s2 holds it
-    except Exception:  # noqa: BLE001 - refused is what a fix may do: then nothing acknowledged can be lost
-        return
-    s1.start()  # the slave holding the lost tail, a moment later
-    wait_until(lambda: info(m)["stepped_down"] or in_sync(m, s1)(), 15, what="s1 taken on, or the master stepping down")
-    assert "new-1" in bodies(s1), "acknowledged, and absent from the slave a failover promotes"
+    wait_until(subscribed(m, "s2"), what="s2 (behind) subscribed")
+    return m, s1, s2
+
+
+def test_a_master_whose_log_lost_a_tail_acknowledges_nothing_the_slave_holding_that_tail_lacks(broker_factory, tmp_path):
+    m, s1, _s2 = two_slaves_then_a_lost_tail(broker_factory, tmp_path)
+    probation = info(m)["probation"]
+    assert "waiting for slave(s) s1" in probation, probation
+    with pytest.raises(Exception, match="lost nothing"):
+        send(m, "new-1")
+    s1.start()  # the slave holding the lost tail: the master steps down for it to be promoted
+    wait_until(lambda: info(m)["stepped_down"], what="the master to step down")
+    AdminClient(s1.admin_url).change_role("master", info(m)["epoch"] + 1)  # the operator's failover
+    assert bodies(s1) == ["a", "tail-1", "tail-2"]  # everything acknowledged, nothing else
+
+
+def test_a_slave_gone_for_good_is_forgotten_by_a_person_and_the_probation_ends(broker_factory, tmp_path):
+    m, _s1, _s2 = two_slaves_then_a_lost_tail(broker_factory, tmp_path)
+    admin = AdminClient(m.admin_url)
+    with pytest.raises(AdminError) as e:
+        admin.forget_slave("s9")
+    assert e.value.status == 404 and "recorded: s1, s2" in str(e.value), e.value
+    after = admin.forget_slave("s1")  # its store lost: what only it held is lost with it
+    assert after.probation == "" and after.replication.recorded_slaves == ["s2"], after
+    send(m, "new-1")
+    assert bodies(m) == ["a", "new-1"]

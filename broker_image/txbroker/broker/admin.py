@@ -107,6 +107,7 @@ class AdminApp:
         r.add_get("/api/v1/broker", self.broker_info)
         r.add_post("/api/v1/role", self.change_role)
         r.add_post("/api/v1/handover", self.handover)
+        r.add_delete("/api/v1/replication/slaves/{name}", self.forget_slave)
         r.add_post("/api/v1/backups", self.create_backup)
         r.add_get("/api/v1/backups/{backup_id}/files/{name}", self.backup_file)
         r.add_delete("/api/v1/backups/{backup_id}", self.drop_backup)
@@ -259,6 +260,18 @@ class AdminApp:
             if not isinstance(doc.get("master"), str) or ":" not in doc["master"]:
                 return _error(400, "demotion needs the new master's address as master: HOST:PORT", "MALFORMED")
             await self.b.roles.demote(doc["master"], doc["epoch"])
+        return await self.broker_info(request)
+
+    async def forget_slave(self, request):
+        """A slave of this master gone for good (its store lost, the group scaled down): a restarted
+        master's probation no longer waits for it. What only that slave held is lost with it."""
+        if not self.b.role.is_master:
+            return _error(409, f"only a master records its slaves; this broker is a {self.b.role.role}", "NOT_MASTER")
+        name = request.match_info["name"]
+        if not self.b.roles.forget_slave(name):
+            return _error(404, f"no slave {name!r} is recorded at this master's epoch {self.b.state.epoch} "
+                               f"(recorded: {', '.join(sorted(self.b.leader.slaves.of_epoch(self.b.state.epoch))) or 'none'})",
+                          "NOT_FOUND")
         return await self.broker_info(request)
 
     async def handover(self, request):

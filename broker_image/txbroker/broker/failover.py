@@ -39,6 +39,7 @@ class RoleChanges:
         self._b = broker
         self._checking_master: asyncio.Task | None = None
         self._stepped_down: asyncio.Event | None = None   # set when this broker stops acting as master
+        self._awaited: set[str] = set()  # on probation: the recorded slaves not yet heard from
 
     async def not_master(self) -> None:
         """Until this broker no longer acts as master (handed over, demoted, fenced)."""
@@ -82,19 +83,54 @@ class RoleChanges:
         self._b.schedule.start()
 
     def begin_probation(self) -> None:
-        self._b.role.probation = ("this master started again and takes no write until a slave shows it lost "
-                                  "nothing (to a power cut under ASYNC flush, or a damaged log)")
-        log.warning("started as master under SYNC replication: taking no write until a slave subscribes and shows "
+        """Every slave recorded while this master led its epoch may hold what it acknowledged and
+        then lost: it waits for each (one behind may come back first). None recorded (a store from
+        before the record): the first slave ends it."""
+        self._awaited = self._b.leader.slaves.of_epoch(self._b.state.epoch)
+        self._describe_probation()
+        log.warning("started as master under SYNC replication: taking no write until %s subscribes and shows "
                     "this log is not behind its own (a power cut under ASYNC flush, or a damaged log, may have "
-                    "taken records the slaves have)")
+                    "taken records the slaves have)",
+                    "each of slaves " + ", ".join(sorted(self._awaited)) if self._awaited else "a slave")
 
-    def end_probation(self, slave: str) -> None:
-        if self._b.role.probation:
-            self._b.role.probation = ""
-            log.warning("slave %s is not ahead of this log%s", slave,
-                        ": taking writes" if not self._b.role.unconfirmed else "")
-            if not self._b.role.unconfirmed:
-                self.start_master_services()
+    def _describe_probation(self) -> None:
+        waiting = f"; waiting for slave(s) {', '.join(sorted(self._awaited))}" if self._awaited else ""
+        self._b.role.probation = ("this master started again and takes no write until a slave shows it lost "
+                                  f"nothing (to a power cut under ASYNC flush, or a damaged log){waiting}")
+
+    def slave_shown(self, slave: str) -> None:
+        """Slave `slave` subscribed and is not ahead of this log."""
+        if not self._b.role.probation:
+            return
+        self._awaited.discard(slave)
+        if self._awaited:
+            log.warning("slave %s is not ahead of this log; still waiting for %s", slave, ", ".join(sorted(self._awaited)))
+            self._describe_probation()
+            return
+        self._end_probation(f"slave {slave} is not ahead of this log")
+
+    def forget_slave(self, slave: str) -> bool:
+        """A slave gone for good (its store lost, the group scaled down): no probation waits for it.
+        What only it held of this master's acknowledged writes is lost with it."""
+        forgotten = self._b.leader.slaves.forget(slave)
+        if self._b.role.probation and slave in self._awaited:
+            self._awaited.discard(slave)
+            forgotten = True
+            if self._awaited:
+                self._describe_probation()
+            elif self._b.leader.feeds:  # a slave already showed this log whole
+                self._end_probation(f"slave {slave} forgotten, and every other slave is not ahead of this log")
+            else:
+                self._describe_probation()
+        if forgotten:
+            log.warning("slave %s forgotten: no probation waits for it (what only it held is lost)", slave)
+        return forgotten
+
+    def _end_probation(self, why: str) -> None:
+        self._b.role.probation = ""
+        log.warning("%s%s", why, ": taking writes" if not self._b.role.unconfirmed else "")
+        if not self._b.role.unconfirmed:
+            self.start_master_services()
 
     def await_confirmation(self) -> None:
         epoch = self._b.state.epoch

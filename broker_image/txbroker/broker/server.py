@@ -300,7 +300,8 @@ class Broker:
         if self.role.is_master:
             refused = self.leader.incompatible()
             return Replication(mode=self.config.replication_mode, sync_replicas=self.config.sync_replicas,
-                               slaves=self.leader.status(), last_error=refused, incompatible=refused)
+                               slaves=self.leader.status(), last_error=refused, incompatible=refused,
+                               recorded_slaves=sorted(self.leader.slaves.of_epoch(self.state.epoch)))
         return self.follower.status() if self.follower else Replication()
 
     async def _housekeep(self) -> None:

@@ -122,6 +122,11 @@ class AdminClient:
         body = {"role": role, "epoch": epoch, **({"master": master} if master else {})}
         return self.answer("POST", "/api/v1/role", answers.BrokerInfo, body)
 
+    def forget_slave(self, name: str) -> answers.BrokerInfo:
+        """Tell this master that its slave `name` is gone for good (store lost, group scaled down):
+        a restart's probation no longer waits for it; what only it held is lost."""
+        return self.answer("DELETE", f"/api/v1/replication/slaves/{name}", answers.BrokerInfo)
+
     def handover(self, successor: str, epoch: int, timeout_ms: int = 5000) -> answers.Handover:
         """A planned switchover: this (master) broker stops taking writes, waits until `successor`
         (one of its slaves, by name or HOST:PORT) holds its log to the end, and becomes its slave;

@@ -21,6 +21,7 @@ import time
 
 from txbroker.protocol.admin import SlaveLink
 from txbroker.broker.replication import compat
+from txbroker.broker.replication.slave_record import SlaveRecord
 from txbroker.broker.replies import RequestError, error, ok
 from txbroker.protocol.bodies import ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome
 from txbroker.protocol.codes import RequestCode, ResponseCode
@@ -63,6 +64,7 @@ class ReplicationLeader:
         self.sync_replicas = cfg.sync_replicas
         self.timeout = cfg.replication_timeout_ms / 1000
         self.heartbeat = cfg.replication_heartbeat_ms / 1000
+        self.slaves = SlaveRecord(broker.state)  # who may hold what this master acknowledged (probation)
         self._heartbeats: asyncio.Task | None = None
         self.feeds: dict[object, ReplicaFeed] = {}
         self.refused: dict[str, tuple[float, str]] = {}  # slave name -> (when, why): refused for its version
@@ -157,7 +159,8 @@ class ReplicationLeader:
             log.warning("slave %s subscribed on a new connection; dropping its earlier one", req.slave_name)
             self.remove(other.conn)
             other.conn.close()
-        self._broker.roles.end_probation(req.slave_name)
+        self.slaves.subscribed(req.slave_name)
+        self._broker.roles.slave_shown(req.slave_name)
         feed = self.feeds[conn] = ReplicaFeed(conn, req.slave_name, req.address, req.next_lsn, req.version,
                                               req.store_format)
         feed.task = asyncio.ensure_future(self._catch_up(feed))
@@ -171,6 +174,7 @@ class ReplicationLeader:
             if feed.task is not None:
                 feed.task.cancel()
             log.warning("slave %s disconnected (acknowledged up to %d)", feed.name, feed.acked_lsn)
+            self.slaves.left(feed.name, feed.next_lsn - 1, {f.name: f.acked_lsn for f in self.feeds.values()})
             if self._progress is not None:
                 self._progress.set()
 
@@ -198,6 +202,8 @@ class ReplicationLeader:
         feed.heard = time.monotonic()
         if req.durable_lsn > feed.acked_lsn:
             feed.acked_lsn = req.durable_lsn
+            if self.slaves.leaving:
+                self.slaves.acknowledged(feed.name, feed.acked_lsn)
             self._release()
             if self._progress is not None:
                 self._progress.set()

@@ -1,0 +1,88 @@
+"""Which slaves may hold records of this master's epoch that it acknowledged: kept in the store, so
+a master that restarts with its log cut short (a power cut under ASYNC flush, a damaged log) knows
+whom to wait for before it takes a write (broker/failover.py, probation).
+
+Any subscribed slave may acknowledge a SYNC write, so a slave is recorded (durably) before its
+feed starts. One that leaves is forgotten only once another recorded slave, still subscribed, has
+acknowledged everything that was sent to it: from then on what it holds, that one holds too, and a
+probation that hears from that one need not wait for it. Kept per epoch: a promoted slave leads a
+new epoch and starts with no record. The probation's list is what the last run recorded;
+`forget` is for a slave gone for good (the operator's or a person's word), never implied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from txbroker.store.db import sync_write_options
+
+log = logging.getLogger(__name__)
+
+KEY = b"replication/slaves"
+
+
+class SlaveRecord:
+    def __init__(self, state):
+        self._state = state
+        self.epoch, self.names = self._load()
+        self.leaving: dict[str, int] = {}  # a slave that left -> the last LSN sent to it
+
+    def _load(self) -> tuple[int, set[str]]:
+        raw = self._state.db.meta.get(KEY)
+        if raw is None:
+            return 0, set()
+        doc = json.loads(raw)
+        return int(doc["epoch"]), set(doc["names"])
+
+    def of_epoch(self, epoch: int) -> set[str]:
+        """The slaves recorded while this broker led `epoch` (none for another epoch)."""
+        return set(self.names) if epoch == self.epoch else set()
+
+    def _save(self, sync: bool) -> None:
+        doc = json.dumps({"epoch": self.epoch, "names": sorted(self.names)}).encode()
+        if sync:
+            self._state.db.meta.put(KEY, doc, write_opt=sync_write_options())
+        else:
+            self._state.db.meta.put(KEY, doc)
+
+    def subscribed(self, name: str) -> None:
+        """Before `name`'s feed starts: durably, so that a crash never forgets a slave that may have
+        acknowledged something."""
+        self.leaving.pop(name, None)
+        epoch = self._state.epoch
+        if epoch != self.epoch:
+            self.epoch, self.names = epoch, set()
+        if name not in self.names:
+            self.names.add(name)
+            self._save(sync=True)
+
+    def left(self, name: str, sent_through: int, others: dict[str, int]) -> None:
+        """`name` disconnected, `sent_through` the last LSN sent to it; `others`: each slave still
+        subscribed -> what it acknowledged."""
+        if name in self.names:
+            self.leaving[name] = max(sent_through, self.leaving.get(name, 0))
+            for other, acked in others.items():
+                self.acknowledged(other, acked)
+
+    def acknowledged(self, name: str, lsn: int) -> None:
+        """`name` (subscribed) holds everything through `lsn`: a slave that left holding no more is
+        forgotten (the leader asks only while someone is leaving)."""
+        if name not in self.names:
+            return
+        gone = [n for n, through in self.leaving.items() if n != name and through <= lsn]
+        for n in gone:
+            del self.leaving[n]
+            self.names.discard(n)
+            log.info("slave %s forgotten: slave %s holds everything sent to it", n, name)
+        if gone:
+            self._save(sync=False)  # (kept longer than needed is safe)
+
+    def forget(self, name: str) -> bool:
+        """A slave gone for good: a probation no longer waits for it, whatever it held."""
+        if name not in self.names:
+            return False
+        self.names.discard(name)
+        self.leaving.pop(name, None)
+        self._save(sync=True)
+        return True
