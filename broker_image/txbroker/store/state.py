@@ -32,7 +32,7 @@ from typing import Callable
 from txbroker.protocol.bodies import Message
 from txbroker.store import keys
 from txbroker.store import seed
-from txbroker.store.db import COLUMN_FAMILIES, Database, last_item_with_prefix, last_key, open_database
+from txbroker.store.db import COLUMN_FAMILIES, Database, last_item_with_prefix, last_key, open_database, sync_write_options
 from txbroker.store.derived.family import Family, RetentionPass
 from txbroker.store.derived.jobs import JOB_RETENTION_MS, Jobs
 from txbroker.store.derived.marks import MARK_PREFIX, Marks, decode_mark
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 PUBLISHED_KEY = b"published"
 EPOCH_PREFIX = b"epoch/"
+SLAVE_RECORD_KEY = b"replication/slaves"
 # Past this many unpublished batches (slaves away for long) new ones are merged into the last, so
 # memory stays bounded; what is merged is published together.
 MAX_UNPUBLISHED = 1024
@@ -168,6 +169,18 @@ class StateMachine:
     @property
     def epoch(self) -> int:
         return self.epochs[-1][0] if self.epochs else 0
+
+    # ---- the master's record of its slaves (broker/replication/slave_record.py), outside the log --
+
+    def slave_record(self) -> bytes | None:
+        return self.db.meta.get(SLAVE_RECORD_KEY)
+
+    def keep_slave_record(self, doc: bytes, sync: bool) -> None:
+        """`sync`: on disk when this returns (a slave that may acknowledge is never forgotten by a crash)."""
+        if sync:
+            self.db.meta.put(SLAVE_RECORD_KEY, doc, write_opt=sync_write_options())
+        else:
+            self.db.meta.put(SLAVE_RECORD_KEY, doc)
 
     def epoch_end(self, epoch: int) -> int:
         """Last LSN written at `epoch` or before (the log end if no later epoch exists)."""

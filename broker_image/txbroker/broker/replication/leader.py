@@ -64,7 +64,7 @@ class ReplicationLeader:
         self.sync_replicas = cfg.sync_replicas
         self.timeout = cfg.replication_timeout_ms / 1000
         self.heartbeat = cfg.replication_heartbeat_ms / 1000
-        self.slaves = SlaveRecord(broker.state)  # who may hold what this master acknowledged (probation)
+        self.slaves = SlaveRecord(broker.state, cfg.broker_name)  # who may hold what this master acknowledged (probation)
         self._heartbeats: asyncio.Task | None = None
         self.feeds: dict[object, ReplicaFeed] = {}
         self.refused: dict[str, tuple[float, str]] = {}  # slave name -> (when, why): refused for its version

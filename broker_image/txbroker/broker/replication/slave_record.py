@@ -5,8 +5,9 @@ whom to wait for before it takes a write (broker/failover.py, probation).
 Any subscribed slave may acknowledge a SYNC write, so a slave is recorded (durably) before its
 feed starts. One that leaves is forgotten only once another recorded slave, still subscribed, has
 acknowledged everything that was sent to it: from then on what it holds, that one holds too, and a
-probation that hears from that one need not wait for it. Kept per epoch: a promoted slave leads a
-new epoch and starts with no record. The probation's list is what the last run recorded;
+probation that hears from that one need not wait for it. Kept per epoch and broker: a promoted
+slave leads a new epoch and starts with no record, and a copy of the store (a slave's seed, a
+backup restored) is not its master. The probation's list is what the last run recorded;
 `forget` is for a slave gone for good (the operator's or a person's word), never implied.
 """
 
@@ -15,24 +16,22 @@ from __future__ import annotations
 import json
 import logging
 
-from txbroker.store.db import sync_write_options
-
 log = logging.getLogger(__name__)
 
-KEY = b"replication/slaves"
-
-
 class SlaveRecord:
-    def __init__(self, state):
+    def __init__(self, state, broker_name: str):
         self._state = state
+        self._broker_name = broker_name
         self.epoch, self.names = self._load()
         self.leaving: dict[str, int] = {}  # a slave that left -> the last LSN sent to it
 
     def _load(self) -> tuple[int, set[str]]:
-        raw = self._state.db.meta.get(KEY)
+        raw = self._state.slave_record()
         if raw is None:
             return 0, set()
         doc = json.loads(raw)
+        if doc.get("broker") != self._broker_name:
+            return 0, set()
         return int(doc["epoch"]), set(doc["names"])
 
     def of_epoch(self, epoch: int) -> set[str]:
@@ -40,11 +39,8 @@ class SlaveRecord:
         return set(self.names) if epoch == self.epoch else set()
 
     def _save(self, sync: bool) -> None:
-        doc = json.dumps({"epoch": self.epoch, "names": sorted(self.names)}).encode()
-        if sync:
-            self._state.db.meta.put(KEY, doc, write_opt=sync_write_options())
-        else:
-            self._state.db.meta.put(KEY, doc)
+        doc = json.dumps({"epoch": self.epoch, "broker": self._broker_name, "names": sorted(self.names)}).encode()
+        self._state.keep_slave_record(doc, sync)
 
     def subscribed(self, name: str) -> None:
         """Before `name`'s feed starts: durably, so that a crash never forgets a slave that may have
