@@ -75,12 +75,37 @@ def test_a_master_whose_log_lost_a_tail_acknowledges_nothing_the_slave_holding_t
 
 
 def test_a_slave_gone_for_good_is_forgotten_by_a_person_and_the_probation_ends(broker_factory, tmp_path):
-    m, _s1, _s2 = two_slaves_then_a_lost_tail(broker_factory, tmp_path)
+    m, _s1, s2 = two_slaves_then_a_lost_tail(broker_factory, tmp_path)
     admin = AdminClient(m.admin_url)
     with pytest.raises(AdminError) as e:
         admin.forget_slave("s9")
     assert e.value.status == 404 and "recorded: s1, s2" in str(e.value), e.value
+    with pytest.raises(AdminError) as e:  # s2 is subscribed: forgotten, it would hold writes no record names
+        admin.forget_slave("s2")
+    assert e.value.status == 409 and "subscribed" in str(e.value), e.value
+    with pytest.raises(AdminError) as e:
+        AdminClient(s2.admin_url).forget_slave("s1")
+    assert e.value.status == 409, e.value
     after = admin.forget_slave("s1")  # its store lost: what only it held is lost with it
     assert after.probation == "" and after.replication.recorded_slaves == ["s2"], after
     send(m, "new-1")
     assert bodies(m) == ["a", "new-1"]
+
+
+def test_a_slave_that_left_is_forgotten_when_another_comes_back_holding_all_it_was_sent(broker_factory):
+    """Found by a review of 0fd9e60: a slave that left was forgotten only on another's next
+    acknowledgement, so an idle master (or one on probation, which writes nothing) kept waiting
+    for it after a slave holding everything it was sent had subscribed."""
+    m = broker_factory(*SYNC_FLAGS, "--broker-name", "m", name="m")
+    s1, s2 = (broker_factory("--role", "slave", "--master", m.address, "--broker-name", n, *SYNC_FLAGS, name=n)
+              for n in ("s1", "s2"))
+    send(m, "a")
+    wait_until(in_sync(m, s1, s2), what="both slaves in sync")
+    s1.stop()  # s2 holds all s1 had
+    wait_until(lambda: info(m)["replication"]["recorded_slaves"] == ["s2"], what="s1 forgotten")
+    s2.stop()  # no other slave: s2 stays recorded
+    s1.start()  # holding everything s2 was sent (nothing was written since)
+    wait_until(subscribed(m, "s1"), what="s1 back")
+    assert info(m)["replication"]["recorded_slaves"] == ["s1"]
+    m.restart()  # s2 gone for good: the restart waits for s1 alone
+    wait_until(lambda: not info(m)["probation"], what="s1 to end the probation")

@@ -12,6 +12,9 @@ These run a real broker in this process, so a request can be sent exactly in tha
 from __future__ import annotations
 
 import asyncio
+import socket
+
+import pytest
 
 from aiohttp import web
 
@@ -204,3 +207,31 @@ def test_a_slave_subscribing_while_its_master_starts_ends_the_probation(tmp_path
     assert subscribed, "the slave did not subscribe while its master started"
     assert probation == "", f"the master stays on probation with its slave subscribed: {probation}"
     assert send == "acknowledged", send
+
+
+def test_a_new_master_whose_first_start_failed_is_still_new(tmp_path):
+    """Found by a review of 201a549: settling the role before the ports opened wrote a new master's
+    epoch record before binding, so a first start that found its port taken left a store that the
+    next start took for a restarted master (on probation, awaiting its controller) though it had
+    never taken a write or had a slave."""
+    async def go():
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        try:
+            failed = Broker(config(tmp_path, listen=f"127.0.0.1:{busy.getsockname()[1]}", await_role_confirmation=True))
+            with pytest.raises(OSError):
+                await failed.start()
+            await failed.stop()
+            await failed.state.close()  # (the process would exit here)
+        finally:
+            busy.close()
+        broker = Broker(config(tmp_path, await_role_confirmation=True))
+        await broker.start()
+        try:
+            return broker.role.epoch, broker.role.on_hold
+        finally:
+            await broker.stop()
+
+    epoch, hold = asyncio.run(go())
+    assert (epoch, hold) == (1, ""), f"a new master held as if restarted: {hold}"

@@ -111,7 +111,12 @@ class RoleChanges:
 
     def forget_slave(self, slave: str) -> bool:
         """A slave gone for good (its store lost, the group scaled down): no probation waits for it.
-        What only it held of this master's acknowledged writes is lost with it."""
+        What only it held of this master's acknowledged writes is lost with it. A slave subscribed
+        now is refused: forgotten while it acknowledges, it would hold writes no record names."""
+        if self._b.leader.feed_of(slave) is not None:
+            raise RequestError(ResponseCode.ILLEGAL_OPERATION,
+                               f"slave {slave} is subscribed to this master now: only a slave gone for good is "
+                               "forgotten (stop it first)")
         forgotten = self._b.leader.slaves.forget(slave)
         if self._b.role.probation and slave in self._awaited:
             self._awaited.discard(slave)

@@ -116,7 +116,8 @@ class Broker:
     async def start(self) -> None:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
-        if self.role.is_master:
+        restarted = self.role.is_master and self.state.epoch != 0
+        if restarted:  # its hold in force before any port answers (seed 509)
             await self._lead()
         host, port = parse_address(self.config.listen, "listen")
         if self.tls.data is None:
@@ -133,6 +134,8 @@ class Broker:
                                                       self.metrics)
         self._watcher.start()
         if self.role.is_master:
+            if not restarted:  # a new master: epoch 1 once its ports are bound (a failed first start leaves a new store)
+                await self._lead()
             if not self.role.on_hold:
                 self.roles.start_master_services()
         elif self.config.master:
@@ -155,9 +158,10 @@ class Broker:
                         "network in clear text; give --tls-cert/--tls-key outside a trusted network")
 
     async def _lead(self) -> None:
-        """A master's role, and whether it holds writes, settled before any port answers: a slave
-        subscribing (or a controller confirming) in the moment after the data port opened found no
-        probation to end, and the hold begun after it lasted for good (the fault harness, seed 509)."""
+        """A master's role, and whether it holds writes. A restarted master settles them before any
+        port answers: a slave subscribing (or a controller confirming) in the moment after the data
+        port opened found no probation to end, and the hold begun after it lasted for good (the fault
+        harness, seed 509). Until it leads, a master refuses writes (role.require_master)."""
         restarted = self.state.epoch != 0
         if not restarted:  # a new master opens epoch 1
             await self.state.append(EpochRecord(1, self.config.broker_name, now_ms()))[1]

@@ -160,6 +160,8 @@ class ReplicationLeader:
             self.remove(other.conn)
             other.conn.close()
         self.slaves.subscribed(req.slave_name)
+        if self.slaves.leaving:  # it holds its log to its end: a slave that left holding no more is forgotten
+            self.slaves.acknowledged(req.slave_name, last)
         self._broker.roles.slave_shown(req.slave_name)
         feed = self.feeds[conn] = ReplicaFeed(conn, req.slave_name, req.address, req.next_lsn, req.version,
                                               req.store_format)
