@@ -163,6 +163,8 @@ def test_a_commit_acknowledged_after_a_rejoin_survives_the_rejoined_slaves_reten
     restart_as_master(s, epoch + 1)
     m.extra_args = [*m.extra_args, "--role", "slave", "--master", s.address]
     m.start()  # rejoins: truncates its tail, T1 is PREPARED again
+    wait_until(lambda: any(x["in_sync"] for x in info(s)["replication"]["slaves"]),
+               what="the old master back as the new master's slave")  # (SYNC: no write is taken before)
     with Producer("p", s.address) as p:  # the new master's log passes the old tail, and its mark
         for i in range(tail_end):
             p.send(Message("Filler", f"f{i}".encode()))
