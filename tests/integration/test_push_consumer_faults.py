@@ -239,3 +239,35 @@ def test_a_heartbeat_on_a_lost_connection_does_not_end_the_consumers_heartbeats(
         assert _members(b, "beat-cg")
         send(b, "Beat", "after")
         wait_until(lambda: "after" in seen.bodies(), what="a message consumed after the lost heartbeat")
+
+
+# ---- seed 525: a message retention deleted while its consumer held it ---------------------------------
+
+def test_a_message_retention_deleted_while_its_consumer_held_it_still_goes_back_for_a_retry(broker_factory):
+    """The fault harness, seed 525: failovers held a consumer's send-back for longer than the short
+    retention; the broker then answered QUERY_NOT_FOUND (it no longer held the message) to every
+    send-back, forever, so the poison message never reached the dead-letter queue and its retry
+    queue's offset stayed held. As RocketMQ's consumer does, the consumer's own copy goes back."""
+    b = broker_factory("--retention-ms", "300", "--retention-check-interval-ms", "100",
+                       "--message-delay-level", "100ms 100ms 100ms 100ms")
+    admin = AdminClient(b.admin_url)
+    one_queue_topic(b, "Jobs")
+    send(b, "Jobs", "job-1")
+    stored = admin.broker_info().log_end_offset
+    deliveries = []
+    lock = threading.Lock()
+
+    def listener(msgs, ctx):
+        with lock:
+            deliveries.extend((m.body.decode(), m.reconsume_times) for m in msgs)
+            first = len(deliveries) == 1
+        if first:  # held while newer messages come, retention deletes it and the broker restarts, then refused
+            send(b, "Jobs", "job-2", "job-3")
+            wait_until(lambda: admin.broker_info().log_start_offset > stored, what="retention past job-1")
+            b.restart()  # (its reads had it cached)
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    with PushConsumer("jobs-cg", b.address, "Jobs", listener, **FAST):
+        wait_until(lambda: ("job-1", 1) in deliveries, 30, what="job-1 delivered again, as its first retry")
+    assert deliveries[0] == ("job-1", 0), deliveries

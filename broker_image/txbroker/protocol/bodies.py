@@ -147,6 +147,9 @@ class SendBackRequest(Struct, array_like=True, omit_defaults=True):
     topic: str  # where the consumer got it (the original topic or %RETRY%group)
     reconsume_times: int  # times consumed so far and failed, including this one
     max_reconsume_times: int = 16
+    # the consumer's copy, sent again when the broker no longer held the message (retention deleted
+    # it while the consumer had it): stored in its place, as RocketMQ's consumer sends it itself
+    message: Message | None = None
 
 
 class SendBackResponse(Struct, array_like=True):

@@ -110,6 +110,8 @@ class SendBackProcessor:
             m = b.reader.readable(req.msg_id, req.topic)
         except ValueError as e:
             return error(ResponseCode.MESSAGE_ILLEGAL, str(e))
+        if m is None and req.message is not None and keys.parse_msg_id(req.msg_id)[0] < b.state.log_complete_from:
+            m = req.message  # retention deleted it while its consumer had it: the consumer's copy goes back
         if m is None:  # a half or rolled-back message, or one of another topic, is nobody's to retry
             return error(ResponseCode.QUERY_NOT_FOUND, f"no message {req.msg_id} that a consumer can read in topic {req.topic}")
         group = req.consumer_group

@@ -10,11 +10,11 @@ import inspect
 import logging
 from typing import TYPE_CHECKING
 
-from txbroker.client.errors import ClientError
+from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.push.retrying import Retrying
 from txbroker.client.push.structs import ConsumeContext, ConsumeOrderlyStatus, ConsumeStatus, MessageModel
-from txbroker.protocol.bodies import MessageExt, SendBackRequest
-from txbroker.protocol.codes import RequestCode
+from txbroker.protocol.bodies import Message, MessageExt, SendBackRequest
+from txbroker.protocol.codes import RequestCode, ResponseCode
 
 if TYPE_CHECKING:
     from txbroker.client.push.member import Member
@@ -57,14 +57,19 @@ class SendBack:
             return
         # Until the client closes, not while running: a batch failing as shutdown begins still goes
         # back. The offset stays held (in flight) until the broker has the message.
+        copy = None
         while not member.closed:
             try:
                 await member.client.request(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackRequest(
-                    member.group, m.msg_id, q.topic, m.reconsume_times, self.max_reconsume_times))
+                    member.group, m.msg_id, q.topic, m.reconsume_times, self.max_reconsume_times, copy))
                 self.retrying.succeeded()
                 return
             except ClientError as e:
                 member.stats.send_back_errors += 1
+                if isinstance(e, BrokerError) and e.code == ResponseCode.QUERY_NOT_FOUND and copy is None:
+                    # the broker no longer holds it (retention deleted it meanwhile): send our copy
+                    copy = Message(q.topic, m.body, m.tags, m.keys, dict(m.properties))
+                    continue
                 await asyncio.sleep(self.retrying.failed(e))
 
 
