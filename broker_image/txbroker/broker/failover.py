@@ -121,9 +121,7 @@ class RoleChanges:
         if self._b.role.probation and slave in self._awaited:
             self._awaited.discard(slave)
             forgotten = True
-            if self._awaited:
-                self._describe_probation()
-            elif self._b.leader.feeds:  # a slave already showed this log whole
+            if not self._awaited and self._b.leader.feeds:  # the slaves subscribed showed this log whole
                 self._end_probation(f"slave {slave} forgotten, and every other slave is not ahead of this log")
             else:
                 self._describe_probation()

@@ -94,10 +94,10 @@ class Replication(Struct):
     # read its master's store format): why, naming both. A master lists the slaves it refused lately.
     incompatible: str = ""
     master_version: str = ""  # a slave: its master's software version and store format, as it said
+    master_store_format: int = 0
     # a master: the slaves recorded as possibly holding what it acknowledged at its epoch (a restart's
     # probation waits for each; DELETE /api/v1/replication/slaves/NAME forgets one gone for good)
     recorded_slaves: list[str] = field(default_factory=list)
-    master_store_format: int = 0
 
 
 class AuthStatus(Struct):

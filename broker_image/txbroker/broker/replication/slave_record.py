@@ -18,6 +18,7 @@ import logging
 
 log = logging.getLogger(__name__)
 
+
 class SlaveRecord:
     def __init__(self, state, broker_name: str):
         self._state = state
