@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import statistics
@@ -80,6 +81,24 @@ def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_
     return json.loads(report.read_text())
 
 
+def code_identity() -> dict:
+    """The commit the harness and brokers run from, and whether their files differ from it: a
+    report says which code it judged."""
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+        return r.stdout.strip()
+    return {"commit": git("rev-parse", "--short=7", "HEAD") or "unknown",
+            "modified": bool(git("status", "--porcelain", "--", "broker_image", "operator", "chaos"))}
+
+
+def reports_in(results: Path) -> list[dict]:
+    """Every schedule's report in `results` (seed-N.json; a seed's earlier runs are kept as
+    seed-N-<why>.json and left out), by seed."""
+    found = [json.loads(p.read_text()) for p in results.glob("seed-*.json")
+             if re.fullmatch(r"seed-\d+\.json", p.name)]
+    return sorted(found, key=lambda r: r["seed"])
+
+
 def summary(reports: list[dict]) -> str:
     ok = [r for r in reports if "error" not in r]
     faults, anomalies, ops, group, families = Counter(), Counter(), Counter(), Counter(), Counter()
@@ -111,6 +130,18 @@ def summary(reports: list[dict]) -> str:
              *([f"ASYNC: acknowledged commits lost {sum(n for _, n in lost_async)} in {len(lost_async)} schedules "
                 f"(per seed: {dict((s, n) for s, n in lost_async if n)}); the group, after those losses: "
                 + (", ".join(f"{k} {v}" for k, v in sorted(after_loss.items())) or "nothing")] if lost_async else [])]
+    windows: dict[str, list] = defaultdict(list)
+    for r in ok:
+        for cause, w in r.get("loss_window", {}).items():
+            if cause != "unplaced":
+                windows[cause].append((w["max_ms"], w["lost"], r["seed"]))
+    for cause, w in sorted(windows.items()):
+        worst = max(w)
+        lines.append(f"loss window, {cause}: {sum(n for _, n, _ in w)} lost commits acknowledged at most "
+                     f"{worst[0]:.0f} ms before it (seed {worst[2]}), in {len(w)} schedules")
+    codes = Counter(f"{r['code']['commit']}{' (modified)' if r['code']['modified'] else ''}" if "code" in r
+                    else "unrecorded" for r in ok)
+    lines.append("code: " + ", ".join(f"{c} ({n} schedules)" for c, n in sorted(codes.items())))
     moved = sum(r.get("reordered_where_the_key_moved", 0) for r in ok)
     unplaced = sum(r.get("reordered_after_route_change", 0) for r in ok)
     lines.append(f"ordered keys reordered across a move to another queue (a route change; not anomalies): {moved} keys"
@@ -165,12 +196,21 @@ def main() -> int:
     ap.add_argument("--every-kind", action="store_true",
                     help="draw every fault of the families first, not one of each family (make test's fixed seeds)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the brokers' logs of every schedule, not only failing ones")
-    ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-<time>)")
+    ap.add_argument("--results", default=None, help="directory for the reports (default bench/results/chaos-<time>); "
+                    "its summary.txt covers every report there, from earlier runs into it too")
+    ap.add_argument("--summarize", metavar="DIR",
+                    help="only write DIR/summary.txt from the reports in DIR, and print it")
     args = ap.parse_args()
+    if args.summarize:
+        text = summary(reports_in(Path(args.summarize)))
+        (Path(args.summarize) / "summary.txt").write_text(text + "\n")
+        print(text)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: each schedule still tears down
     results = Path(args.results or ROOT / "bench" / "results" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}")
     results.mkdir(parents=True, exist_ok=True)
     reports = []
+    code = code_identity()
     for seed in parse_seeds(args.seeds):
         t0 = time.monotonic()
         r = run_one(seed, args.duration, results, args.mode, args.keep_logs, args.families, args.retention,
@@ -179,10 +219,12 @@ def main() -> int:
         if "error" in r:
             print(f"seed {seed}: ERROR (see {results})", flush=True)
             continue
+        r["code"] = code
+        (results / f"seed-{seed}.json").write_text(json.dumps(r, indent=2))
         print(f"seed {seed}: {sum(r['faults'].values())} faults ({dict(r['faults'])}), {r['failovers']} failovers, "
               f"{r['commits_acknowledged']} commits acknowledged, {r['failed_operations']} failed operations, "
               f"anomalies {r['anomalies'] or 'none'} ({time.monotonic() - t0:.0f}s)", flush=True)
-    text = summary(reports)
+    text = summary(reports_in(results) + [r for r in reports if "error" in r])
     (results / "summary.txt").write_text(text + "\n")
     print(text)
     return 1 if any(r.get("anomalies") or "error" in r for r in reports) else 0

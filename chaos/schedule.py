@@ -22,6 +22,7 @@ import logging
 import random
 import re
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -286,6 +287,35 @@ def _losses_allowed(mode: str, anomalies: dict, events: list[dict]) -> list[str]
     return lost
 
 
+def _loss_window(lost: list[str], h, events: list[dict], cluster: Cluster, to_monotonic: float) -> dict:
+    """The ASYNC loss window, measured: for each acknowledged commit lost, how long before the fault
+    that lost it (the first power cut or failover of its group after its acknowledgement) it was
+    acknowledged. Under ASYNC flush a power cut takes at most `--flush-interval-ms` of writes; under
+    ASYNC replication a failover takes what the slave had not received."""
+    strikes = [(e["start"], e["group"], e["kind"]) for e in events
+               if e["kind"] in ("power-loss-group", "power-loss-broker")]
+    strikes += [(f["at"] + to_monotonic, g.name, "failover") for g in cluster.groups.values()
+                for f in g.status.get("failovers") or []]
+    strikes.sort()
+    ages: dict[str, list[float]] = {}
+    unplaced = 0
+    for detail in lost:
+        tx = h.txs.get(detail.split(" ", 1)[0])
+        groups = _groups_named(detail)
+        hit = tx is not None and next(((at, kind) for at, g, kind in strikes if g in groups and at >= tx.acked_at),
+                                      None)
+        if not hit:
+            unplaced += 1
+            continue
+        ages.setdefault(hit[1], []).append(hit[0] - tx.acked_at)
+    out: dict = {"unplaced": unplaced} if unplaced else {}
+    for kind, a in sorted(ages.items()):
+        a.sort()
+        out[kind] = {"lost": len(a), "median_ms": round(statistics.median(a) * 1000, 1),
+                     "max_ms": round(a[-1] * 1000, 1)}
+    return out
+
+
 def _corruption_outcomes(events: list[dict], cluster: Cluster) -> dict:
     """What became of the damage done, from the damaged brokers' own logs: found while running
     (the scrub or a read: the broker stopped), seeds begun because the store was damaged (found at
@@ -455,6 +485,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "anomalies": {k: len(v) for k, v in anomalies.items()},
             "anomaly_details": {k: v[:20] for k, v in anomalies.items()},
             "lost_under_async": len(lost_async), "lost_under_async_details": lost_async[:20],
+            "loss_window": _loss_window(lost_async, h, events, cluster, to_monotonic),
             "backups": [{k: v for k, v in b.items() if k not in ("sent", "answered", "dir")} for b in backups],
             "backup_outcomes": Counter(b["outcome"] for b in backups),
             "backups_restored_and_checked": sum(1 for b in backups if "checked" in b),
