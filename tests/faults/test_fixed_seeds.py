@@ -57,8 +57,10 @@ def test_power_cuts_and_damaged_files_lose_nothing_acknowledged(tmp_path):
     damage = [e for e in out["events"] if e["family"] == "corruption"]
     assert {e["how"] for e in damage} == {"bitflip", "truncate"}, damage
     assert all(e["damage"] for e in damage), damage  # each found a file to damage
-    # detected (a damaged store is never opened as is) and re-synced from the master, each time
-    # ("seeded" counts seeds for records the master deleted too)
+    # A damaged table is detected (a damaged store is never opened as is) and the store seeded from
+    # the master, every seed begun finished ("seeded" counts seeds for records the master deleted
+    # too). A write-ahead log cut short is a crash's tail to RocksDB: no seed, the broker recovers
+    # what is left and a slave catches up, a master waits on probation (docs/verification.md).
     found = out["corruption"]
     assert found["seeds for damage"] >= 1 and found["seeded"] >= found["seeds for damage"], found
 
