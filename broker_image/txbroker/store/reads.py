@@ -34,21 +34,29 @@ class MessageReader:
         return rec
 
     def read_queue(self, topic: str, queue_id: int, offset: int, max_messages: int) -> tuple[list[MessageExt], int, int]:
-        """Durable messages of one queue from `offset`; returns (messages, next offset, queue end)."""
+        """Up to `max_messages` durable messages of one queue from `offset`; returns (messages, next
+        offset, queue end). Offsets retention emptied behind a record it keeps are passed over, as
+        Kafka's fetch passes over a compacted range: a reader there goes on from the next message
+        (nothing readable up to the end: from the end), never stays where it is."""
         prefix = keys.queue_prefix(topic, queue_id)
         end = self._state.readable_end(topic, queue_id)
-        stop = min(end, offset + max_messages)
-        if offset >= stop:
+        if offset >= end or max_messages <= 0:
             return [], offset, end
         out: list[MessageExt] = []
         append = out.append
         view = self.view
-        for first, lsn, index, count in self._runs(prefix, offset, stop):
+        left = max_messages
+        for first, lsn, index, count in self._runs(prefix, offset, end):
             if self.record(lsn) is None:  # deleted by retention behind a record it keeps
                 continue
-            for off in range(max(first, offset), min(first + count, stop)):
+            start = max(first, offset)
+            upto = min(first + count, end, start + left)
+            for off in range(start, upto):
                 append(view(lsn, index + off - first, topic, queue_id, off))
-        return out, (out[-1].queue_offset + 1) if out else offset, end
+            left -= upto - start
+            if not left:
+                break
+        return out, (out[-1].queue_offset + 1) if out else end, end
 
     def _runs(self, prefix: bytes, offset: int, stop: int):
         """The queue-index runs of one queue that hold offsets in [offset, stop), in order:

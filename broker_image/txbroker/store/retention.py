@@ -40,8 +40,8 @@ async def delete_before(state: "StateMachine", mark: Mark, now_ms: int) -> int:
     """Delete the log records before `mark.lsn` that no lineage needs; returns how many went."""
     db = state.db
     h_log = db.handles["log"]
-    needed = set(mark.needed)
-    rp = RetentionPass(now_ms, mark.lsn)
+    needed = frozenset(mark.needed)
+    rp = RetentionPass(now_ms, mark.lsn, needed)
     deleted = 0
     # Records an earlier pass kept (needed then) go now if they are no longer needed.
     kept_before = state.marks.kept()

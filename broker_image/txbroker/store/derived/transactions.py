@@ -178,12 +178,23 @@ class Transactions(Family):
         elif kind is EndRecord:
             done = self.finished(record.transaction_id)
             if done is not None and done.end_lsn == lsn:
-                if self._still_asked_about(done, rp):
+                if self._still_asked_about(done, rp) or self._indexes_a_stored_half(done, rp.kept):
                     wb.put(LINGER_PREFIX + record.transaction_id.encode(), b"", self._h_meta)
                 else:
                     wb.delete(record.transaction_id.encode(), self._h_tx)
         elif kind is ParkRecord and record.transaction_id not in self.pending:
             self._messages.forget_parked(wb, record.queue_offsets)
+
+    def _indexes_a_stored_half(self, f: FinishedTx, kept: frozenset[int] | None = None) -> bool:
+        """A commit whose half outlives its END (kept as its queue's newest record, say): only this
+        decision says where the half's messages are indexed, and deleting the half must find them,
+        else they stay, pointing at nothing (the fault harness, seed 556). `kept`: the records the
+        pass under way keeps (its deletions are not on disk yet); else the log says."""
+        if not f.queue_offsets:
+            return False
+        if kept is not None:
+            return f.half_lsn in kept
+        return self._db.log.get(keys.lsn_key(f.half_lsn)) is not None
 
     @staticmethod
     def _still_asked_about(f: FinishedTx, rp: RetentionPass) -> bool:
@@ -200,7 +211,7 @@ class Transactions(Family):
                 break
             tid = k[len(LINGER_PREFIX):]
             f = self.finished(tid.decode())
-            if f is not None and self._still_asked_about(f, rp):
+            if f is not None and (self._still_asked_about(f, rp) or self._indexes_a_stored_half(f)):
                 continue
             wb.delete(k, self._h_meta)
             if f is not None:
