@@ -74,6 +74,10 @@ def run_one(seed: int, duration: float, results: Path, mode: str = "SYNC", keep_
                 history = Path(work, "history.json.gz")
                 if history.exists():
                     shutil.copy(history, results / f"seed-{seed}-history.json.gz")
+            if failed and any(Path(work, d).is_dir() for d in ("backups", "restored")):
+                # the backups taken and their restored stores, for a restored copy the checker faulted
+                subprocess.run(["tar", "czf", str(results / f"seed-{seed}-backups.tar.gz"), "-C", work,
+                                *[d for d in ("backups", "restored") if Path(work, d).is_dir()]], check=False)
             if r.returncode != 0:
                 return {"seed": seed, "error": (r.stdout + r.stderr)[-3000:]}
     finally:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from txbroker.client import AsyncPullConsumer
 from txbroker.client.admin import AdminClient
+from txbroker.client.errors import ClientError
 
 from chaos.broker import FAKETIME, TXBROKER
 from chaos.checker import DATA_TOPICS
@@ -81,6 +82,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+async def _where_stuck(address: str, reader: Reader) -> str:
+    """The queues a reader could not read to their end: where it stood, and what a pull there says."""
+    stuck = []
+    async with AsyncPullConsumer([address], request_timeout=3) as c:
+        for (group, topic), count in sorted(reader.queues.items()):
+            for q in range(count):
+                offset = reader.next.get((group, topic, q), 0)
+                try:
+                    r = await c.pull(topic, q, offset, 64)
+                except ClientError as e:
+                    stuck.append(f"{topic}:{q} at {offset}: {e}")
+                    continue
+                if r.max_offset > offset:
+                    stuck.append(f"{topic}:{q} at {offset}: pull gave {len(r.messages)} messages, next offset "
+                                 f"{r.next_offset}, max offset {r.max_offset}")
+    return "; ".join(stuck[:10]) or "no queue behind now"
+
+
 def restore_and_read(backup_dir: Path, root: Path, name: str, clock_back_s: int, timeout: float = 60) -> dict:
     """Restore a backup into root/<name>, start a standalone broker on it, read what it holds, stop
     it. Returns {"restore": what the CLI said, "error": why it could not be read (else absent),
@@ -121,7 +140,11 @@ def restore_and_read(backup_dir: Path, root: Path, name: str, clock_back_s: int,
         address = f"127.0.0.1:{port}"
         reader = Reader(lambda: {name: [address]}, topics=DATA_TOPICS)
         if not asyncio.run(reader.catch_up(time.monotonic() + timeout)):
-            out["error"] = "the restored broker could not be read to its end"
+            out["error"] = ("the restored broker could not be read to its end: "
+                            + asyncio.run(_where_stuck(address, reader)))
+            return out
+        if reader.stuck:
+            out["error"] = "the restored broker's queues read again from their start: " + "; ".join(reader.stuck[:10])
             return out
         out["seen"] = {(t, q, o): body for (_g, t, q, o), body in reader.seen.items()}
         out["starts"] = asyncio.run(_starts(address, [(t, n) for (_g, t), n in reader.queues.items()]))

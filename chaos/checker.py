@@ -15,6 +15,8 @@ healed and every transaction decided. Jepsen's rules for a transactional queue, 
                    otherwise than the coordinator was acknowledged
   rewritten        a position of a queue read with two different messages (reader.py)
   went back        a queue's end below an offset already read from it (reader.py)
+  read stuck       a queue a reader starting at its first message cannot read past an offset below
+                   its end (reader.py)
   unverified       (not an anomaly) an acknowledged commit not read, where retention deleted offsets
                    the reader had not read yet (a master whose clock ran ahead deletes early): the
                    report counts them, so the checks' blind spot is a number
@@ -146,6 +148,8 @@ def check(h: History, reader: Reader, unresolved: dict[str, int], masters_by_epo
         out["rewritten"] = list(reader.rewritten)
     if reader.went_back:
         out["went back"] = list(reader.went_back)
+    if reader.stuck:
+        out["read stuck"] = list(reader.stuck)
     return {k: v for k, v in out.items() if v}
 
 

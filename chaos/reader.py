@@ -10,6 +10,9 @@ it finds is judged as Jepsen judges a log:
               everything still stored at the end) with two different messages: the log the
               clients were served changed under them
   went back   a queue's end, as its master says, below an offset already read from it
+  read stuck  a queue read again from its start (at the end) that a pull cannot get past: nothing
+              read and no further offset, below where the queue goes on (seed 556: a range
+              retention emptied stopped every reader starting below it)
   skipped     offsets retention deleted before the reader got to them (not an anomaly: the
               reader fell behind; every such offset is counted so a report shows the checks
               did not cover it)
@@ -42,6 +45,7 @@ class Reader:
     next: dict = field(default_factory=dict)  # (group, topic, queue) -> next offset to read
     rewritten: list = field(default_factory=list)
     went_back: list = field(default_factory=list)
+    stuck: list = field(default_factory=list)
     skipped: dict = field(default_factory=lambda: defaultdict(int))  # (group, topic) -> offsets
     queues: dict = field(default_factory=dict)  # (group, topic) -> queue count
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -183,6 +187,10 @@ class Reader:
                 offset = await c.search_offset(topic, q, 0)  # retention got there first
                 continue
             if not r.messages:
+                if r.next_offset <= offset < min(end, r.max_offset):
+                    with self.lock:
+                        self.stuck.append(f"{group} {topic}:{q}: a pull from offset {offset} reads nothing and "
+                                          f"moves no further, though the queue goes on to {r.max_offset}")
                 return
             with self.lock:
                 for m in r.messages:

@@ -19,7 +19,7 @@ from chaos.workload import History, Tx  # noqa: E402
 def reader(**topics: dict[str, list[tuple]]):
     """topic -> body -> positions (group, queue, offset) the end-of-run reader found it at."""
     return SimpleNamespace(bodies=lambda topic: topics.get(topic, {}), queues_groups=lambda: ["g0", "g1"],
-                           skipped={}, rewritten=[], went_back=[])
+                           skipped={}, rewritten=[], went_back=[], stuck=[])
 
 
 def job(h: History, name: str, members: dict[str, tuple[str, str]], acked: str = "COMMIT") -> None:

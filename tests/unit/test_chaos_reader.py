@@ -63,3 +63,27 @@ def test_without_the_re_read_the_old_masters_records_stay_in_the_record(monkeypa
     asyncio.run(r._read_group("g0", Master({o: f"old-{o}" for o in range(10)})))
     asyncio.run(r._read_group("g0", Master({**{o: f"old-{o}" for o in range(5)}, 5: "new-5", 6: "new-6"})))
     assert "old-5" in r.bodies("Orders") and "new-5" not in r.bodies("Orders")
+
+
+class Gapped(Master):
+    """A master whose pull in a gap reads nothing and moves no further (the read path before the
+    fix of seed 556)."""
+
+    async def pull(self, topic, q, offset, n):
+        got = [SimpleNamespace(queue_offset=o, body=self.log[o].encode())
+               for o in range(offset, offset + n) if o in self.log]
+        end = max(self.log) + 1
+        return SimpleNamespace(messages=got, next_offset=(got[-1].queue_offset + 1) if got else offset,
+                               max_offset=end)
+
+
+def test_a_queue_that_cannot_be_read_past_a_gap_from_its_start_is_flagged():
+    r = Reader(lambda: {}, topics=("Orders",))
+    asyncio.run(r._read_group("g0", Master({o: f"m-{o}" for o in range(200)})))  # read live, whole
+    gapped = Gapped({0: "m-0", **{o: f"m-{o}" for o in range(100, 200)}})  # retention emptied 1-99
+    asyncio.run(r._verify_all("g0", gapped))
+    assert r.stuck == ["g0 Orders:0: a pull from offset 1 reads nothing and moves no further, though the queue "
+                       "goes on to 200"]
+    r.stuck.clear()
+    asyncio.run(r._verify_all("g0", Master({o: f"m-{o}" for o in range(200)})))  # nothing missing: nothing said
+    assert r.stuck == []
