@@ -85,3 +85,27 @@ def test_a_reader_passes_over_what_retention_emptied_below_a_kept_record(tmp_pat
         finally:
             await state.close()
     asyncio.run(main())
+
+
+def test_entries_a_store_leaked_before_the_fix_are_passed_over_by_every_read(tmp_path, monkeypatch):
+    """A store written before 6396a24 may hold such entries (their records deleted, the entries
+    left): reads by queue go past them, a long run of them in bounded steps, and reads by key skip
+    them instead of failing (AttributeError: a QUERY_MESSAGE answered SYSTEM_ERROR)."""
+    from txbroker.store import keys, reads
+    monkeypatch.setattr(reads, "MAX_DEAD_RUNS", 4)
+
+    async def main():
+        state = StateMachine(str(tmp_path / "store"), False, lambda e: None)
+        try:
+            lsns = [state.append_messages(1, [Message("T", b"m%d" % i, "", "k", queue_id=0)])[0] for i in range(12)]
+            await state.drain()
+            for lsn in lsns[:10]:  # what the old code left: the records gone, their entries not
+                state.db.log.delete(keys.lsn_key(lsn))
+            reader = MessageReader(state)
+            msgs, nxt, end = reader.read_queue("T", 0, 0, 64)
+            assert (msgs, nxt, end) == ([], 4, 12)  # four dead runs examined, then on from there next time
+            assert read_from_start(state, "T", 0) == [b"m10", b"m11"]
+            assert [m.body for m in reader.by_key("T", "k", 10)] == [b"m10", b"m11"]
+        finally:
+            await state.close()
+    asyncio.run(main())

@@ -67,11 +67,13 @@ class RetentionService:
             cursor = state.committed_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q, published=False) or 0
             offset = max(cursor, state.queue_start(SCHEDULE_TOPIC, q))
             while offset < end:  # the entry at the cursor may be gone (deleted before this rule, or truncated)
-                entries, _, _ = reader.read_queue(SCHEDULE_TOPIC, q, offset, 256)
+                entries, nxt, _ = reader.read_queue(SCHEDULE_TOPIC, q, offset, 1)  # (passes over what is gone)
                 if entries:
                     first = min(first, keys.parse_msg_id(entries[0].msg_id)[0])
                     break
-                offset += 256
+                if nxt <= offset:  # nothing readable from here to what is published
+                    break
+                offset = nxt
         return first
 
     async def run_once(self) -> int:

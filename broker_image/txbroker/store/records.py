@@ -211,6 +211,7 @@ class PendingTx(Struct, array_like=True, omit_defaults=True):
     home: str = ""  # participant: never checked back, ended as its home group's transaction ended
     participants: list[str] = field(default_factory=list)  # the home of a spanning transaction: where the others are
     lineage: list[int] = field(default_factory=list)  # LSNs of its check, park and resume records
+    parked_offsets: list[int] = field(default_factory=list)  # its entries in TRANS_CHECK_MAX_TIME_TOPIC
 
 
 class FinishedTx(Struct, array_like=True, omit_defaults=True):
@@ -227,6 +228,9 @@ class FinishedTx(Struct, array_like=True, omit_defaults=True):
     job_id: str = ""
     participants: list[str] = field(default_factory=list)  # the home of a spanning transaction
     released_lsn: int = 0  # the ReleaseRecord that let this decision expire (participants all ended)
+    # its entries in TRANS_CHECK_MAX_TIME_TOPIC, if it was parked: they point into its half and go
+    # with it (empty in a decision written before they were kept: its park record's deletion takes them)
+    parked_offsets: list[int] = field(default_factory=list)
 
 
 class JobState(Struct, array_like=True, omit_defaults=True):

@@ -11,7 +11,8 @@ Deleting the records before a mark's LSN C keeps
   published (the caller's limit).
 A deleted record takes with it what it derived, as its family says (`forget`): its queue-index and
 key-index entries (the queues now start later: a consumer below the start gets PULL_OFFSET_MOVED),
-its send-back key, a decision's entry unless someone may still ask about it. State that outlives
+its send-back key, a decision's entry unless someone may still ask about it (or its half, kept,
+still needs it to find the half's queue entries). State that outlives
 its records goes by its own rule at every pass (`expire`: decisions and jobs).
 
 Deletion runs in chunks, each one WriteBatch holding records and everything derived from them, so

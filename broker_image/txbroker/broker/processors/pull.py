@@ -47,7 +47,7 @@ class PullProcessor:
             # (beyond what is readable but not beyond what is stored: unpublished records, wait for them)
             return error(ResponseCode.PULL_OFFSET_MOVED,
                          f"offset {req.offset} is beyond the end of queue {req.topic}:{req.queue_id} ({end})")
-        if not msgs and req.max_wait_ms > 0:
+        if not msgs and nxt == req.offset and req.max_wait_ms > 0:  # (passed over a gap: answer at once)
             prefix = keys.queue_prefix(req.topic, req.queue_id)
             waiter = self._state.wait_visible(prefix)
             try:

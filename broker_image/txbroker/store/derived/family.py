@@ -15,11 +15,12 @@ Applier = Callable[["Record", int, "Batch"], None]
 
 class RetentionPass:
     """One retention pass: deleting (most) records before `cutoff_lsn` (a mark's), at `now_ms`,
-    all but the records in `kept` (the mark's lineages)."""
+    all but the records in `kept` (the mark's lineages; None: not deleting, the log says what is
+    stored)."""
 
     __slots__ = ("now_ms", "cutoff_lsn", "kept")
 
-    def __init__(self, now_ms: int, cutoff_lsn: int, kept: frozenset[int] = frozenset()):
+    def __init__(self, now_ms: int, cutoff_lsn: int, kept: frozenset[int] | None = None):
         self.now_ms = now_ms
         self.cutoff_lsn = cutoff_lsn
         self.kept = kept

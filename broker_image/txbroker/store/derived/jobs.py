@@ -97,7 +97,10 @@ class Jobs(Family):
             f = finished(txid)
             if f is None or not f.queue_offsets:
                 continue
-            half = decode_record(self._db.log[keys.lsn_key(f.half_lsn)])
+            raw = self._db.log.get(keys.lsn_key(f.half_lsn))
+            if raw is None:  # retention deleted its messages (within its decision's linger): nothing to hold
+                continue
+            half = decode_record(raw)
             for m, offset in zip(half.messages, f.queue_offsets):
                 self._messages.hold_at(j.job_id, keys.queue_prefix(m.topic, m.queue_id), offset)
         if queues:

@@ -14,7 +14,7 @@ import heapq
 import itertools
 from typing import TYPE_CHECKING
 
-from txbroker.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC
+from txbroker.protocol.names import SCHEDULE_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC
 from txbroker.store import keys
 from txbroker.store.db import last_item_with_prefix
 from txbroker.store.derived.family import Family
@@ -79,6 +79,20 @@ class Messages(Family):
         for topic, count in list(self.topics.items()) + [(TRANS_CHECK_MAX_TIME_TOPIC, 1)]:
             for q in range(count):
                 self._load_queue_end(keys.queue_prefix(topic, q))
+        # The delay queues have no topic record (one queue per level, as the schedule service sets):
+        # each found on disk, so the first mark after a restart keeps its newest record too.
+        for q in self._queues_on_disk(SCHEDULE_TOPIC):
+            self._load_queue_end(keys.queue_prefix(SCHEDULE_TOPIC, q))
+
+    def _queues_on_disk(self, topic: str):
+        """The queue ids of `topic` that have index entries (a seek per queue)."""
+        base = topic.encode() + b"\x00"
+        it = self._db.cq.iter()
+        it.seek(base)
+        while it.valid() and it.key().startswith(base):
+            q = keys.queue_id_of(it.key()[len(base):len(base) + 2])
+            yield q
+            it.seek(keys.queue_prefix(topic, q + 1))
 
     def _load_queue_end(self, prefix: bytes) -> int:
         last = last_item_with_prefix(self._db.cq, prefix)

@@ -5,8 +5,11 @@ back, what a repeated END or a participant asks about).
 Retention keeps the records a pending transaction is derived from (its half message and its
 check, park and resume records: its lineage), and a decision while someone may still ask about
 it: a spanning transaction's home keeps it until a ReleaseRecord says every participant has ended,
-and any decision stays at least DECISION_FLOOR_MS after its END (a producer's retried END). Such
-a decision outlives its records: listed under meta `linger/`, and expired there.
+and any decision stays at least DECISION_FLOOR_MS after its END (a producer's retried END). A
+commit's decision also stays while its half is stored (kept as its queue's newest record, say):
+the half's queue entries, and a parked one's entries in TRANS_CHECK_MAX_TIME_TOPIC, point into it,
+and only the decision says where they are when the half goes (seed 556). Such a decision outlives
+its records: listed under meta `linger/`, and expired there.
 
 Truncation derives each transaction the dropped records touched again from its kept records
 (kept by its lineage), or undoes a dropped release.
@@ -112,7 +115,7 @@ class Transactions(Family):
             transaction_id=r.transaction_id, producer_group=p.producer_group, half_lsn=p.half_lsn,
             state=COMMITTED if committed else ROLLED_BACK, end_lsn=lsn, end_ms=r.end_ms,
             message_count=len(p.destinations), queue_offsets=r.queue_offsets, by=r.by, checks=p.checks,
-            job_id=p.job_id, participants=p.participants,
+            job_id=p.job_id, participants=p.participants, parked_offsets=p.parked_offsets,
         )
         if p.job_id:
             self._jobs.member_ended(p.job_id, r.transaction_id, lsn, b)
@@ -137,6 +140,7 @@ class Transactions(Family):
         p.state = PARKED
         p.last_check_ms = r.park_ms
         p.lineage.append(lsn)
+        p.parked_offsets.extend(r.queue_offsets)
         b.wb.put(p.transaction_id.encode(), encode(p), self._h_pending)
         self._messages.index_parked(b, p.half_lsn, len(p.destinations), r.queue_offsets)
 
@@ -171,10 +175,14 @@ class Transactions(Family):
     def forget(self, lsn: int, record, wb: "WriteBatch", rp: RetentionPass) -> None:
         kind = type(record)
         if kind is HalfRecord:
-            # decided before the mark (else it is in a lineage): its commit's index entries point here
+            # decided before the mark (else it is in a lineage): its commit's index entries, and its
+            # entries of the parked queue, point here
             done = self.finished(record.transaction_id)
-            if done is not None and done.half_lsn == lsn and done.queue_offsets:
-                self._messages.forget_messages(wb, lsn, record.messages, done.queue_offsets)
+            if done is not None and done.half_lsn == lsn:
+                if done.queue_offsets:
+                    self._messages.forget_messages(wb, lsn, record.messages, done.queue_offsets)
+                if done.parked_offsets:
+                    self._messages.forget_parked(wb, done.parked_offsets)
         elif kind is EndRecord:
             done = self.finished(record.transaction_id)
             if done is not None and done.end_lsn == lsn:
@@ -183,14 +191,16 @@ class Transactions(Family):
                 else:
                     wb.delete(record.transaction_id.encode(), self._h_tx)
         elif kind is ParkRecord and record.transaction_id not in self.pending:
-            self._messages.forget_parked(wb, record.queue_offsets)
+            done = self.finished(record.transaction_id)
+            if done is None or not done.parked_offsets:  # (a decision from before they were kept)
+                self._messages.forget_parked(wb, record.queue_offsets)
 
     def _indexes_a_stored_half(self, f: FinishedTx, kept: frozenset[int] | None = None) -> bool:
-        """A commit whose half outlives its END (kept as its queue's newest record, say): only this
+        """A decision whose half outlives its END (kept as its queue's newest record, say): only the
         decision says where the half's messages are indexed, and deleting the half must find them,
         else they stay, pointing at nothing (the fault harness, seed 556). `kept`: the records the
-        pass under way keeps (its deletions are not on disk yet); else the log says."""
-        if not f.queue_offsets:
+        pass under way keeps (its deletions are not on disk yet); None: the log says."""
+        if not (f.queue_offsets or f.parked_offsets):
             return False
         if kept is not None:
             return f.half_lsn in kept
