@@ -228,3 +228,34 @@ def test_a_snapshot_request_names_only_its_own_files(broker_factory):
     assert e.value.code_name == "QUERY_NOT_FOUND"
     assert not os.path.exists(os.path.join(m.data_dir, ".snapshots", begun.snapshot_id))
     assert metric(m, "txbroker_store_damaged_total") == 0
+
+
+def test_a_master_whose_table_file_is_damaged_gives_no_copy_and_stops(broker_factory, tmp_path):
+    """The seed side of the fault harness's seed 571: a master's table file damaged under the blocks
+    its cache held would be copied to a slave that needs a seed, which then found it damaged at its
+    open, and was seeded again from the same files. The master reads its copy back from disk first:
+    it refuses, naming the damage, and stops (its store to be seeded, the group failed over)."""
+    m = broker_factory(*SYNC_FLAGS, "--replication-mode", "ASYNC", "--retention-ms", "300", "--scrub-interval-ms", "0",
+                       "--retention-check-interval-ms", "100", "--broker-name", "m", name="m")
+    fill(m, 2000)
+    end = info(m).log_end_offset
+    wait_until(lambda: info(m).log_start_offset > end, what="retention past the first records")
+    seed_copy = BrokerProcess(tmp_path / "s1-data", tmp_path / "s1.log", ["--role", "slave", "--master", m.address,
+                                                                           "--broker-name", "s1", *SYNC_FLAGS,
+                                                                           "--replication-mode", "ASYNC"])
+    with pytest.raises(AssertionError, match=f"exited with {EXIT_RESEED}"):
+        seed_copy.start()
+    seed_copy.start()  # seeded: the master's checkpoint wrote its memtables to table files
+    seed_copy.stop()
+    table = max(m.data_dir.glob("*.sst"), key=lambda p: p.stat().st_size)
+    flip(str(table), 0.3)  # a failing disk, under a master that reads nothing of it
+    s2 = BrokerProcess(tmp_path / "s2-data", tmp_path / "s2.log", ["--role", "slave", "--master", m.address,
+                                                                    "--broker-name", "s2", *SYNC_FLAGS,
+                                                                    "--replication-mode", "ASYNC"])
+    with pytest.raises(AssertionError, match=f"exited with {EXIT_RESEED}"):
+        s2.start()  # needs a seed
+    with pytest.raises(AssertionError) as refused:
+        s2.start()
+    assert "damaged" in str(refused.value) and table.name in str(refused.value), refused.value
+    wait_until(lambda: m.proc.poll() is not None, what="the damaged master to stop")
+    assert m.proc.returncode == EXIT_STORE_DAMAGED, m.log()[-2000:]

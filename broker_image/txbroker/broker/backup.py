@@ -26,6 +26,7 @@ from pathlib import Path
 from txbroker import __version__
 from txbroker.store import seed
 from txbroker.store.backup import Manifest, check_name, describe_files
+from txbroker.store.db import StoreCorrupt, verify_store
 from txbroker.store.records import STORE_FORMAT_VERSION
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,15 @@ class BackupService:
                                                      f"{e}") from e
             raise BackupRefused(500, "STORE_ERROR", f"the checkpoint could not be written: {e}") from e
         try:
+            # read back from disk first: a block the running store's cache holds undamaged may be
+            # damaged on disk, and the copy is its file (the fault harness, seed 571)
+            await asyncio.to_thread(verify_store, str(target))
             files = await asyncio.to_thread(describe_files, target)
+        except StoreCorrupt as e:
+            seed.drop_snapshot(self._b.config.data_dir, PREFIX + backup_id)
+            self._b.corrupted(e, "a backup's read of the store met a damaged file")
+            raise BackupRefused(500, "STORE_DAMAGED", f"broker {name}'s store is damaged, so no backup was made "
+                                                      f"(the broker stops and is seeded from its master): {e}") from e
         except BaseException:
             seed.drop_snapshot(self._b.config.data_dir, PREFIX + backup_id)
             raise

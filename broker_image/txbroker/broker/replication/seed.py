@@ -24,6 +24,7 @@ from txbroker.client.security import Credentials, authenticate
 from txbroker.protocol.bodies import ErrorBody, SnapshotRequest, SnapshotResponse, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode, code_name
 from txbroker.store import seed
+from txbroker.store.db import StoreCorrupt, verify_store
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +52,18 @@ class SnapshotService:
             return ok(SnapshotResponse(req.snapshot_id))
         raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"snapshot action {req.action[:20]!r}: begin, read or end")
 
-    def _begin(self) -> Reply:
+    async def _begin(self) -> Reply:
         state = self._b.state
         snapshot_id = f"{int(time.time())}-{secrets.token_hex(4)}"
         last_lsn = state.local_durable_lsn
         target = state.checkpoint(snapshot_id)
+        try:  # read back from disk first: the running store's cache may hide a damaged block (seed 571)
+            await asyncio.to_thread(verify_store, str(target))
+        except StoreCorrupt as e:
+            seed.drop_snapshot(self._b.config.data_dir, snapshot_id)
+            self._b.corrupted(e, "a seed's read of the store met a damaged file")
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"this broker's store is damaged, so it gives no copy (it "
+                                                          f"stops, to be failed over and seeded): {e}") from e
         files = dict(seed.snapshot_files(target))
         self._open[snapshot_id] = (files, time.monotonic())
         log.info("snapshot %s of the store for a slave's seed: %d files, %d bytes, through LSN %d or later",
