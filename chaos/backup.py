@@ -49,7 +49,7 @@ def classify(code: int, stderr: str) -> tuple[str, str]:
     said = lines[-1] if lines else ""
     if code == 0:
         return "taken", ""
-    if code == 1 and ("(NOT_IN_SYNC)" in said or "(NO_SPACE)" in said):
+    if code == 1 and any(f"({why})" in said for why in ("NOT_IN_SYNC", "NO_SPACE", "STORE_DAMAGED")):
         return "refused", said
     if code == 1 and " unreachable: " in said:
         return "unreachable", said

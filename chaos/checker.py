@@ -309,7 +309,7 @@ def counts(h: History) -> dict[str, int]:
 
 
 REFUSAL_REASONS = ("not connected", "nothing heard", "holds the log to LSN", "is the master of its group",
-                   "no master to follow", "no room for the checkpoint")
+                   "no master to follow", "no room for the checkpoint", "store is damaged")
 
 
 def check_backups(backups: list[dict]) -> dict[str, list[str]]:

@@ -115,6 +115,11 @@ def test_backup_outcomes_a_refusal_must_say_why():
     assert classify(1, full) == ("refused", full)
     assert check_backups([{"group": "g2", "target": "b7", "at_s": 70.3, "exit_code": 1, "outcome": "refused",
                            "reason": full}]) == {}
+    damaged = ("txbroker backup: broker b2's store is damaged, so no backup was made (the broker stops and is seeded "
+               "from its master): /d/.snapshots/x is damaged: Corruption: block checksum mismatch (STORE_DAMAGED)")
+    assert classify(1, damaged) == ("refused", damaged)  # seed 571: a refusal that says why
+    assert check_backups([{"group": "g0", "target": "b2", "at_s": 44.0, "exit_code": 1, "outcome": "refused",
+                           "reason": damaged}]) == {}
     assert classify(0, "") == ("taken", "")
     base = {"group": "g0", "target": "b1", "at_s": 3.0, "exit_code": 1}
     ok = [{**base, "outcome": "refused", "reason": say}, {**base, "outcome": "unreachable", "reason": "timed out"},
