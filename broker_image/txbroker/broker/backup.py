@@ -27,8 +27,8 @@ from txbroker import __version__
 from txbroker.store import seed
 from txbroker.store.backup import Manifest, check_name, describe_files
 from txbroker.store.db import StoreCorrupt
-from txbroker.store.verify import verify_elsewhere
 from txbroker.store.records import STORE_FORMAT_VERSION
+from txbroker.store.verify import verify_elsewhere
 
 log = logging.getLogger(__name__)
 
