@@ -185,6 +185,36 @@ def _settle(cluster: Cluster, nemesis: Nemesis, timeout: float) -> dict[str, int
     return held  # (-1: its master could not be asked)
 
 
+REPLICAS_BACK_S = 60  # a seed of a damaged store, at the harness's sizes, takes a few seconds
+
+
+def _replicas_back(cluster: Cluster, timeout: float) -> dict[str, str]:
+    """After settling, every fault healed: each live group's master lists all of its slaves in sync.
+    A replica damaged, cut short, powered off or left behind is re-synced from its master (seeded, or
+    caught up): one that is not by the deadline is named, with the slaves its master does see."""
+    deadline = time.monotonic() + timeout
+    while True:
+        behind: dict[str, str] = {}
+        for g in cluster.live_groups:
+            want = len(g.procs) - 1
+            master = g.master
+            try:
+                info = AdminClient(f"http://{master.ip}:10912", timeout=3).broker_info()
+                in_sync = sorted(s.name for s in info.replication.slaves if s.in_sync)
+            except Exception as e:  # noqa: BLE001 - the master may be restarting: asked again
+                in_sync, info = [], None
+                why = f"its master {master.name} did not answer: {e}"
+            if info is not None and info.role != "master":
+                why = f"{master.name}, its master by the controller, answers as {info.role}"
+            elif info is not None:
+                why = f"its master {master.name} lists {len(in_sync)} of {want} slaves in sync ({', '.join(in_sync) or 'none'})"
+            if info is None or info.role != "master" or len(in_sync) < want:
+                behind[g.name] = why
+        if not behind or time.monotonic() > deadline:
+            return behind
+        time.sleep(0.5)
+
+
 def _consumed_everything(h: workload.History, reader: Reader) -> bool:
     orders = set(reader.bodies("Orders"))
     dead = set(reader.bodies(checker.DLQ))
@@ -437,6 +467,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     consumers_done.set()
     load.join(60)
     read_whole = asyncio.run(reader.catch_up(time.monotonic() + 60))
+    replicas_behind = _replicas_back(cluster, REPLICAS_BACK_S)  # the kubelet still restarts what exits
     stop_kubelet.set()
     kubelet.join(10)
     anomalies = checker.check(h, reader, unresolved, _acting(cluster))
@@ -454,6 +485,9 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
         last = next((e["why"] for e in reversed(g.events) if e["what"] == "asked"), "never asked")
         anomalies.setdefault("drain stuck", []).extend([f"{g.name} still draining after settling: {last}",
                                                         *_drain_diagnosis(g)])
+    for name, why in sorted(replicas_behind.items()):
+        anomalies.setdefault("replica not re-synced", []).append(
+            f"{name}: {REPLICAS_BACK_S} s after settling, {why}")
     if not read_whole:
         anomalies.setdefault("harness", []).append("the reader could not read every group to its end")
     lost_async = _losses_allowed(mode, anomalies, nemesis.events)
