@@ -322,9 +322,11 @@ def _loss_window(lost: list[str], h, events: list[dict], cluster: Cluster, to_mo
     that lost it (the first power cut or failover of its group after its acknowledgement) it was
     acknowledged. Under ASYNC flush a power cut takes at most `--flush-interval-ms` of writes; under
     ASYNC replication a failover takes what the slave had not received."""
-    strikes = [(e["start"], e["group"], e["kind"]) for e in events
+    # (until, group, kind, at): a cut takes what was acknowledged before its brokers went down,
+    # which is a few ms after its start: a commit acknowledged while it held is its, at age 0
+    strikes = [(e.get("healed", e["start"]), e["group"], e["kind"], e["start"]) for e in events
                if e["kind"] in ("power-loss-group", "power-loss-broker")]
-    strikes += [(f["at"] + to_monotonic, g.name, "failover") for g in cluster.groups.values()
+    strikes += [(f["at"] + to_monotonic, g.name, "failover", f["at"] + to_monotonic) for g in cluster.groups.values()
                 for f in g.status.get("failovers") or []]
     strikes.sort()
     ages: dict[str, list[float]] = {}
@@ -332,12 +334,12 @@ def _loss_window(lost: list[str], h, events: list[dict], cluster: Cluster, to_mo
     for detail in lost:
         tx = h.txs.get(detail.split(" ", 1)[0])
         groups = _groups_named(detail)
-        hit = tx is not None and next(((at, kind) for at, g, kind in strikes if g in groups and at >= tx.acked_at),
-                                      None)
+        hit = tx is not None and next(((at, kind) for until, g, kind, at in strikes
+                                       if g in groups and until >= tx.acked_at), None)
         if not hit:
             unplaced += 1
             continue
-        ages.setdefault(hit[1], []).append(hit[0] - tx.acked_at)
+        ages.setdefault(hit[1], []).append(max(hit[0] - tx.acked_at, 0.0))
     out: dict = {"unplaced": unplaced} if unplaced else {}
     for kind, a in sorted(ages.items()):
         a.sort()

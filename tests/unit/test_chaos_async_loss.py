@@ -112,3 +112,18 @@ def test_the_loss_window_is_each_lost_commits_age_at_the_fault_that_lost_it():
     assert window == {"power-loss-group": {"lost": 2, "median_ms": 250.0, "max_ms": 400.0},
                       "failover": {"lost": 1, "median_ms": 200.0, "max_ms": 200.0},
                       "unplaced": 1}  # g2 lost t0-4 with no power cut or failover after it: said, not hidden
+
+
+def test_a_commit_acknowledged_while_a_cut_was_under_way_is_charged_to_that_cut():
+    """Seed 706: commits acknowledged in the milliseconds between a cut's start and the brokers'
+    going down were charged to the next cut, 5 s later, stretching the window it reports."""
+    from chaos.schedule import _loss_window
+
+    h = History()
+    h.add("t0-1", Tx(["t0-1"], "COMMIT", groups=["g1"]))
+    h.txs["t0-1"].acked_at = 90.02
+    events = [{"kind": "power-loss-group", "group": "g1", "start": 90.0, "healed": 93.0},
+              {"kind": "power-loss-group", "group": "g1", "start": 95.0, "healed": 97.0}]
+    window = _loss_window(["t0-1 (tx on g1): acknowledged COMMIT, 1 of 1 messages never read"], h, events,
+                          SimpleNamespace(groups={"g1": SimpleNamespace(name="g1", status={})}), 0.0)
+    assert window == {"power-loss-group": {"lost": 1, "median_ms": 0.0, "max_ms": 0.0}}
