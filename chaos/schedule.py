@@ -328,7 +328,7 @@ def _loss_window(lost: list[str], h, events: list[dict], cluster: Cluster, to_mo
                if e["kind"] in ("power-loss-group", "power-loss-broker")]
     strikes += [(f["at"] + to_monotonic, g.name, "failover", f["at"] + to_monotonic) for g in cluster.groups.values()
                 for f in g.status.get("failovers") or []]
-    strikes.sort()
+    strikes.sort(key=lambda s: s[3])  # by start: a failover while a cut holds (a restarted master stepping down) comes after it
     ages: dict[str, list[float]] = {}
     unplaced = 0
     for detail in lost:

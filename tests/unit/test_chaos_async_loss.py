@@ -122,8 +122,12 @@ def test_a_commit_acknowledged_while_a_cut_was_under_way_is_charged_to_that_cut(
     h = History()
     h.add("t0-1", Tx(["t0-1"], "COMMIT", groups=["g1"]))
     h.txs["t0-1"].acked_at = 90.02
+    h.add("t0-2", Tx(["t0-2"], "COMMIT", groups=["g1"]))
+    h.txs["t0-2"].acked_at = 89.9
     events = [{"kind": "power-loss-group", "group": "g1", "start": 90.0, "healed": 93.0},
               {"kind": "power-loss-group", "group": "g1", "start": 95.0, "healed": 97.0}]
-    window = _loss_window(["t0-1 (tx on g1): acknowledged COMMIT, 1 of 1 messages never read"], h, events,
-                          SimpleNamespace(groups={"g1": SimpleNamespace(name="g1", status={})}), 0.0)
-    assert window == {"power-loss-group": {"lost": 1, "median_ms": 0.0, "max_ms": 0.0}}
+    # and a failover while the cut held (a restarted master stepping down): the cut took them, not it
+    groups = SimpleNamespace(groups={"g1": SimpleNamespace(name="g1", status={"failovers": [{"at": 92.0}]})})
+    window = _loss_window(["t0-1 (tx on g1): acknowledged COMMIT, 1 of 1 messages never read",
+                           "t0-2 (tx on g1): acknowledged COMMIT, 1 of 1 messages never read"], h, events, groups, 0.0)
+    assert window == {"power-loss-group": {"lost": 2, "median_ms": 50.0, "max_ms": 100.0}}
