@@ -131,3 +131,22 @@ def test_a_commit_acknowledged_while_a_cut_was_under_way_is_charged_to_that_cut(
     window = _loss_window(["t0-1 (tx on g1): acknowledged COMMIT, 1 of 1 messages never read",
                            "t0-2 (tx on g1): acknowledged COMMIT, 1 of 1 messages never read"], h, events, groups, 0.0)
     assert window == {"power-loss-group": {"lost": 2, "median_ms": 50.0, "max_ms": 100.0}}
+
+
+def test_a_job_decision_lost_with_its_homes_power_cut_is_counted_with_the_loss():
+    """Seed 708 (ASYNC_FLUSH): job.g0.e1.3323 was acknowledged COMMIT 39 ms before its home g0's power
+    was cut as a whole; the decision, never fsynced, went with the cut, and the job expired ABORTED.
+    That is the loss ASYNC flush allows on g0, like its members' commits; on a home that lost nothing
+    it stays an anomaly."""
+    h = history()
+    h.jobs.update({"job.g0.e1.3323": "g0", "job.g2.e1.7": "g2"})
+    a = {"decision changed": [
+        "job job.g0.e1.3323: the coordinator was acknowledged COMMIT; its home later answered ABORTED",
+        "job job.g2.e1.7: the coordinator was acknowledged COMMIT; its home later answered ABORTED"]}
+    after = _consequences_of_async_loss(
+        a, ["job.g0.e1.3323-m0 (member on g0): acknowledged COMMIT, 1 of 1 messages never read"],
+        cluster({"g0": [], "g2": []}), h)
+    assert after == {"decision changed": [
+        "job job.g0.e1.3323: the coordinator was acknowledged COMMIT; its home later answered ABORTED"]}
+    assert a == {"decision changed": [
+        "job job.g2.e1.7: the coordinator was acknowledged COMMIT; its home later answered ABORTED"]}
