@@ -387,7 +387,8 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     have lost its part on that group (torn), a participant whose home lost its transaction is parked
     for an operator (unresolved), and a poison message whose retry was lost never reaches the dead
     letters; a job's decision acknowledged and lost on its home comes back otherwise (decision
-    changed). Those are consequences of the loss, counted with it (removed from `anomalies`), on the
+    changed), and an orderly consumer past a rewritten position meets a retried send late (order
+    broken). Those are consequences of the loss, counted with it (removed from `anomalies`), on the
     group that lost something (an unresolved participant also where its home lost it); without a
     loss they stay anomalies, and so does every one of them on a group that lost nothing."""
     lossy = set().union(*(_groups_named(d) for d in lost_async)) if lost_async else set()
@@ -423,6 +424,11 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
         on_lossy_group(kind, groups_of)
     on_lossy_group("unresolved", groups_of, lossy | homes_lost)
     on_lossy_group("torn", _groups_named)
+    # "key k0: first delivered 188 before 187 ...": a cut rewrote a position the orderly consumer had
+    # consumed and committed past, so a send retried through the cut came after later ones (seed 708)
+    on_lossy_group("order broken", lambda d: set().union(*(
+        getattr(by_body.get(f"ord-{d.split(' ', 2)[1].rstrip(':')}-{n}"), "groups", None) or ()
+        for pair in re.findall(r"(\d+) before (\d+)", d) for n in pair)))
     # "job <id>: ...": a decision acknowledged and then lost with its home's log (seed 708)
     on_lossy_group("decision changed", lambda d: {h.jobs.get(d.split(" ", 2)[1].rstrip(":"))} - {None})
     # "t0-8607.0.poison: poison in Orders, ...": the groups of the transaction that sent it

@@ -150,3 +150,21 @@ def test_a_job_decision_lost_with_its_homes_power_cut_is_counted_with_the_loss()
         "job job.g0.e1.3323: the coordinator was acknowledged COMMIT; its home later answered ABORTED"]}
     assert a == {"decision changed": [
         "job job.g2.e1.7: the coordinator was acknowledged COMMIT; its home later answered ABORTED"]}
+
+
+def test_an_order_broken_where_a_cut_rewrote_a_consumed_position_is_counted_with_the_loss():
+    """Seed 708 again (ASYNC_FLUSH): g1's cut took ord-k0-185 (at offset 184 of Ordered:3, consumed,
+    its offset committed past it); ord-k0-187, retried through the cut, took offset 184 and the
+    orderly consumer went on from 185 (188 first), reaching 187 only later. A consequence of the
+    cut on g1; the same on a group that lost nothing stays an anomaly."""
+    h = history()
+    for n, g in ((187, "g1"), (188, "g1"), (5, "g0"), (6, "g0")):
+        h.add(f"ord-k0-{n}" if g == "g1" else f"ord-k9-{n}", Tx([f"ord-k0-{n}" if g == "g1" else f"ord-k9-{n}"],
+                                                              "COMMIT", kind="ordered", groups=[g]))
+    a = {"order broken": ["key k0: first delivered 188 before 187 ... (11 pairs)",
+                          "key k9: first delivered 6 before 5"]}
+    after = _consequences_of_async_loss(
+        a, ["ord-k0-185 (ordered on g1): acknowledged COMMIT, 1 of 1 messages never read"],
+        cluster({"g0": [], "g1": []}), h)
+    assert after == {"order broken": ["key k0: first delivered 188 before 187 ... (11 pairs)"]}
+    assert a == {"order broken": ["key k9: first delivered 6 before 5"]}
