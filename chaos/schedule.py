@@ -194,25 +194,25 @@ def _replicas_back(cluster: Cluster, timeout: float) -> dict[str, str]:
     caught up): one that is not by the deadline is named, with the slaves its master does see."""
     deadline = time.monotonic() + timeout
     while True:
-        behind: dict[str, str] = {}
-        for g in cluster.live_groups:
-            want = len(g.procs) - 1
-            master = g.master
-            try:
-                info = AdminClient(f"http://{master.ip}:10912", timeout=3).broker_info()
-                in_sync = sorted(s.name for s in info.replication.slaves if s.in_sync)
-            except Exception as e:  # noqa: BLE001 - the master may be restarting: asked again
-                in_sync, info = [], None
-                why = f"its master {master.name} did not answer: {e}"
-            if info is not None and info.role != "master":
-                why = f"{master.name}, its master by the controller, answers as {info.role}"
-            elif info is not None:
-                why = f"its master {master.name} lists {len(in_sync)} of {want} slaves in sync ({', '.join(in_sync) or 'none'})"
-            if info is None or info.role != "master" or len(in_sync) < want:
-                behind[g.name] = why
+        behind = {g.name: why for g in cluster.live_groups if (why := _replicas_behind(g))}
         if not behind or time.monotonic() > deadline:
             return behind
         time.sleep(0.5)
+
+
+def _replicas_behind(g) -> str:
+    """Why `g`'s slaves are not all in sync with its master, or "" if they are."""
+    master, want = g.master, len(g.procs) - 1
+    try:
+        info = AdminClient(f"http://{master.ip}:10912", timeout=3).broker_info()
+    except Exception as e:  # noqa: BLE001 - the master may be restarting: asked again
+        return f"its master {master.name} did not answer: {e}"
+    if info.role != "master":
+        return f"{master.name}, its master by the controller, answers as {info.role}"
+    in_sync = sorted(s.name for s in info.replication.slaves if s.in_sync)
+    if len(in_sync) < want:
+        return f"its master {master.name} lists {len(in_sync)} of {want} slaves in sync ({', '.join(in_sync) or 'none'})"
+    return ""
 
 
 def _consumed_everything(h: workload.History, reader: Reader) -> bool:
@@ -426,9 +426,11 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     on_lossy_group("torn", _groups_named)
     # "key k0: first delivered 188 before 187 ...": a cut rewrote a position the orderly consumer had
     # consumed and committed past, so a send retried through the cut came after later ones (seed 708)
-    on_lossy_group("order broken", lambda d: set().union(*(
-        getattr(by_body.get(f"ord-{d.split(' ', 2)[1].rstrip(':')}-{n}"), "groups", None) or ()
-        for pair in re.findall(r"(\d+) before (\d+)", d) for n in pair)))
+    def groups_of_order(detail: str) -> set[str]:
+        key = detail.split(" ", 2)[1].rstrip(":")
+        numbers = {n for pair in re.findall(r"(\d+) before (\d+)", detail) for n in pair}
+        return {g for n in numbers for g in getattr(by_body.get(f"ord-{key}-{n}"), "groups", None) or ()}
+    on_lossy_group("order broken", groups_of_order)
     # "job <id>: ...": a decision acknowledged and then lost with its home's log (seed 708)
     on_lossy_group("decision changed", lambda d: {h.jobs.get(d.split(" ", 2)[1].rstrip(":"))} - {None})
     # "t0-8607.0.poison: poison in Orders, ...": the groups of the transaction that sent it
