@@ -103,6 +103,16 @@ def reports_in(results: Path) -> list[dict]:
     return sorted(found, key=lambda r: r["seed"])
 
 
+def code_label(report: dict) -> str:
+    """The commit a schedule ran on: a local report records {commit, modified}, a node's the commit."""
+    code = report.get("code")
+    if code is None:
+        return "unrecorded"
+    if isinstance(code, str):
+        return code
+    return code["commit"] + (" (modified)" if code["modified"] else "")
+
+
 def summary(reports: list[dict]) -> str:
     ok = [r for r in reports if "error" not in r]
     faults, anomalies, ops, group, families = Counter(), Counter(), Counter(), Counter(), Counter()
@@ -143,8 +153,7 @@ def summary(reports: list[dict]) -> str:
         worst = max(w)
         lines.append(f"loss window, {cause}: {sum(n for _, n, _ in w)} lost commits acknowledged at most "
                      f"{worst[0]:.0f} ms before it (seed {worst[2]}), in {len(w)} schedules")
-    codes = Counter(f"{r['code']['commit']}{' (modified)' if r['code']['modified'] else ''}" if "code" in r
-                    else "unrecorded" for r in ok)
+    codes = Counter(code_label(r) for r in ok)
     lines.append("code: " + ", ".join(f"{c} ({n} schedules)" for c, n in sorted(codes.items())))
     moved = sum(r.get("reordered_where_the_key_moved", 0) for r in ok)
     unplaced = sum(r.get("reordered_after_route_change", 0) for r in ok)
