@@ -185,6 +185,36 @@ def _settle(cluster: Cluster, nemesis: Nemesis, timeout: float) -> dict[str, int
     return held  # (-1: its master could not be asked)
 
 
+REPLICAS_BACK_S = 60  # a seed of a damaged store, at the harness's sizes, takes a few seconds
+
+
+def _replicas_back(cluster: Cluster, timeout: float) -> dict[str, str]:
+    """After settling, every fault healed: each live group's master lists all of its slaves in sync.
+    A replica damaged, cut short, powered off or left behind is re-synced from its master (seeded, or
+    caught up): one that is not by the deadline is named, with the slaves its master does see."""
+    deadline = time.monotonic() + timeout
+    while True:
+        behind = {g.name: why for g in cluster.live_groups if (why := _replicas_behind(g))}
+        if not behind or time.monotonic() > deadline:
+            return behind
+        time.sleep(0.5)
+
+
+def _replicas_behind(g) -> str:
+    """Why `g`'s slaves are not all in sync with its master, or "" if they are."""
+    master, want = g.master, len(g.procs) - 1
+    try:
+        info = AdminClient(f"http://{master.ip}:10912", timeout=3).broker_info()
+    except Exception as e:  # noqa: BLE001 - the master may be restarting: asked again
+        return f"its master {master.name} did not answer: {e}"
+    if info.role != "master":
+        return f"{master.name}, its master by the controller, answers as {info.role}"
+    in_sync = sorted(s.name for s in info.replication.slaves if s.in_sync)
+    if len(in_sync) < want:
+        return f"its master {master.name} lists {len(in_sync)} of {want} slaves in sync ({', '.join(in_sync) or 'none'})"
+    return ""
+
+
 def _consumed_everything(h: workload.History, reader: Reader) -> bool:
     orders = set(reader.bodies("Orders"))
     dead = set(reader.bodies(checker.DLQ))
@@ -292,22 +322,24 @@ def _loss_window(lost: list[str], h, events: list[dict], cluster: Cluster, to_mo
     that lost it (the first power cut or failover of its group after its acknowledgement) it was
     acknowledged. Under ASYNC flush a power cut takes at most `--flush-interval-ms` of writes; under
     ASYNC replication a failover takes what the slave had not received."""
-    strikes = [(e["start"], e["group"], e["kind"]) for e in events
+    # (until, group, kind, at): a cut takes what was acknowledged before its brokers went down,
+    # which is a few ms after its start: a commit acknowledged while it held is its, at age 0
+    strikes = [(e.get("healed", e["start"]), e["group"], e["kind"], e["start"]) for e in events
                if e["kind"] in ("power-loss-group", "power-loss-broker")]
-    strikes += [(f["at"] + to_monotonic, g.name, "failover") for g in cluster.groups.values()
+    strikes += [(f["at"] + to_monotonic, g.name, "failover", f["at"] + to_monotonic) for g in cluster.groups.values()
                 for f in g.status.get("failovers") or []]
-    strikes.sort()
+    strikes.sort(key=lambda s: s[3])  # by start: a failover while a cut holds (a restarted master stepping down) comes after it
     ages: dict[str, list[float]] = {}
     unplaced = 0
     for detail in lost:
         tx = h.txs.get(detail.split(" ", 1)[0])
         groups = _groups_named(detail)
-        hit = tx is not None and next(((at, kind) for at, g, kind in strikes if g in groups and at >= tx.acked_at),
-                                      None)
+        hit = tx is not None and next(((at, kind) for until, g, kind, at in strikes
+                                       if g in groups and until >= tx.acked_at), None)
         if not hit:
             unplaced += 1
             continue
-        ages.setdefault(hit[1], []).append(hit[0] - tx.acked_at)
+        ages.setdefault(hit[1], []).append(max(hit[0] - tx.acked_at, 0.0))
     out: dict = {"unplaced": unplaced} if unplaced else {}
     for kind, a in sorted(ages.items()):
         a.sort()
@@ -354,7 +386,9 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     (phantoms), committed offsets past (regressions) or skipped; a spanning transaction or job may
     have lost its part on that group (torn), a participant whose home lost its transaction is parked
     for an operator (unresolved), and a poison message whose retry was lost never reaches the dead
-    letters. Those are consequences of the loss, counted with it (removed from `anomalies`), on the
+    letters; a job's decision acknowledged and lost on its home comes back otherwise (decision
+    changed), and an orderly consumer past a rewritten position meets a retried send late (order
+    broken). Those are consequences of the loss, counted with it (removed from `anomalies`), on the
     group that lost something (an unresolved participant also where its home lost it); without a
     loss they stay anomalies, and so does every one of them on a group that lost nothing."""
     lossy = set().union(*(_groups_named(d) for d in lost_async)) if lost_async else set()
@@ -390,6 +424,15 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
         on_lossy_group(kind, groups_of)
     on_lossy_group("unresolved", groups_of, lossy | homes_lost)
     on_lossy_group("torn", _groups_named)
+    # "key k0: first delivered 188 before 187 ...": a cut rewrote a position the orderly consumer had
+    # consumed and committed past, so a send retried through the cut came after later ones (seed 708)
+    def groups_of_order(detail: str) -> set[str]:
+        key = detail.split(" ", 2)[1].rstrip(":")
+        numbers = {n for pair in re.findall(r"(\d+) before (\d+)", detail) for n in pair}
+        return {g for n in numbers for g in getattr(by_body.get(f"ord-{key}-{n}"), "groups", None) or ()}
+    on_lossy_group("order broken", groups_of_order)
+    # "job <id>: ...": a decision acknowledged and then lost with its home's log (seed 708)
+    on_lossy_group("decision changed", lambda d: {h.jobs.get(d.split(" ", 2)[1].rstrip(":"))} - {None})
     # "t0-8607.0.poison: poison in Orders, ...": the groups of the transaction that sent it
     on_lossy_group("dead letter", lambda d: set(getattr(by_body.get(d.split(":", 1)[0]), "groups", None) or ()))
     return after
@@ -437,6 +480,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     consumers_done.set()
     load.join(60)
     read_whole = asyncio.run(reader.catch_up(time.monotonic() + 60))
+    replicas_behind = _replicas_back(cluster, REPLICAS_BACK_S)  # the kubelet still restarts what exits
     stop_kubelet.set()
     kubelet.join(10)
     anomalies = checker.check(h, reader, unresolved, _acting(cluster))
@@ -454,6 +498,9 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
         last = next((e["why"] for e in reversed(g.events) if e["what"] == "asked"), "never asked")
         anomalies.setdefault("drain stuck", []).extend([f"{g.name} still draining after settling: {last}",
                                                         *_drain_diagnosis(g)])
+    for name, why in sorted(replicas_behind.items()):
+        anomalies.setdefault("replica not re-synced", []).append(
+            f"{name}: {REPLICAS_BACK_S} s after settling, {why}")
     if not read_whole:
         anomalies.setdefault("harness", []).append("the reader could not read every group to its end")
     lost_async = _losses_allowed(mode, anomalies, nemesis.events)

@@ -229,6 +229,8 @@ class Elector:
             return False
         if not may_acquire(self.observation, self.identity, started):
             return False
+        if self._stop.is_set():   # released or stopping: a renewal in flight must not claim it back
+            return False
         spec = claim(record, self.identity, self.wall(), self.timing)
         try:
             written = self.api.create(spec) if record is None else self.api.replace(spec, record.resource_version)
@@ -299,18 +301,27 @@ class Elector:
         self._stop.set()
 
     def release(self) -> bool:
-        """Give the Lease up (still ours, as last written by us: a conditional PUT)."""
+        """Give the Lease up if it is still ours: a conditional PUT on the Lease as read now, since a
+        renewal in flight may have written a newer version than the one we last saw."""
         self.stop()
         if not self.leader or self.lease is None:
             return False
         self.leader = False
-        record = Record.from_lease(self.lease)
-        try:
-            self.api.replace(released(record, self.wall()), record.resource_version)
-        except Conflict:
-            return False
-        except Exception as e:   # noqa: BLE001 - it will expire instead
-            log.warning("leader election: releasing the Lease failed (it expires instead): %s", e)
+        for _ in range(3):
+            try:
+                lease = self.api.get()
+                record = Record.from_lease(lease) if lease is not None else None
+                if record is None or record.holder != self.identity:
+                    return False
+                self.api.replace(released(record, self.wall()), record.resource_version)
+                break
+            except Conflict:
+                continue          # a renewal landed between our read and write: read again
+            except Exception as e:   # noqa: BLE001 - it will expire instead
+                log.warning("leader election: releasing the Lease failed (it expires instead): %s", e)
+                return False
+        else:
+            log.warning("leader election: releasing the Lease kept conflicting (it expires instead)")
             return False
         set_leader_gauge(0)
         log.warning("leader election: %s released the Lease", self.identity)

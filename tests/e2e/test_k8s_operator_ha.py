@@ -200,7 +200,9 @@ def test_another_operator_finishes_a_failover_its_killed_leader_started(operator
                            "a standby to take the released Lease")
         # the other replica, or the pod the Deployment starts in place of the deleted one
         assert pod_of(after) != successor, after
-        assert watch.holders()[-3:] == [new_holder, "", after], watch.holders()
+        assert watch.holders()[-3:] == [new_holder, "", after], (
+            f"no release seen ({time.time() - stopped_at:.1f}s after the delete): {watch.holders()}; "
+            f"operator logs:\n{operator.log.read_text()[-6000:]}")
         released = watch.first_seen(after) - stopped_at
         print(f"operator handover (graceful stop, Lease released): holder changed {released:.1f}s after "
               f"`kubectl delete pod`")

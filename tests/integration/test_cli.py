@@ -8,6 +8,7 @@ import urllib.request
 import pytest
 
 from support.cli import run_cli
+from support.pairs import SYNC_FLAGS
 from support.waiting import wait_until
 from txbroker.client import (
     JobCoordinator, LocalTransactionState as S, Message, TransactionListener, TransactionProducer,
@@ -58,6 +59,8 @@ HELP_NAMES = {
     "auth add-user": ("access_key", "--file", "--topic"),
     "auth remove-user": ("access_key", "--file"),
     "auth check": ("--file",),
+    "replication show": ("--admin", "--json", "recorded"),
+    "replication forget-slave": ("name", "--admin", "will not come back"),
 }
 
 
@@ -240,3 +243,30 @@ def test_job_show_by_name_finds_its_newest_job_and_list_shows_the_prepared_bound
     assert r.returncode == 1 and "no job named 'weekly' of producer group 'cli-jobs'" in r.stderr, r.stderr
     r = run_cli("job", "commit", "--name", "hourly", "--broker", broker.address, check=False)
     assert r.returncode == 1 and "--name, --broker and --group go together" in r.stderr, r.stderr
+
+
+def test_replication_show_and_forgetting_a_slave_gone_for_good(broker_factory):
+    """A master's slaves and the slaves it recorded; a slave gone for good forgotten by name, and
+    the refusals that keep acknowledged writes: a slave still subscribed, a name never recorded."""
+    m = broker_factory(*SYNC_FLAGS, "--broker-name", "m", name="m")
+    s1 = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s1", *SYNC_FLAGS, name="s1")
+    on_m = ["--admin", m.admin_url]
+    wait_until(lambda: "yes" in run_cli("replication", "show", *on_m).stdout, what="s1 in sync, as the master shows it")
+    shown = run_cli("replication", "show", *on_m).stdout
+    assert "m: master at epoch" in shown and "recorded slaves: s1" in shown, shown
+    assert [line.split()[0] for line in shown.splitlines() if line.startswith("s1 ")] == ["s1"], shown
+    as_json = json.loads(run_cli("replication", "show", "--json", *on_m).stdout)
+    assert as_json["replication"]["recorded_slaves"] == ["s1"]
+    slave = run_cli("replication", "show", "--admin", s1.admin_url).stdout
+    assert f"master {m.address}: connected" in slave, slave
+
+    refused = run_cli("replication", "forget-slave", "s1", *on_m, check=False)
+    assert refused.returncode == 1 and "subscribed" in refused.stderr, refused.stderr
+    refused = run_cli("replication", "forget-slave", "s1", "--admin", s1.admin_url, check=False)
+    assert refused.returncode == 1 and "only a master" in refused.stderr, refused.stderr
+    s1.stop()
+    wait_until(lambda: "no slave subscribed" in run_cli("replication", "show", *on_m).stdout, what="s1 gone")
+    unknown = run_cli("replication", "forget-slave", "s9", *on_m, check=False)
+    assert unknown.returncode == 1 and "recorded: s1" in unknown.stderr, unknown.stderr
+    out = run_cli("replication", "forget-slave", "s1", *on_m).stdout
+    assert "m forgot slave s1" in out and "recorded slaves: none" in out, out

@@ -87,3 +87,37 @@ def test_a_queue_that_cannot_be_read_past_a_gap_from_its_start_is_flagged():
     r.stuck.clear()
     asyncio.run(r._verify_all("g0", Master({o: f"m-{o}" for o in range(200)})))  # nothing missing: nothing said
     assert r.stuck == []
+
+
+class Restarting(Master):
+    """A master that is down, restarting or on probation: every pull fails."""
+
+    def __init__(self, log: dict[int, str]):
+        super().__init__(log)
+        self.down = False
+
+    async def pull(self, topic, q, offset, n):
+        if self.down:
+            raise BrokerError("b3", "PULL_MESSAGE", ResponseCode.SLAVE_NOT_AVAILABLE,
+                              "this master started again and takes no write until a slave shows it lost nothing")
+        return await super().pull(topic, q, offset, n)
+
+
+def test_what_was_read_before_an_outage_is_read_again_though_the_queue_was_refilled_past_it():
+    """Seed 706 (ASYNC_FLUSH): a whole group's power cut took offset 4 (a check-back's COMMIT, read
+    just before the cut, never fsynced); while the group restarted every pull failed, and by the first
+    pull that answered, new writes had filled the queue past the reader's next offset 5: no `went
+    back`, no re-read, so the record kept t1-4719.0 at 4, read again where check-back committed it a
+    second time (a `duplicate`), and never saw job220.1, now at 4. A queue whose pull failed is read
+    again below its next offset on the first pull that succeeds."""
+    r = Reader(lambda: {}, topics=("Orders",))
+    master = Restarting({0: "a0", 1: "a1", 2: "a2", 3: "a3", 4: "t1-4719.0"})
+    asyncio.run(r._read_group("g1", master))
+    master.log, master.down = {o: b for o, b in master.log.items() if o < 4}, True  # the cut takes 4
+    asyncio.run(r._read_group("g1", master))
+    master.log.update({4: "job220.1", 5: "t1-4950.0", 6: "t1-4719.0"})
+    master.down = False
+    asyncio.run(r._read_group("g1", master))
+    assert {b: p for b, p in r.bodies("Orders").items() if b in ("t1-4719.0", "job220.1")} == {
+        "t1-4719.0": [("g1", 0, 6)], "job220.1": [("g1", 0, 4)]}
+    assert r.rewritten == ["g1 Orders:0 offset 4: read 't1-4719.0', later 'job220.1'"]

@@ -209,6 +209,25 @@ def test_release_does_not_overwrite_a_lease_someone_else_took():
     assert not a.release() and leases.holder == "b"
 
 
+def test_release_wins_over_a_renewal_that_landed_while_it_ran():
+    # a graceful stop while the renew thread's write is in flight: the API server has that renewal,
+    # the elector has not seen its answer yet, so the release's write is stale. It must still release.
+    leases, clock = FakeLeases(), Clock()
+    a = elector(leases, clock, "a")
+    assert a.try_acquire_or_renew()
+    leases._store(dict(leases.lease["spec"]))          # a's own renewal, its answer not yet read
+    assert a.release() and leases.holder == ""
+
+
+def test_a_renewal_in_flight_does_not_take_back_a_released_lease():
+    # the renew thread read the Lease just after the release: no holder; it must not claim it again
+    leases, clock = FakeLeases(), Clock()
+    a = elector(leases, clock, "a")
+    assert a.try_acquire_or_renew()
+    assert a.release() and leases.holder == ""
+    assert not a.try_acquire_or_renew() and leases.holder == "" and not a.leader
+
+
 def test_two_candidates_racing_for_a_free_lease_get_one_leader():
     leases, clock = FakeLeases(), Clock()
     a, b = elector(leases, clock, "a"), elector(leases, clock, "b")

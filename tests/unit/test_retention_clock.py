@@ -134,8 +134,10 @@ def test_the_delay_cursor_goes_past_the_last_entry_delivered_when_retention_dele
     state = SimpleNamespace(topics={"%RETRY%cg"}, append_messages=lambda now, msgs, *a: stored.extend(msgs),
                             append=lambda record: None)
     queue = {2: [entry(5), entry(6)]}  # entries 2-4 deleted by retention: the read passes over them
-    reader = SimpleNamespace(read_queue=lambda topic, q, start, n: (
-        [e for e in queue.get(q, []) if e.queue_offset >= start], None, None))
+    def read_queue(topic, q, start, n):  # as MessageReader's: (messages, next offset, end)
+        got = [e for e in queue.get(q, []) if e.queue_offset >= start]
+        return got, (got[-1].queue_offset + 1) if got else start, 7
+    reader = SimpleNamespace(read_queue=read_queue)
     service = ScheduleService(SimpleNamespace(state=state, reader=reader, topics=None), [1_000, 2_000, 3_000])
     service._next = {0: 0, 1: 0, 2: 2}
     assert service.deliver_due() == 2 and service._next[2] == 7

@@ -109,3 +109,37 @@ def test_a_delay_queue_keeps_its_end_across_restarts_and_retention(tmp_path):
         finally:
             await state.close()
     asyncio.run(main())
+
+
+def test_a_park_recorded_before_decisions_listed_parked_entries_still_takes_its_entry_along(tmp_path):
+    """A transaction parked by a broker before 9079a36 (its pending entry lists no parked offsets),
+    resumed and parked again after: its first park's entry goes with that park record, as it did;
+    its second goes with its half (found by the review of 9079a36)."""
+    from txbroker.protocol.bodies import encode
+    from txbroker.store.records import ResumeRecord, decode_pending
+
+    async def main():
+        state = open_store(tmp_path / "s")
+        h1 = half(state, "t1", [Message("T", b"a", queue_id=0)])
+        state.append_to_queues([(TCMT, 0)], lambda offsets: ParkRecord("t1", 5, offsets))
+        await state.drain()
+        p = decode_pending(state.db.pending.get(b"t1"))
+        p.parked_offsets = []  # as the broker before 9079a36 wrote it
+        state.db.pending.put(b"t1", encode(p))
+        await state.close()
+        state = open_store(tmp_path / "s")
+        state.append(ResumeRecord("t1", 6))
+        state.append_to_queues([(TCMT, 0)], lambda offsets: ParkRecord("t1", 7, offsets))
+        end(state, "t1", h1, [("T", 0)])
+        for i in range(2):  # newer parked entries: t1's are no longer the queue's newest
+            half(state, f"x{i}", [Message("T", b"x", queue_id=1)])
+            state.append_to_queues([(TCMT, 0)], lambda offsets, i=i: ParkRecord(f"x{i}", 8, offsets))
+        state.append_messages(1, [Message("T", b"b", queue_id=0)])
+        await state.drain()
+        await retain(state, LATER)
+        await retain(state, 2 * LATER)
+        try:
+            assert state.queue_start(TCMT, 0) == 2  # t1's entries 0 and 1 gone, the others kept
+        finally:
+            await state.close()
+    asyncio.run(main())

@@ -26,8 +26,9 @@ from pathlib import Path
 from txbroker import __version__
 from txbroker.store import seed
 from txbroker.store.backup import Manifest, check_name, describe_files
-from txbroker.store.db import StoreCorrupt, verify_store
+from txbroker.store.db import StoreCorrupt
 from txbroker.store.records import STORE_FORMAT_VERSION
+from txbroker.store.verify import verify_elsewhere
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,11 @@ class BackupService:
                                                      f"{e}") from e
             raise BackupRefused(500, "STORE_ERROR", f"the checkpoint could not be written: {e}") from e
         try:
-            # read back from disk first: a block the running store's cache holds undamaged may be
-            # damaged on disk, and the copy is its file (the fault harness, seed 571)
-            await asyncio.to_thread(verify_store, str(target))
             files = await asyncio.to_thread(describe_files, target)
+            # Then read back, every block with its checksum: a block the running store's cache holds
+            # undamaged may be damaged on disk, and the copy is its file (the fault harness, seed
+            # 571). Hashed first, so damage after the read cannot pass for the checked copy.
+            await verify_elsewhere(str(target))
         except StoreCorrupt as e:
             seed.drop_snapshot(self._b.config.data_dir, PREFIX + backup_id)
             self._b.corrupted(e, "a backup's read of the store met a damaged file")
@@ -105,6 +107,10 @@ class BackupService:
         except BaseException:
             seed.drop_snapshot(self._b.config.data_dir, PREFIX + backup_id)
             raise
+        why = self.why_not_in_sync()  # (promoted, or its master gone, meanwhile)
+        if why:
+            seed.drop_snapshot(self._b.config.data_dir, PREFIX + backup_id)
+            raise BackupRefused(409, "NOT_IN_SYNC", why)
         manifest = Manifest(
             id=backup_id, created_ms=int(time.time() * 1000), group=self._b.cluster.group, broker=name,
             master=self._b.follower.master, epoch=epochs[-1][0] if epochs else 0, epochs=epochs, last_lsn=last,

@@ -34,9 +34,10 @@ def _delayed(broker, lowest: dict[tuple[str, int], int]) -> dict[str, int]:
             if budget <= 0:
                 out["(delayed)"] = out.get("(delayed)", 0) + end - offset
                 break
-            msgs, offset, _ = broker.reader.read_queue(SCHEDULE_TOPIC, q, offset, min(budget, 1024))
-            if not msgs:
+            msgs, nxt, _ = broker.reader.read_queue(SCHEDULE_TOPIC, q, offset, min(budget, 1024))
+            if nxt <= offset:  # nothing readable from here to what is published
                 break
+            offset = nxt
             budget -= len(msgs)
             for m in msgs:
                 topic = m.properties.get(PROPERTY_REAL_TOPIC, "(delayed)")

@@ -75,7 +75,9 @@ class ScheduleService:
         progress = []
         for q in range(len(self.levels_ms)):
             start = self._next.get(q, 0)
-            msgs, _, _ = reader.read_queue(SCHEDULE_TOPIC, q, start, 256)
+            msgs, nxt, _ = reader.read_queue(SCHEDULE_TOPIC, q, start, 256)
+            if not msgs and nxt > start:  # passed over entries whose records retention deleted
+                self._next[q] = nxt
             due = []
             longest = self.levels_ms[q]
             for m in msgs:

@@ -7,7 +7,7 @@ import os
 import sys
 
 from txbroker import __version__
-from txbroker.cli import auth_cmd, backup_cmd, broker_cmd, cluster_cmd, console_cmd, job_cmd, lookup_cmd, messages_cmd, topic_cmd, tx_cmd
+from txbroker.cli import auth_cmd, backup_cmd, broker_cmd, cluster_cmd, console_cmd, job_cmd, lookup_cmd, messages_cmd, replication_cmd, topic_cmd, tx_cmd
 
 DEFAULT_BROKER = os.environ.get("TXBROKER_BROKER", "127.0.0.1:10911")
 DEFAULT_ADMIN = os.environ.get("TXBROKER_ADMIN", "http://127.0.0.1:10912")
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     tx_cmd.register(sub, DEFAULT_ADMIN)
     job_cmd.register(sub, DEFAULT_ADMIN)
     backup_cmd.register(sub, DEFAULT_ADMIN)
+    replication_cmd.register(sub, DEFAULT_ADMIN)
     auth_cmd.register(sub)
     console_cmd.register(sub, DEFAULT_ADMIN)
     _describe_commands(p)

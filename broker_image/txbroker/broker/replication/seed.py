@@ -52,18 +52,11 @@ class SnapshotService:
             return ok(SnapshotResponse(req.snapshot_id))
         raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"snapshot action {req.action[:20]!r}: begin, read or end")
 
-    async def _begin(self) -> Reply:
+    def _begin(self) -> Reply:
         state = self._b.state
         snapshot_id = f"{int(time.time())}-{secrets.token_hex(4)}"
         last_lsn = state.local_durable_lsn
         target = state.checkpoint(snapshot_id)
-        try:  # read back from disk first: the running store's cache may hide a damaged block (seed 571)
-            await asyncio.to_thread(verify_store, str(target))
-        except StoreCorrupt as e:
-            seed.drop_snapshot(self._b.config.data_dir, snapshot_id)
-            self._b.corrupted(e, "a seed's read of the store met a damaged file")
-            raise RequestError(ResponseCode.SYSTEM_ERROR, f"this broker's store is damaged, so it gives no copy (it "
-                                                          f"stops, to be failed over and seeded): {e}") from e
         files = dict(seed.snapshot_files(target))
         self._open[snapshot_id] = (files, time.monotonic())
         log.info("snapshot %s of the store for a slave's seed: %d files, %d bytes, through LSN %d or later",
@@ -127,6 +120,11 @@ async def seed_from_master(config, credentials: tuple[str, str] | None, tls, why
         await _call(conn, SnapshotRequest("end", begun.snapshot_id))
     finally:
         conn.close()
+    try:  # read back before it is used: the master's cache may have hidden a damaged block (seed 571)
+        verify_store(str(target))
+    except StoreCorrupt as e:
+        raise OSError(f"the copy of master {config.master}'s store is damaged, so it was not installed (the master's "
+                      f"own files are: fail it over, and it is seeded in turn): {e}") from e
     seed.install(data_dir)
     log.warning("store seeded from master %s in %.1fs: %d files, %d bytes, through LSN %d or later; replicating "
                 "the rest from there", config.master, time.monotonic() - t0, len(begun.files), total, begun.last_lsn)

@@ -6,9 +6,10 @@ Retention keeps the records a pending transaction is derived from (its half mess
 check, park and resume records: its lineage), and a decision while someone may still ask about
 it: a spanning transaction's home keeps it until a ReleaseRecord says every participant has ended,
 and any decision stays at least DECISION_FLOOR_MS after its END (a producer's retried END). A
-commit's decision also stays while its half is stored (kept as its queue's newest record, say):
-the half's queue entries, and a parked one's entries in TRANS_CHECK_MAX_TIME_TOPIC, point into it,
-and only the decision says where they are when the half goes (seed 556). Such a decision outlives
+decision also stays while its half is stored (kept as its queue's newest record, say) if entries
+point into the half: a commit's queue entries, a parked transaction's entries in
+TRANS_CHECK_MAX_TIME_TOPIC (committed or rolled back); only the decision says where they are when
+the half goes (seed 556). Such a decision outlives
 its records: listed under meta `linger/`, and expired there.
 
 Truncation derives each transaction the dropped records touched again from its kept records
@@ -191,9 +192,13 @@ class Transactions(Family):
                 else:
                     wb.delete(record.transaction_id.encode(), self._h_tx)
         elif kind is ParkRecord and record.transaction_id not in self.pending:
+            # its entries go with its half when its decision lists them; others (a park recorded
+            # before decisions listed them) go now, as they did
             done = self.finished(record.transaction_id)
-            if done is None or not done.parked_offsets:  # (a decision from before they were kept)
-                self._messages.forget_parked(wb, record.queue_offsets)
+            listed = set(done.parked_offsets) if done is not None else set()
+            gone = [o for o in record.queue_offsets if o not in listed]
+            if gone:
+                self._messages.forget_parked(wb, gone)
 
     def _indexes_a_stored_half(self, f: FinishedTx, kept: frozenset[int] | None = None) -> bool:
         """A decision whose half outlives its END (kept as its queue's newest record, say): only the
