@@ -62,3 +62,30 @@ def test_nothing_is_decoded_after_a_fatal_error():
     (err,) = dec.feed(bytes(stream[:12]))
     assert isinstance(err, FrameError) and err.fatal
     assert dec.feed(bytes(stream[12:])) == [] and dec.feed(encode_frame(0, 34, 1, b"ok")) == []
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 65535), st.integers(0, 2**32 - 1),
+                          st.binary(max_size=1500)), max_size=6),
+       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+       st.lists(st.integers(1, 4000), max_size=6))
+def test_whole_reads_decode_as_byte_by_byte_reads_do(frames, flips, cuts):
+    """Reads of whole frames skip the buffer (framing.py's fast path); reads of anything else,
+    frames too large, damaged or cut anywhere, must come out exactly as one byte at a time does."""
+    stream = bytearray(b"".join(encode_frame(*f) for f in frames))
+    for pos, value in flips:
+        if stream:
+            stream[pos % len(stream)] = value
+    stream = bytes(stream)
+
+    def decode(reads):
+        dec = FrameDecoder(MAX)
+        return [(type(x).__name__, *((x.flags, x.code, x.opaque, x.body) if type(x) is Frame else
+                                     (x.reason, x.opaque, x.fatal))) for r in reads for x in dec.feed(r)]
+
+    reads, start = [], 0
+    for cut in sorted(cuts) + [len(stream)]:
+        if start < cut <= len(stream):
+            reads.append(stream[start:cut])
+            start = cut
+    assert decode(reads) == decode([stream[i:i + 1] for i in range(len(stream))])

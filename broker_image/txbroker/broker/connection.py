@@ -189,14 +189,17 @@ class BrokerConnection(BatchedProtocol):
         """A request of `size` bytes waits (for a coroutine, or durability): it counts as in flight."""
         self._inflight += 1
         self._held += size
-        self._update_reading()
+        if self._inflight >= self._max_inflight and not self._reading_paused:  # (only this can newly pause)
+            self._update_reading()
 
     def release(self, size: int) -> None:
         """A request counted by `hold` finished: reading, and what waited, may go on."""
         self._inflight -= 1
         self._held -= size
-        self._update_reading()
-        self._resume_backlog()
+        if self._reading_paused:  # (a release never pauses reading, it may resume it)
+            self._update_reading()
+        if self._backlog:
+            self._resume_backlog()
 
     def _update_reading(self) -> None:
         should_pause = self._must_wait() or bool(self._backlog)

@@ -123,7 +123,7 @@ class Dispatcher:
                 reply = self.failure(conn, frame, e)
         if reply is None:  # a one-way request handled in full
             return
-        if inspect.isawaitable(reply):
+        if type(reply) is not Reply and inspect.isawaitable(reply):  # (the type test first: most replies are)
             budget.used += size
             conn.hold(size)
             task = asyncio.ensure_future(reply)

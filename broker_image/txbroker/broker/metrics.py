@@ -13,6 +13,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from txbroker.broker.loop_metrics import LoopCounterFamily, LoopHistogramFamily
+
 MAX_GROUP_LABELS = 100  # producer groups with series of their own; the rest count as OTHER
 OTHER = "_other"
 
@@ -69,10 +71,11 @@ class OptionalGauge:
 class BrokerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        sent = Counter("txbroker_messages_sent", "Messages stored, by kind", ["kind"], registry=r)
+        # Updated per request or per write: loop_metrics.py's lock-free families (same exposition).
+        sent = LoopCounterFamily("txbroker_messages_sent", "Messages stored, by kind", ["kind"], registry=r)
         self.sent_normal = sent.labels("normal")
         self.sent_half = sent.labels("half")
-        tx = Counter("txbroker_transactions", "Transactions finished, by outcome", ["outcome"], registry=r)
+        tx = LoopCounterFamily("txbroker_transactions", "Transactions finished, by outcome", ["outcome"], registry=r)
         self.tx_commit = tx.labels("commit")
         self.tx_rollback = tx.labels("rollback")
         self.tx_park = tx.labels("park")
@@ -103,37 +106,40 @@ class BrokerMetrics:
             "txbroker_jobs_prepared_nearest_bound_seconds", "Seconds until the nearest bound of a PREPARED job (the "
             "broker aborts it then unless decided); absent while no job is prepared", r)
         # Per producer group (bounded: BoundedLabels): messages stored, transactions ended.
-        group_sent = Counter("txbroker_group_messages_sent", "Messages stored, by producer group and kind (at most "
-                             f"{MAX_GROUP_LABELS} groups by name, the rest as {OTHER})", ["producer_group", "kind"],
-                             registry=r)
+        group_sent = LoopCounterFamily("txbroker_group_messages_sent", "Messages stored, by producer group and "
+                                       f"kind (at most {MAX_GROUP_LABELS} groups by name, the rest as {OTHER})",
+                                       ["producer_group", "kind"], registry=r)
         self.group_sent_normal = BoundedLabels(group_sent, ("normal",))
         self.group_sent_half = BoundedLabels(group_sent, ("half",))
-        group_tx = Counter("txbroker_group_transactions", "Transactions finished, by producer group and outcome (at "
-                           f"most {MAX_GROUP_LABELS} groups by name, the rest as {OTHER})",
-                           ["producer_group", "outcome"], registry=r)
+        group_tx = LoopCounterFamily("txbroker_group_transactions", "Transactions finished, by producer group and "
+                                     f"outcome (at most {MAX_GROUP_LABELS} groups by name, the rest as {OTHER})",
+                                     ["producer_group", "outcome"], registry=r)
         self.group_tx_commit = BoundedLabels(group_tx, ("commit",))
         self.group_tx_rollback = BoundedLabels(group_tx, ("rollback",))
-        answers = Counter("txbroker_checkback_answers", "Answers to check-backs (END_TRANSACTION marked as from a "
-                          "check), by the state answered: commit, rollback, unknown", ["answer"], registry=r)
+        answers = LoopCounterFamily("txbroker_checkback_answers", "Answers to check-backs (END_TRANSACTION marked "
+                                    "as from a check), by the state answered: commit, rollback, unknown", ["answer"],
+                                    registry=r)
         self.checkback_answers = {0: answers.labels("unknown"), 1: answers.labels("commit"),
                                   2: answers.labels("rollback")}
         self.checkback_answer_invalid = answers.labels("invalid")
-        self.checkbacks = Counter("txbroker_checkbacks_sent", "CHECK_TRANSACTION_STATE requests sent", registry=r)
+        self.checkbacks = LoopCounterFamily("txbroker_checkbacks_sent", "CHECK_TRANSACTION_STATE requests sent",
+                                            registry=r)
         self.checkbacks_unanswerable = Counter(
             "txbroker_checkbacks_without_producer", "Checks counted with no live producer of the group", registry=r)
         self.check_scan_seconds = Histogram("txbroker_check_scan_seconds", "Duration of one check-back scan",
                                             buckets=_LATENCY_BUCKETS, registry=r)
-        self._latency = Histogram("txbroker_request_latency_seconds", "Request handling latency until the answer",
-                                  ["request"], buckets=_LATENCY_BUCKETS, registry=r)
+        self._latency = LoopHistogramFamily("txbroker_request_latency_seconds",
+                                            "Request handling latency until the answer", ["request"],
+                                            buckets=_LATENCY_BUCKETS, registry=r)
         self._latency_children: dict[int, object] = {}
         self.requests_rejected = Counter("txbroker_requests_rejected", "Requests answered with an error code",
                                          ["code"], registry=r)
         for code in ("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"):  # SYNC refusals: at 0 before the first,
             self.requests_rejected.labels(code)                    # so rate() sees the first one
-        self.flush_batch = Histogram("txbroker_flush_batch_records", "Records per group-commit write",
-                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
-        self.flush_seconds = Histogram("txbroker_flush_seconds", "Duration of one group-commit write",
-                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.flush_batch = LoopHistogramFamily("txbroker_flush_batch_records", "Records per group-commit write",
+                                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
+        self.flush_seconds = LoopHistogramFamily("txbroker_flush_seconds", "Duration of one group-commit write",
+                                                 buckets=_LATENCY_BUCKETS, registry=r)
         self.retention_deleted = Counter("txbroker_retention_deleted_records",
                                          "Log records deleted by retention", registry=r)
         self.log_start = Gauge("txbroker_log_start_offset", "The log holds every record from this LSN on", registry=r)

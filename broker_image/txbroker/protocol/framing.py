@@ -73,6 +73,10 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[Frame | FrameError]:
         if self.dead:
             return []
+        if not self._buf and not self._skip and type(data) is bytes:
+            whole = self._whole_frames(data)  # the usual read: whole frames, nothing carried over
+            if whole is not None:
+                return whole
         buf = self._buf
         buf += data
         out: list[Frame | FrameError] = []
@@ -125,6 +129,21 @@ class FrameDecoder:
             self.dead = True
             buf.clear()
         return out
+
+    def _whole_frames(self, data: bytes) -> list[Frame] | None:
+        """`data` cut into frames without copying it into the buffer first, if it is exactly whole,
+        well-formed frames within the size limit; None sends it the general way (feed)."""
+        out = []
+        pos, end, limit = 0, len(data), self._max_frame
+        unpack = _HEADER.unpack_from
+        while end - pos >= HEADER_SIZE:
+            length, version, flags, code, opaque = unpack(data, pos)
+            total = 4 + length
+            if version != FRAME_VERSION or length < _REST or total > limit or end - pos < total:
+                return None
+            out.append(Frame(flags, code, opaque, data[pos + HEADER_SIZE:pos + total]))
+            pos += total
+        return out if pos == end else None
 
     @property
     def buffered(self) -> int:
