@@ -53,3 +53,15 @@ def test_wrong_label_count_and_unsorted_buckets_are_refused_by_name():
         LoopCounterFamily("t_x", "x", ["kind"], registry=r).labels("a", "b")
     with pytest.raises(ValueError, match="t_y: buckets must increase"):
         LoopHistogramFamily("t_y", "y", buckets=(1, 0.5), registry=r)
+
+
+def test_updating_a_labelled_family_without_its_labels_names_what_is_missing():
+    registry = CollectorRegistry()
+    counter = LoopCounterFamily("t_requests", "requests", ["request"], registry=registry)
+    histogram = LoopHistogramFamily("t_seconds", "latency", ["request"], buckets=BUCKETS, registry=registry)
+    with pytest.raises(ValueError, match=r"t_requests has labels \['request'\]: update a child"):
+        counter.inc()
+    with pytest.raises(ValueError, match=r"t_seconds has labels \['request'\]"):
+        histogram.observe(0.1)
+    counter.labels("SEND").inc()
+    assert 't_requests_total{request="SEND"} 1.0' in exposition(registry)  # nothing half-counted

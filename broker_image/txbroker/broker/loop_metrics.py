@@ -40,12 +40,34 @@ class LoopHistogram:
         self.sum += amount
 
 
+class _NeedsLabels:
+    """Stands in for the unlabelled child of a family with labels: an update on the family itself
+    names what is missing (as prometheus_client does), instead of an AttributeError."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, name: str, labelnames: tuple[str, ...]) -> None:
+        self._message = f"{name} has labels {list(labelnames)}: update a child, {name}.labels(...)"
+
+    @property
+    def value(self) -> float:
+        raise ValueError(self._message)
+
+    @value.setter
+    def value(self, _amount: float) -> None:
+        raise ValueError(self._message)
+
+    def observe(self, _amount: float) -> None:
+        raise ValueError(self._message)
+
+
 class _Family:
     """A metric's children by label values (one unlabelled child when it has no labels)."""
 
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry):
         self._name, self._doc, self._labelnames = name, documentation, tuple(labelnames)
         self._children: dict[tuple[str, ...], object] = {}
+        self._unlabelled = self.labels() if not self._labelnames else _NeedsLabels(name, self._labelnames)
         registry.register(self)
 
     def labels(self, *values: str):
@@ -71,8 +93,6 @@ class LoopCounterFamily(_Family):
 
     def __init__(self, name: str, documentation: str, labelnames=(), *, registry: CollectorRegistry):
         super().__init__(name, documentation, labelnames, registry)
-        if not self._labelnames:
-            self._unlabelled = self.labels()
 
     def inc(self, amount: float = 1) -> None:
         self._unlabelled.value += amount
@@ -92,8 +112,6 @@ class LoopHistogramFamily(_Family):
         if list(self._bounds) != sorted(set(self._bounds)):
             raise ValueError(f"{name}: buckets must increase: {buckets!r}")
         super().__init__(name, documentation, labelnames, registry)
-        if not self._labelnames:
-            self._unlabelled = self.labels()
 
     def _child(self) -> LoopHistogram:
         return LoopHistogram(self._bounds)
