@@ -5,6 +5,8 @@ the loop, with fsync in SYNC flush mode. rocksdict holds the GIL for the whole w
 included, so a writer thread could not overlap it with request handling: the hop there and back
 only added latency (bench/broker A/B on a quiet machine, bench/README.md: tx-8p-SYNC 3,096-3,180
 tx/s on a writer thread, 4,261-4,546 inline; batch100-8p-SYNC 112-122k msgs/s against 136-137k).
+Writing without sync and fsyncing by `flush_wal(True)` on a thread does release the GIL, but with
+this host's 0.16 ms fsync it was slower too (bench/README.md, "SYNC flush's fsync on a thread").
 Without fsync the WAL reaches the OS, which survives a process kill but not a machine crash.
 
 A failed write is fatal: memory is ahead of disk, so the broker must stop and recover from disk.
