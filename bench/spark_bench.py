@@ -127,7 +127,8 @@ def main() -> int:
                         "phase and the scaling model (bench/spark_groups.py; results in spark-groups-<time>.json)")
     p.add_argument("--flush", choices=["ASYNC", "SYNC"], default="ASYNC", help="with --groups: the brokers' flush")
     p.add_argument("--span-jobs", type=int, default=400,
-                   help="with --groups: small jobs measuring what a further group costs per job")
+                   help="with --groups: small jobs measuring what a further group costs per job (0: none, and no "
+                        "scaling model)")
     p.add_argument("--span-concurrency", type=int, default=50, help="with --groups: those jobs in flight")
     args = p.parse_args()
     if args.groups:

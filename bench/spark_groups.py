@@ -451,11 +451,11 @@ def run(args, frame) -> int:
                           f"while sending (load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f})",
                           flush=True)
                 seen, left = visible(cluster, topic), pending(cluster)
-                span = span_cost(cluster, args.span_jobs, args.span_concurrency)
-                print(f"[bench] {n} group(s): visible {seen:,} (expected {args.rows * args.repeat:,}), pending {left}; "
-                      f"{args.span_jobs} small jobs: {span['broker_us_per_job']:.0f} us of broker CPU per job "
-                      f"({', '.join(f'{g} {v:.0f}' for g, v in span['per_broker_us_per_job'].items())}; loop "
-                      f"{span['broker_loop_us_per_job']:.0f})", flush=True)
+                span = span_cost(cluster, args.span_jobs, args.span_concurrency) if args.span_jobs else None
+                print(f"[bench] {n} group(s): visible {seen:,} (expected {args.rows * args.repeat:,}), pending {left}"
+                      + (f"; {args.span_jobs} small jobs: {span['broker_us_per_job']:.0f} us of broker CPU per job "
+                         f"({', '.join(f'{g} {v:.0f}' for g, v in span['per_broker_us_per_job'].items())}; loop "
+                         f"{span['broker_loop_us_per_job']:.0f})" if span else ""), flush=True)
                 results["cases"][f"groups_{n}"] = {
                     "cluster": cluster.describe(), "runs": runs,
                     "best": min(runs, key=lambda x: x["seconds"]),
@@ -471,7 +471,7 @@ def run(args, frame) -> int:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
-    if {"groups_1", "groups_2"} <= set(results["cases"]):
+    if {"groups_1", "groups_2"} <= set(results["cases"]) and args.span_jobs:  # (the model needs the span cost)
         g1, g2 = results["cases"]["groups_1"], results["cases"]["groups_2"]
         results["model"] = model(g1["cheapest"], g2["cheapest"], results["span_cost"]["groups_1"],
                                  results["span_cost"]["groups_2"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from operator import attrgetter
 
 from txbroker.client import background
 from txbroker.client.connection import BrokerClient
@@ -32,6 +33,13 @@ def _refusal(e: BrokerError, o: WriteOptions, group: str = "") -> Exception:
     where = f" on broker group {group}" if group and group != "default" else ""
     return RuntimeError(f"txbroker: the broker{where} refused a half message for topic {o.topic!r}: {e} (the task "
                         "fails; nothing of the write is published unless its job commits)")
+
+
+# A transaction's messages in queue order (a stable sort: a key's rows, all on one queue, keep
+# theirs; messages on different queues have no order between them). The broker indexes a committed
+# transaction by runs of one queue (store/derived/messages.py `index`): keyed rows hashed over the
+# queues made a run of about one message each, so ending a member wrote an entry per message.
+_QUEUE = attrgetter("queue_id")
 
 
 class TaskPublisher:
@@ -73,6 +81,7 @@ class TaskPublisher:
         if not msgs:
             return
         self._pending, self._pending_bytes = [], 0
+        msgs.sort(key=_QUEUE)
         txid = self._txid_for(self.chunks, msgs)
         self.chunks += 1
         self.txids.append(txid)

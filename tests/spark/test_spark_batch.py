@@ -86,6 +86,24 @@ def test_write_then_read_back_with_spark(spark, tx_env):
     assert sorted(r.queue_offset for r in beyond) == sorted(r.queue_offset for r in q0)
 
 
+def test_keyed_rows_keep_their_order_per_key_within_a_transaction(spark, tx_env):
+    """A member transaction goes out in queue order (the broker indexes it by runs of one queue):
+    each key's rows, all on one queue, still arrive in the order the partition had them."""
+    df = spark.range(90, numPartitions=1).selectExpr("id", "concat('key-', id % 7) AS k")
+    save(df, tx_env, "KeyOrder", keyColumn="k", batchSize=1000)
+    rows = (spark.read.format("txbroker").option("brokers", tx_env.brokers).option("topic", "KeyOrder")
+            .load().collect())
+    assert len({r.transaction_id for r in rows}) == 1 and len(rows) == 90
+    by_key: dict[str, list] = {}
+    for r in sorted(rows, key=lambda r: (r.queue_id, r.queue_offset)):
+        by_key.setdefault(r.key, []).append((r.queue_id, json.loads(r.body)["id"]))
+    assert len({q for rs in by_key.values() for q, _ in rs}) > 1  # the keys spread over several queues
+    for key, rs in by_key.items():
+        assert len({q for q, _ in rs}) == 1, f"{key} on more than one queue"
+        ids = [i for _, i in rs]
+        assert ids == sorted(ids) == [i for i in range(90) if f"key-{i % 7}" == key]
+
+
 def test_body_from_a_column_as_bytes_or_string(spark, tx_env):
     df = orders(spark, 30, 2).selectExpr("id", "order_id", "binary(concat('payload-', id)) AS raw")
     save(df, tx_env, "Raw", bodyColumn="raw", keyColumn="order_id")
