@@ -33,6 +33,52 @@ def _json_default(value):
 _dumps = msgspec.json.Encoder(enc_hook=_json_default, decimal_format="string").encode
 
 
+# Time zones whose timestamps msgspec writes with a "Z" (offset 0): the ones Spark's session time
+# zone is set to in practice. Others go through Python datetimes, as before.
+_UTC_ZONES = frozenset({"UTC", "Etc/UTC", "Z", "+00:00", "GMT", "Etc/GMT", "Etc/UCT", "UCT", "Universal",
+                        "Etc/Universal", "Zulu", "Etc/Zulu"})
+
+
+def _timestamps_as_text(batch):
+    """`batch` with its top-level microsecond timestamp columns (naive or UTC) as the RFC 3339 text
+    msgspec writes for a datetime ("2026-01-01T00:00:00Z"; ".123000" only when the microseconds are
+    not 0; no "Z" when naive), built by Arrow from the columns' fields: `to_pylist` otherwise makes
+    a Python datetime per value, most of what turning a row into a message cost (2.4 us a UTC value
+    against 0.3). A column with a value Python's datetime cannot hold (before year 1 or after 9999)
+    is left as it is, so it fails as before."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def digits(values, width: int):
+        return pc.utf8_lpad(values.cast(pa.string()), width, "0")
+
+    columns = None
+    for i, field in enumerate(batch.schema):
+        t = field.type
+        if not (pa.types.is_timestamp(t) and t.unit == "us" and (t.tz is None or t.tz in _UTC_ZONES)):
+            continue
+        col = batch.column(i)
+        bounds = pc.min_max(col.cast(pa.int64()))
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is None or low < _MIN_US or high > _MAX_US:
+            continue  # all null (nothing to gain), or out of datetime's range
+        micros = pc.add(pc.multiply(pc.millisecond(col), 1000), pc.microsecond(col))
+        fraction = pc.if_else(pc.equal(micros, 0), "", pc.binary_join_element_wise(".", digits(micros, 6), ""))
+        text = pc.binary_join_element_wise(
+            digits(pc.year(col), 4), "-", digits(pc.month(col), 2), "-", digits(pc.day(col), 2), "T",
+            digits(pc.hour(col), 2), ":", digits(pc.minute(col), 2), ":", digits(pc.second(col), 2), fraction,
+            "" if t.tz is None else "Z", "")
+        if columns is None:
+            columns = list(batch.columns)
+        columns[i] = text
+    return batch if columns is None else pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+_EPOCH = _dt.datetime(1970, 1, 1)
+_MIN_US = (_dt.datetime(1, 1, 1) - _EPOCH) // _dt.timedelta(microseconds=1)
+_MAX_US = (_dt.datetime(9999, 12, 31, 23, 59, 59, 999999) - _EPOCH) // _dt.timedelta(microseconds=1)
+
+
 class MessageBuilder:
     """Turns rows into Messages as the options say: body (row as JSON by default, or one column as
     bytes / string / JSON), keys from keyColumn, tags from tagsColumn or a constant."""
@@ -62,7 +108,7 @@ class MessageBuilder:
         o = self.o
         n = batch.num_rows
         if o.body_column is None:
-            values = batch.to_pylist()
+            values = _timestamps_as_text(batch).to_pylist()
         else:
             values = batch.column(o.body_column).to_pylist()
         keys = batch.column(o.key_column).to_pylist() if o.key_column else None
