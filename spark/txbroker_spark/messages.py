@@ -42,15 +42,12 @@ _UTC_ZONES = frozenset({"UTC", "Etc/UTC", "Z", "+00:00", "GMT", "Etc/GMT", "Etc/
 def _timestamps_as_text(batch):
     """`batch` with its top-level microsecond timestamp columns (naive or UTC) as the RFC 3339 text
     msgspec writes for a datetime ("2026-01-01T00:00:00Z"; ".123000" only when the microseconds are
-    not 0; no "Z" when naive), built by Arrow from the columns' fields: `to_pylist` otherwise makes
-    a Python datetime per value, most of what turning a row into a message cost (2.4 us a UTC value
-    against 0.3). A column with a value Python's datetime cannot hold (before year 1 or after 9999)
+    not 0; no "Z" when naive), made by Arrow for the whole column: `to_pylist` otherwise makes a
+    Python datetime per value, most of what turning a row into a message cost (2.4 us a UTC value
+    against 0.14). A column with a value Python's datetime cannot hold (before year 1 or after 9999)
     is left as it is, so it fails as before."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    def digits(values, width: int):
-        return pc.utf8_lpad(values.cast(pa.string()), width, "0")
 
     columns = None
     for i, field in enumerate(batch.schema):
@@ -62,12 +59,12 @@ def _timestamps_as_text(batch):
         low, high = bounds["min"].as_py(), bounds["max"].as_py()
         if low is None or low < _MIN_US or high > _MAX_US:
             continue  # all null (nothing to gain), or out of datetime's range
-        micros = pc.add(pc.multiply(pc.millisecond(col), 1000), pc.microsecond(col))
-        fraction = pc.if_else(pc.equal(micros, 0), "", pc.binary_join_element_wise(".", digits(micros, 6), ""))
-        text = pc.binary_join_element_wise(
-            digits(pc.year(col), 4), "-", digits(pc.month(col), 2), "-", digits(pc.day(col), 2), "T",
-            digits(pc.hour(col), 2), ":", digits(pc.minute(col), 2), ":", digits(pc.second(col), 2), fraction,
-            "" if t.tz is None else "Z", "")
+        # Arrow writes a naive timestamp as "2026-01-01 00:00:00.000000" (a UTC one without its zone:
+        # the same wall clock), quickly; a zoned one it formats through the zone database, slowly.
+        text = col.cast(pa.timestamp("us")).cast(pa.string())
+        text = pc.replace_substring_regex(pc.replace_substring(text, " ", "T", max_replacements=1), r"\.000000$", "")
+        if t.tz is not None:
+            text = pc.binary_join_element_wise(text, "Z", "")
         if columns is None:
             columns = list(batch.columns)
         columns[i] = text
