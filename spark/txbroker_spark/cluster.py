@@ -124,6 +124,12 @@ class RowPlacement:
             self._row += len(msgs)
             return {names[0]: msgs}
         counts = self.route.counts
+        if len(names) == 1:  # keyed, one group: only the queue to set
+            total, crc32 = self._total, zlib.crc32
+            for m in msgs:
+                m.queue_id = crc32(m.keys.encode()) % total
+            self._row += len(msgs)
+            return {names[0]: msgs}
         for m in msgs:
             if self.keyed:
                 index = zlib.crc32(m.keys.encode()) % self._total

@@ -30,7 +30,13 @@ def _json_default(value):
 
 
 # msgspec writes datetimes as RFC 3339, decimals as strings, bytes as base64, NaN/inf as null.
-_dumps = msgspec.json.Encoder(enc_hook=_json_default, decimal_format="string").encode
+_encoder = msgspec.json.Encoder(enc_hook=_json_default, decimal_format="string")
+_dumps = _encoder.encode
+
+
+def _json_bodies(values: list) -> list[bytes]:
+    """Each value as JSON, in one call: JSON text holds no raw newline, so the lines are the values."""
+    return _encoder.encode_lines(values).split(b"\n")[:-1]
 
 
 # Time zones whose timestamps msgspec writes with a "Z" (offset 0): the ones Spark's session time
@@ -123,14 +129,21 @@ class MessageBuilder:
         return self._build(len(rows), values, keys, tags, first_row)
 
     def _build(self, n, values, keys, tags, first_row) -> list[Message]:
-        topic, props, const_tags, body = self.topic, self.properties, self.o.tags, self._body
-        out = []
-        for i in range(n):
-            k = keys[i] if keys is not None else None
-            t = tags[i] if tags is not None else const_tags
-            out.append(Message(topic, body(values[i], first_row + i), "" if t is None else str(t),
-                               "" if k is None else str(k), props))
-        return out
+        topic, props, const_tags = self.topic, self.properties, self.o.tags
+        if self.o.body_format == "json":  # (never empty, null included: no row to name)
+            bodies = _json_bodies(values)
+        else:
+            body = self._body
+            bodies = [body(values[i], first_row + i) for i in range(n)]
+        if keys is None:
+            keys = [""] * n
+        else:
+            keys = ["" if k is None else k if type(k) is str else str(k) for k in keys]
+        if tags is None:
+            tags = [str(const_tags) if const_tags is not None else ""] * n
+        else:
+            tags = ["" if t is None else str(t) for t in tags]
+        return [Message(topic, b, t, k, props) for b, t, k in zip(bodies, tags, keys)]
 
 
 def content_hash(msgs: list[Message]) -> str:
