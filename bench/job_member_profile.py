@@ -100,8 +100,8 @@ def report(raw: Path, top: int) -> None:
     print(f"  {total} busy samples; by the frame running:")
     for f, n in own.most_common(top):
         print(f"    {100 * n / total:5.1f} %  {f}")
-    print("  inclusive (the frame or what it called):")
-    for f, n in inclusive.most_common(top + 6)[6:]:  # (the first few are the loop's own frames: 100 %)
+    print("  inclusive (the frame or what it called; frames on every sample, the loop's own, left out):")
+    for f, n in [(f, n) for f, n in inclusive.most_common() if n < total][:top]:
         print(f"    {100 * n / total:5.1f} %  {f}")
 
 

@@ -120,16 +120,14 @@ class RowPlacement:
     def split(self, msgs: list[Message]) -> dict[str, list[Message]]:
         names = self.route.names
         out: dict[str, list[Message]] = {}
-        if len(names) == 1 and not self.keyed:
+        if len(names) == 1:  # one group: every row goes there; a keyed row only needs its queue
+            if self.keyed:
+                total, crc32 = self._total, zlib.crc32
+                for m in msgs:
+                    m.queue_id = crc32(m.keys.encode()) % total
             self._row += len(msgs)
             return {names[0]: msgs}
         counts = self.route.counts
-        if len(names) == 1:  # keyed, one group: only the queue to set
-            total, crc32 = self._total, zlib.crc32
-            for m in msgs:
-                m.queue_id = crc32(m.keys.encode()) % total
-            self._row += len(msgs)
-            return {names[0]: msgs}
         for m in msgs:
             if self.keyed:
                 index = zlib.crc32(m.keys.encode()) % self._total

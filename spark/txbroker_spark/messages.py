@@ -31,7 +31,6 @@ def _json_default(value):
 
 # msgspec writes datetimes as RFC 3339, decimals as strings, bytes as base64, NaN/inf as null.
 _encoder = msgspec.json.Encoder(enc_hook=_json_default, decimal_format="string")
-_dumps = _encoder.encode
 
 
 def _json_bodies(values: list) -> list[bytes]:
@@ -43,6 +42,12 @@ def _json_bodies(values: list) -> list[bytes]:
 # zone is set to in practice. Others go through Python datetimes, as before.
 _UTC_ZONES = frozenset({"UTC", "Etc/UTC", "Z", "+00:00", "GMT", "Etc/GMT", "Etc/UCT", "UCT", "Universal",
                         "Etc/Universal", "Zulu", "Etc/Zulu"})
+
+
+# What Python's datetime holds, as microseconds since 1970 (Arrow's values of a "us" timestamp)
+_EPOCH = _dt.datetime(1970, 1, 1)
+_MIN_US = (_dt.datetime(1, 1, 1) - _EPOCH) // _dt.timedelta(microseconds=1)
+_MAX_US = (_dt.datetime(9999, 12, 31, 23, 59, 59, 999999) - _EPOCH) // _dt.timedelta(microseconds=1)
 
 
 def _timestamps_as_text(batch):
@@ -77,11 +82,6 @@ def _timestamps_as_text(batch):
     return batch if columns is None else pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
-_EPOCH = _dt.datetime(1970, 1, 1)
-_MIN_US = (_dt.datetime(1, 1, 1) - _EPOCH) // _dt.timedelta(microseconds=1)
-_MAX_US = (_dt.datetime(9999, 12, 31, 23, 59, 59, 999999) - _EPOCH) // _dt.timedelta(microseconds=1)
-
-
 class MessageBuilder:
     """Turns rows into Messages as the options say: body (row as JSON by default, or one column as
     bytes / string / JSON), keys from keyColumn, tags from tagsColumn or a constant."""
@@ -92,10 +92,9 @@ class MessageBuilder:
         self.properties = properties
 
     def _body(self, value, row_number: int) -> bytes:
+        """A bodyColumn value as bytes or string (JSON bodies: `_json_bodies`, a batch at a time)."""
         fmt = self.o.body_format
-        if fmt == "json":
-            body = _dumps(value)
-        elif value is None:
+        if value is None:
             raise ValueError(f"txbroker option 'bodyColumn': column {self.o.body_column!r} is null in a row "
                              f"(row {row_number} of this task); a message needs a body")
         elif fmt == "bytes":

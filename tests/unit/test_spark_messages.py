@@ -11,7 +11,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from txbroker_spark.messages import MessageBuilder, _dumps, _timestamps_as_text
+from txbroker_spark.messages import MessageBuilder, _encoder, _timestamps_as_text
 from txbroker_spark.options import WriteOptions
 
 EDGES = [dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999), dt.datetime(1969, 12, 31, 23, 59, 59),
@@ -31,8 +31,9 @@ def instants(n: int, seed: int) -> list[dt.datetime | None]:
 
 
 def reference_bodies(batch: pa.RecordBatch) -> list[bytes]:
-    """What the builder wrote before Arrow formatted timestamps: msgspec over to_pylist's rows."""
-    return [_dumps(row) for row in batch.to_pylist()]
+    """What the builder wrote before Arrow formatted timestamps: msgspec over to_pylist's rows, one
+    at a time."""
+    return [_encoder.encode(row) for row in batch.to_pylist()]
 
 
 def batch_of(values, tz) -> pa.RecordBatch:

@@ -50,11 +50,7 @@ class _NeedsLabels:
         self._message = f"{name} has labels {list(labelnames)}: update a child, {name}.labels(...)"
 
     @property
-    def value(self) -> float:
-        raise ValueError(self._message)
-
-    @value.setter
-    def value(self, _amount: float) -> None:
+    def value(self) -> float:  # (a counter's `value += amount` reads it first)
         raise ValueError(self._message)
 
     def observe(self, _amount: float) -> None:
