@@ -156,7 +156,7 @@ class Controller:
         """As the operator's take_over: the others follow `head` first, then the most caught-up of
         those that were not masters is promoted."""
         epoch = self.status["epoch"]
-        deposed = set()
+        deposed, chosen = set(), head.info
         for m in failover.fence_before_promotion(members, head.name):
             if m.alive_master:
                 deposed.add(m.name)
@@ -164,8 +164,10 @@ class Controller:
         for m in members.values():
             m.info = self.access.try_info(m.ip) if m.ip else None
         self._crash("fenced")
-        slaves = [m for m in members.values() if m.info is not None and (m is head or m.name not in deposed)]
-        best = failover.most_caught_up(slaves, head)
+        best = failover.successor_after_fencing(members, head, chosen, deposed)
+        if best is None:
+            raise brokers.Unreachable(f"{head.name} does not answer now that the others follow it, and none "
+                                      "that answers is as far as it was")
         if best is not head:
             log.warning("%s is ahead of %s: promoting it instead", best.name, head.name)
             self.save(master=best.name)

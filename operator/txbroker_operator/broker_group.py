@@ -289,6 +289,7 @@ class GroupPass:
         if self.hand_over(head) is None:
             return members[self.master]
         deposed = {self.previous_master}
+        chosen = head.info
         for m in failover.fence_before_promotion(members, head.name):
             if m.alive_master:
                 deposed.add(m.name)
@@ -300,14 +301,15 @@ class GroupPass:
         for m in members.values():
             if not m.deleting:
                 m.info = access.try_info(m.ip)
-        # a deposed master's extra records were never acknowledged (SYNC) or are knowingly lost (ASYNC)
-        slaves = [m for m in members.values() if m.info is not None and not m.deleting
-                  and (m is head or m.name not in deposed)]
-        best = failover.most_caught_up(slaves, head)
+        best = failover.successor_after_fencing(members, head, chosen, deposed)
+        if best is None:
+            raise brokers.Unreachable(f"{head.name} does not answer now that the others follow it, and none that "
+                                      "answers is as far as it was: it is promoted when it answers")
         if best is not head:
+            now = head.info or chosen
             self.log.warning("%s is ahead of %s (epoch %d offset %d > epoch %d offset %d): promoting it instead",
-                             best.name, head.name, best.info.epoch, best.info.log_end_offset, head.info.epoch,
-                             head.info.log_end_offset)
+                             best.name, head.name, best.info.epoch, best.info.log_end_offset, now.epoch,
+                             now.log_end_offset)
             self.master = best.name
             self.save_status(master=best.name)
             head = best

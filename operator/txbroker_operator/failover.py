@@ -253,3 +253,21 @@ def master_of(status: Mapping[str, Any], name: str) -> str:
 
 def role_for(member_name: str, master: str) -> str:
     return c.ROLE_MASTER if member_name == master else c.ROLE_SLAVE
+
+
+def successor_after_fencing(members: Mapping[str, Member], head: Member, chosen: Any,
+                            deposed: set[str]) -> Member | None:
+    """Whom to promote once every answering broker follows `head`, as they answer now (take_over);
+    `chosen` is `head`'s info when it was chosen. The furthest at the newest epoch among `head` and
+    the slaves that were not masters (a deposed master's tail was never acknowledged). If `head` no
+    longer answers, it may be the only one holding some acknowledged write: another is promoted
+    only if it is at least as far as `head` was when chosen, else nobody this pass (None)."""
+    answering = [m for m in members.values() if m.info is not None and not m.deleting
+                 and (m is head or m.name not in deposed)]
+    if head.info is not None:
+        return most_caught_up(answering, head)
+    others = [m for m in answering if m is not head]
+    if not others or chosen is None:
+        return None
+    best = most_caught_up(others, None)
+    return best if (best.info.epoch, best.info.log_end_offset) >= (chosen.epoch, chosen.log_end_offset) else None
