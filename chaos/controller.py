@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from txbroker_operator import brokers, constants as c, failover, observe, status as op_status
+from txbroker_operator import brokers, constants as c, failover, observe, status as op_status, sync_set
 
 log = logging.getLogger("chaos.controller")
 GRACE_SECONDS = 2.0
@@ -144,11 +144,13 @@ class Controller:
             if st.get("deciding"):
                 self.save(deciding=False)
             if head.info.unconfirmed:   # started again as master: it is, by the status
-                self.access.confirm(head.ip, head.info.epoch)
+                self.access.confirm(head.ip, head.info.epoch, sorted(sync_set.saved(st, head.info.epoch)))
                 log.info("%s started again as master at epoch %d: confirmed", head.name, head.info.epoch)
             for m in members.values():
                 if m is not head and m.info is not None and (m.info.is_master or m.info.master != head.address):
                     self.access.demote(m.ip, head.address, max(self.status["epoch"], head.info.epoch))
+            sync_set.keep(self.status, head, lambda s: self.save(syncSet=s),
+                          lambda epoch, slaves: self.access.put_sync_set(head.ip, epoch, slaves))
         except (brokers.Unreachable, brokers.BrokerError) as e:
             log.info("could not set broker roles (the next pass retries): %s", e)
 
@@ -175,7 +177,9 @@ class Controller:
         if head.info.epoch >= epoch:  # it has seen our epoch already (fenced): take a fresh one
             epoch = observe.highest_epoch(members, self.status) + 1
             self.save(epoch=epoch)
-        head.info = self.access.promote(head.ip, epoch)
+        counted = sync_set.before_promotion(members, head)
+        self.save(syncSet={"epoch": epoch, "slaves": counted})
+        head.info = self.access.promote(head.ip, epoch, counted)
         log.warning("%s promoted at epoch %d", head.name, epoch)
         return head
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import kopf
 
-from . import brokers, events, failover, kube, manifests, metrics, observe, restore, status
+from . import brokers, events, failover, kube, manifests, metrics, observe, restore, status, sync_set
 from . import constants as c
 from .failover import Blocked, Promote
 from .observe import Member
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # what a group's block keeps from pass to pass (decisions and what they rest on); the rest of the
 # block (phase, readyBrokers, ...) is recomputed every pass
 PERSISTED = ("masterUnavailableSince", "lastFailover", "drainRouteVersion", "undelivered", "undeliveredTopics",
-             "pendingTransactions", "switchover", "lastSwitchover")
+             "pendingTransactions", "switchover", "lastSwitchover", "syncSet")
 HANDOVER_TIMEOUT_MS = 5000   # a successor that has not caught up by then: the switchover is abandoned
 _TOP_LEVEL_G0 = ("master", "epoch", "masterUnavailableSince")
 
@@ -206,7 +206,7 @@ class GroupPass:
                     self.label_pods()   # another master after all (a switchover abandoned): labels follow
             if head is not None and head.alive_master and head.address:
                 if head.info.unconfirmed:   # started again as master: it is, by the status
-                    access.confirm(head.ip, head.info.epoch)
+                    access.confirm(head.ip, head.info.epoch, sorted(sync_set.saved(self.view, head.info.epoch)))
                     self.log.info("%s", self.say(f"{head.name} started again as master at epoch "
                                                  f"{head.info.epoch}: confirmed"))
                 for m in members.values():
@@ -219,6 +219,8 @@ class GroupPass:
                         access.demote(m.ip, head.address, max(self.epoch, head.info.epoch))
                         m.info = access.try_info(m.ip)
                         self.log.info("broker %s now follows %s", m.name, head.address)
+                sync_set.keep(self.view, head, lambda s: self.save_status(syncSet=s),
+                              lambda epoch, slaves: access.put_sync_set(head.ip, epoch, slaves))
         except (brokers.Unreachable, brokers.BrokerError) as e:
             self.log.warning("%s", self.say(f"could not set broker roles (the next pass retries): {e}"))
 
@@ -318,7 +320,9 @@ class GroupPass:
             epoch = observe.highest_epoch(members, self.view) + 1
             self.epoch = epoch
             self.save_status(epoch=epoch)
-        head.info = access.promote(head.ip, epoch)
+        counted = sync_set.before_promotion(members, head)
+        self.save_status(syncSet={"epoch": epoch, "slaves": counted})
+        head.info = access.promote(head.ip, epoch, counted)
         self.log.info("broker %s promoted to master at epoch %d", head.name, epoch)
         sw = self.view.get("switchover")
         if sw:

@@ -93,13 +93,20 @@ class Access:
         except (Unreachable, BrokerError, Incompatible):
             return None
 
-    def promote(self, ip: str, epoch: int) -> "BrokerInfo":
-        self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_MASTER, "epoch": epoch})
+    def promote(self, ip: str, epoch: int, sync_set: list[str] | None = None) -> "BrokerInfo":
+        """Master at `epoch`; `sync_set`: the slaves whose acknowledgements count from the start
+        (recorded in the status first: sync_set.py)."""
+        self._call(ip, "POST", "/api/v1/role", _with_sync_set({"role": c.ROLE_MASTER, "epoch": epoch}, sync_set))
         return self.info(ip)
 
-    def confirm(self, ip: str, epoch: int) -> None:
+    def confirm(self, ip: str, epoch: int, sync_set: list[str] | None = None) -> None:
         """A master that started again and awaits its controller's word: it still leads, at `epoch` (its own)."""
-        self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_MASTER, "epoch": epoch})
+        self._call(ip, "POST", "/api/v1/role", _with_sync_set({"role": c.ROLE_MASTER, "epoch": epoch}, sync_set))
+
+    def put_sync_set(self, ip: str, epoch: int, slaves: list[str]) -> "BrokerInfo":
+        """The slaves whose acknowledgements the master at `epoch` counts (sync_set.py)."""
+        return BrokerInfo.from_api(self._call(ip, "PUT", "/api/v1/replication/sync-set",
+                                              {"epoch": epoch, "slaves": slaves}, answer=answers.BrokerInfo))
 
     def demote(self, ip: str, master_address: str, epoch: int) -> None:
         self._call(ip, "POST", "/api/v1/role", {"role": c.ROLE_SLAVE, "master": master_address, "epoch": epoch})
@@ -159,6 +166,10 @@ class Access:
 PLAIN = Access()
 
 
+def _with_sync_set(body: dict, sync_set: list[str] | None) -> dict:
+    return body if sync_set is None else {**body, "sync_set": sync_set}
+
+
 @dataclass(frozen=True)
 class BrokerInfo:
     """What GET /api/v1/broker says about one broker."""
@@ -177,6 +188,8 @@ class BrokerInfo:
     incompatible: str = ""       # replication refused for the two brokers' versions (either side says so): why
     handover: str = ""           # a master handing over to a successor (switchover under way)
     unconfirmed: str = ""        # a restarted master taking no write until its controller confirms it: why
+    sync_set: tuple[str, ...] | None = None   # as a master under a controller: the slaves its SYNC writes count
+    recorded_slaves: tuple[str, ...] = ()      # as a master: the slaves that subscribed at its epoch
 
     @classmethod
     def from_api(cls, a: answers.BrokerInfo) -> "BrokerInfo":
@@ -187,7 +200,8 @@ class BrokerInfo:
                    slaves=tuple(msgspec.structs.asdict(s) for s in rep.slaves), connected=rep.connected,
                    sync_replicas=rep.sync_replicas if rep.mode == "SYNC" else 0, version=a.version,
                    store_format=a.store_format, incompatible=rep.incompatible, handover=a.handover,
-                   unconfirmed=a.unconfirmed)
+                   unconfirmed=a.unconfirmed, recorded_slaves=tuple(rep.recorded_slaves),
+                   sync_set=None if rep.sync_set is None else tuple(rep.sync_set))
 
     @property
     def is_master(self) -> bool:

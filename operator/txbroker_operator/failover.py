@@ -10,7 +10,8 @@ Rules (DESIGN.md, "Roles, replication, failover"):
   slaves that answer replicate from nobody (cut_off_reason);
 - the successor is the most caught-up slave (highest log end offset; lowest ordinal on a tie);
 - under SYNC replication, only a slave the master last reported in sync while it could acknowledge
-  writes (status `promotable`) may be promoted, unless
+  writes (status `promotable`), or one in the sync set the status keeps for its epoch (every slave
+  whose acknowledgements it could count: sync_set.py), may be promoted, unless
   spec.failover.allowOutOfSyncPromotion says otherwise: an out-of-sync slave may lack acknowledged
   commits (I1); and since a write is acknowledged once `syncReplicas` (k) slaves hold it, not all
   n in sync, a failover waits until n - k + 1 of them answer: one of those holds every
@@ -30,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import constants as c
+from . import constants as c, sync_set
 from .observe import Member, acknowledging, caught_up, highest_epoch
 from .status import promotable
 
@@ -128,8 +129,10 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
     behind = f"; it may lack up to {last_master_offset - best.info.log_end_offset} records the master had" \
         if isinstance(last_master_offset, int) and last_master_offset > best.info.log_end_offset else ""
     if spec.get("replication") == "SYNC":
-        synced = [m for m in options if promotable(last_seen.get(m.name) or {})]
-        were = [n for n, e in last_seen.items() if n != master and e.get("role") != c.ROLE_MASTER and promotable(e)]
+        counted = sync_set.saved(status, int(status.get("epoch") or 0)) - {master}
+        synced = [m for m in options if promotable(last_seen.get(m.name) or {}) or m.name in counted]
+        were = sorted({n for n, e in last_seen.items() if n != master and e.get("role") != c.ROLE_MASTER
+                       and promotable(e)} | counted)
         need = len(were) - int((last_seen.get(master) or {}).get("syncReplicas") or 1) + 1
         silent = sorted(set(were) - {m.name for m in synced})
         if synced and len(synced) < need and not cfg["allow_out_of_sync"]:

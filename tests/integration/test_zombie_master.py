@@ -84,6 +84,16 @@ def slaves_in_sync(b) -> int:
     return sum(x["in_sync"] for x in info(b)["replication"]["slaves"])
 
 
+def subscribed(b) -> set[str]:
+    return {x["name"] for x in info(b)["replication"]["slaves"]}
+
+
+def approve(b, epoch: int, *slaves: str) -> None:
+    """The controller's pass: once they subscribe, their acknowledgements count (sync_set.py)."""
+    wait_until(lambda: subscribed(b) >= set(slaves), what=f"{', '.join(slaves)} to subscribe")
+    AdminClient(b.admin_url).put("/api/v1/replication/sync-set", {"epoch": epoch, "slaves": list(slaves)})
+
+
 def test_a_master_restarted_with_its_role_from_before_a_promotion_acknowledges_nothing(broker_factory):
     """Found by the fault schedules (tests/faults seed 3): a group lost power; while its master was
     down the controller promoted a slave; the old master started again as master and the third
@@ -92,6 +102,7 @@ def test_a_master_restarted_with_its_role_from_before_a_promotion_acknowledges_n
     m = broker_factory(*CONFIRMED, "--broker-name", "m", name="m")
     s1, s2 = (broker_factory("--role", "slave", "--master", m.address, "--broker-name", n, *CONFIRMED, name=n)
               for n in ("s1", "s2"))
+    approve(m, 1, "s1", "s2")
     wait_until(lambda: slaves_in_sync(m) == 2, what="both slaves in sync")
     acked = [f"before-{i}" for i in range(5) if send(m.address, f"before-{i}") == "acknowledged"]
     assert len(acked) == 5, "a new master (epoch 1) takes writes without a confirmation"
@@ -101,13 +112,14 @@ def test_a_master_restarted_with_its_role_from_before_a_promotion_acknowledges_n
     AdminClient(s1.admin_url).post("/api/v1/role", {"role": "master", "epoch": 2})  # the controller's failover
     m.restart()   # as master: its role as it was before the promotion
     s2.restart()  # following m
-    wait_until(lambda: slaves_in_sync(m) == 1, what="the restarted slave to follow the restarted old master")
+    wait_until(lambda: subscribed(m) == {"s2"}, what="the restarted slave to follow the restarted old master")
     assert "confirm" in info(m)["unconfirmed"], info(m)
     answer = send(m.address, "to-the-old-master")
     assert answer.startswith("refused") and "confirms" in answer, answer
 
     for b in (m, s2):   # the controller's next pass: both follow the new master
         AdminClient(b.admin_url).post("/api/v1/role", {"role": "slave", "master": s1.address, "epoch": 2})
+    approve(s1, 2, "m", "s2")
     wait_until(lambda: slaves_in_sync(s1) == 2, what="both to follow the new master")
     acked += [f"after-{i}" for i in range(5) if send(s1.address, f"after-{i}") == "acknowledged"]
     assert len(acked) == 10
@@ -117,15 +129,17 @@ def test_a_master_restarted_with_its_role_from_before_a_promotion_acknowledges_n
 def test_a_restarted_master_takes_writes_once_its_controller_confirms_it(broker_factory):
     m = broker_factory(*CONFIRMED, "--broker-name", "m", name="m")
     broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s1", *CONFIRMED, name="s1")
+    approve(m, 1, "s1")
     wait_until(lambda: slaves_in_sync(m) == 1, what="the slave in sync")
     m.restart()
-    wait_until(lambda: slaves_in_sync(m) == 1, what="the slave to follow the restarted master")
+    wait_until(lambda: subscribed(m) == {"s1"}, what="the slave to follow the restarted master")
     assert send(m.address, "unconfirmed").startswith("refused")
     admin = AdminClient(m.admin_url)
     with pytest.raises(AdminError, match="at epoch 1.*got 0"):
         admin.post("/api/v1/role", {"role": "master", "epoch": 0})
-    admin.post("/api/v1/role", {"role": "master", "epoch": 1})   # the controller: still the master at epoch 1
-    assert info(m)["unconfirmed"] == ""
+    # the controller: still the master at epoch 1, counting the slave its status records
+    admin.post("/api/v1/role", {"role": "master", "epoch": 1, "sync_set": ["s1"]})
+    assert info(m)["unconfirmed"] == "" and info(m)["replication"]["sync_set"] == ["s1"]
     assert send(m.address, "confirmed") == "acknowledged"
     admin.post("/api/v1/role", {"role": "master", "epoch": 1})   # said again (a controller's retried pass): no change
     assert send(m.address, "confirmed-again") == "acknowledged"

@@ -10,7 +10,7 @@ from txbroker.store.state import StateMachine
 from txbroker.protocol import admin as answers
 from txbroker.protocol.admin import TransactionSettings
 from txbroker.broker.transaction.settings import SettingsBook
-from txbroker_operator import failover, manifests, producer_groups, status
+from txbroker_operator import failover, manifests, producer_groups, status, sync_set
 from txbroker_operator.brokers import BrokerInfo
 from txbroker_operator.failover import Blocked, Promote
 from txbroker_operator.observe import Member
@@ -434,3 +434,31 @@ def test_status_records_how_many_slaves_a_sync_master_waits_for():
     assert entries[0]["syncReplicas"] == 2
     down = status.broker_entries({"b-0": member("b-0", 0, None, ready=False, role_label="master")}, "b-0", entries)
     assert down[0]["syncReplicas"] == 2   # kept while it does not answer: failover reads it then
+
+
+def test_the_sync_set_grows_in_the_status_before_the_master_and_shrinks_after_it():
+    """The status always names at least every slave the master counts (sync_set.py)."""
+    calls = []
+    view = {"syncSet": {"epoch": 4, "slaves": ["b-1"]}}
+
+    def save(s):
+        calls.append(("save", s["slaves"]))
+        view["syncSet"] = s
+
+    def push(epoch, slaves):
+        calls.append(("push", slaves))
+        return dataclasses.replace(head.info, sync_set=tuple(slaves))
+
+    slaves = ({"name": "b-1", "in_sync": True}, {"name": "b-2", "in_sync": False})
+    head = member("b-0", 0, dataclasses.replace(info(role="master", epoch=4, slaves=slaves), sync_set=("b-1",)))
+    sync_set.keep(view, head, save, push)
+    assert calls == [("save", ["b-1", "b-2"]), ("push", ["b-1", "b-2"])]
+    # the master forgot b-1 (b-2 holds all it had) and it left: the status follows the master
+    calls.clear()
+    head = member("b-0", 0, dataclasses.replace(info(role="master", epoch=4, slaves=slaves[1:]), sync_set=("b-2",)))
+    sync_set.keep(view, head, save, push)
+    assert calls == [("save", ["b-2"])]
+    # a master that counts every slave (no controller, or older) reports no set: nothing kept
+    calls.clear()
+    sync_set.keep(view, member("b-0", 0, info(role="master", epoch=4, slaves=slaves)), save, push)
+    assert calls == []

@@ -122,11 +122,11 @@ class World:
         except brokers.Unreachable:
             return None
 
-    def promote(self, ip, epoch):
+    def promote(self, ip, epoch, sync_set=None):
         self._broker(ip).update(role="master", epoch=epoch, master="")
         return self.info(ip)
 
-    def confirm(self, ip, epoch):
+    def confirm(self, ip, epoch, sync_set=None):
         b = self._broker(ip)
         assert b["role"] == "master" and b["epoch"] == epoch, f"confirmed {ip} at {epoch}, but it is {b}"
         b["unconfirmed"] = ""

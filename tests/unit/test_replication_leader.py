@@ -39,7 +39,7 @@ def _leader(tmp_path, mode: str):
     """A real store and its master's replication leader, without a broker around them."""
     state = StateMachine(str(tmp_path), False, lambda e: None)
     config = SimpleNamespace(replication_mode=mode, sync_replicas=1, replication_timeout_ms=1000,
-                             replication_heartbeat_ms=60_000, broker_name="m")
+                             replication_heartbeat_ms=60_000, broker_name="m", await_role_confirmation=False)
     return state, ReplicationLeader(SimpleNamespace(state=state, config=config, role=RoleState("master", lambda: 1)))
 
 

@@ -65,6 +65,10 @@ def _unauthorized(message: str) -> web.Response:
     return r
 
 
+def _names(value) -> bool:
+    return isinstance(value, list) and all(isinstance(n, str) and n for n in value)
+
+
 def _from_reply(reply: Reply, body=None) -> web.Response:
     if reply.code == ResponseCode.SUCCESS:
         return _answer(body) if body is not None else web.json_response({"ok": True})
@@ -108,6 +112,7 @@ class AdminApp:
         r.add_post("/api/v1/role", self.change_role)
         r.add_post("/api/v1/handover", self.handover)
         r.add_delete("/api/v1/replication/slaves/{name}", self.forget_slave)
+        r.add_put("/api/v1/replication/sync-set", self.put_sync_set)
         r.add_post("/api/v1/backups", self.create_backup)
         r.add_get("/api/v1/backups/{backup_id}/files/{name}", self.backup_file)
         r.add_delete("/api/v1/backups/{backup_id}", self.drop_backup)
@@ -251,15 +256,38 @@ class AdminApp:
         "master": ADDR, "epoch": E} demotes."""
         doc = await request.json()
         if not isinstance(doc, dict) or doc.get("role") not in ("master", "slave") or not isinstance(doc.get("epoch"), int):
-            return _error(400, 'body must be {"role": "master"|"slave", "epoch": N[, "master": "HOST:PORT"]}', "MALFORMED")
+            return _error(400, 'body must be {"role": "master"|"slave", "epoch": N[, "master": "HOST:PORT"]'
+                               '[, "sync_set": [SLAVE, ...]]}', "MALFORMED")
+        sync_set = doc.get("sync_set")
+        if sync_set is not None and not _names(sync_set):
+            return _error(400, f"sync_set must be a list of slave names, got {sync_set!r}", "MALFORMED")
         if doc["role"] == "master" and self.b.role.is_master and doc["epoch"] <= self.b.state.epoch:
-            self.b.roles.confirm(doc["epoch"])
+            self.b.roles.confirm(doc["epoch"], sync_set)
         elif doc["role"] == "master":
-            await self.b.roles.promote(doc["epoch"])
+            await self.b.roles.promote(doc["epoch"], sync_set)
         else:
             if not isinstance(doc.get("master"), str) or ":" not in doc["master"]:
                 return _error(400, "demotion needs the new master's address as master: HOST:PORT", "MALFORMED")
             await self.b.roles.demote(doc["master"], doc["epoch"])
+        return await self.broker_info(request)
+
+    async def put_sync_set(self, request):
+        """{"epoch": E, "slaves": [NAME, ...]}: under a controller, the slaves whose acknowledgements
+        count for a SYNC write (the controller records them first: failover knows every slave that
+        may hold an acknowledged write). Only at this master's own epoch: a controller that missed a
+        promotion is refused."""
+        doc = await request.json()
+        if not isinstance(doc, dict) or not isinstance(doc.get("epoch"), int) or not _names(doc.get("slaves")):
+            return _error(400, 'body must be {"epoch": N, "slaves": [SLAVE, ...]}', "MALFORMED")
+        if not self.b.role.is_master or self.b.role.stepped_down:
+            return _error(409, f"only a master counts slaves; this broker is "
+                               f"{self.b.role.stepped_down or self.b.role.role}", "NOT_MASTER")
+        if self.b.leader.approved is None:
+            return _error(409, "this broker is not run under a controller (--await-role-confirmation): every "
+                               "subscribed slave counts", "NOT_CONTROLLED")
+        if doc["epoch"] != self.b.state.epoch:
+            return _error(409, f"this master is at epoch {self.b.state.epoch}, not {doc['epoch']}", "EPOCH")
+        self.b.leader.approve(doc["slaves"])
         return await self.broker_info(request)
 
     async def forget_slave(self, request):

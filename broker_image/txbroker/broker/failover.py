@@ -48,8 +48,9 @@ class RoleChanges:
         if self._b.role.is_master:
             await self._stepped_down.wait()
 
-    async def promote(self, epoch: int) -> None:
-        """Become master at `epoch`, which must be above every epoch this broker has seen."""
+    async def promote(self, epoch: int, sync_set: list[str] | None = None) -> None:
+        """Become master at `epoch`, which must be above every epoch this broker has seen; under a
+        controller, `sync_set` names the slaves whose acknowledgements count from the start."""
         self._refuse_while_truncating()
         if epoch <= self._b.state.epoch:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
@@ -66,6 +67,8 @@ class RoleChanges:
         self._b.role.fenced_by = 0
         self._b.role.probation = self._b.role.stepped_down = self._b.role.unconfirmed = ""
         await self._b.state.append(EpochRecord(epoch, self._b.config.broker_name, now_ms()))[1]
+        if self._b.leader.approved is not None:
+            self._b.leader.approved = set(sync_set or ())  # the new epoch's: none carries over
         self._b.leader.attach(promoted=True)
         self.start_master_services()
         pending, parked = self._b.transactions.counts()
@@ -143,8 +146,9 @@ class RoleChanges:
         log.warning("started as master at epoch %d: taking no write until the controller confirms this broker "
                     "still is the master", epoch)
 
-    def confirm(self, epoch: int) -> None:
-        """The controller's word that this master still leads at `epoch`, its own (said again: no change)."""
+    def confirm(self, epoch: int, sync_set: list[str] | None = None) -> None:
+        """The controller's word that this master still leads at `epoch`, its own (said again: no
+        change), and, under a controller, which slaves' acknowledgements count (`sync_set`)."""
         role, ours = self._b.role, self._b.state.epoch
         if not role.is_master or role.stepped_down:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
@@ -154,6 +158,8 @@ class RoleChanges:
             raise RequestError(ResponseCode.ILLEGAL_OPERATION,
                                f"this master is at epoch {ours}: it is confirmed at {ours} or promoted above it, "
                                f"got {epoch}")
+        if sync_set is not None and self._b.leader.approved is not None:
+            self._b.leader.approve(sync_set)
         if role.unconfirmed:
             role.unconfirmed = ""
             log.warning("the controller confirmed this broker as master at epoch %d%s", epoch,

@@ -305,7 +305,8 @@ class Broker:
             refused = self.leader.incompatible()
             return Replication(mode=self.config.replication_mode, sync_replicas=self.config.sync_replicas,
                                slaves=self.leader.status(), last_error=refused, incompatible=refused,
-                               recorded_slaves=sorted(self.leader.slaves.of_epoch(self.state.epoch)))
+                               recorded_slaves=sorted(self.leader.slaves.of_epoch(self.state.epoch)),
+                               sync_set=None if self.leader.approved is None else sorted(self.leader.approved))
         return self.follower.status() if self.follower else Replication()
 
     async def _housekeep(self) -> None:

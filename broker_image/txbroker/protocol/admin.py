@@ -98,6 +98,9 @@ class Replication(Struct):
     # a master: the slaves recorded as possibly holding what it acknowledged at its epoch (a restart's
     # probation waits for each; DELETE /api/v1/replication/slaves/NAME forgets one gone for good)
     recorded_slaves: list[str] = field(default_factory=list)
+    # a master under a controller: the slaves whose acknowledgements count for a SYNC write, as the
+    # controller approved them (PUT /api/v1/replication/sync-set); None: every subscribed slave counts
+    sync_set: list[str] | None = None
 
 
 class AuthStatus(Struct):

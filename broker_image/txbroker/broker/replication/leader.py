@@ -65,6 +65,13 @@ class ReplicationLeader:
         self.timeout = cfg.replication_timeout_ms / 1000
         self.heartbeat = cfg.replication_heartbeat_ms / 1000
         self.slaves = SlaveRecord(broker.state, cfg.broker_name)  # who may hold what this master acknowledged (probation)
+        # Under a controller (--await-role-confirmation) a SYNC write counts only the slaves it
+        # approved (approve), which it records before they count: so a failover knows every slave
+        # that may hold an acknowledged write, however soon after joining the master dies. None:
+        # every subscribed slave counts (no controller to tell). A slave forgotten (an approved one
+        # holds all it had) leaves the set: the controller may then stop waiting for it.
+        self.approved: set[str] | None = set() if cfg.await_role_confirmation else None
+        self.slaves.on_forget = self._unapprove
         self._heartbeats: asyncio.Task | None = None
         self.feeds: dict[object, ReplicaFeed] = {}
         self.refused: dict[str, tuple[float, str]] = {}  # slave name -> (when, why): refused for its version
@@ -271,7 +278,22 @@ class ReplicationLeader:
                 else "this broker stopped leading before the write was replicated: it is not promised")
 
     def in_sync(self) -> int:
-        return sum(1 for f in self.feeds.values() if f.live)
+        return sum(1 for f in self.feeds.values() if f.live and self.counts(f.name))
+
+    def counts(self, slave: str) -> bool:
+        """Whether `slave`'s acknowledgements count for a SYNC write."""
+        return self.approved is None or slave in self.approved
+
+    def approve(self, slaves) -> None:
+        """The controller's set of slaves whose acknowledgements count (it recorded them first)."""
+        self.approved = set(slaves)
+        self._release()  # a held write some newly approved slave holds already
+
+    def _unapprove(self, slave: str, by: str | None) -> None:
+        """`slave` forgotten: it leaves the approved set if an approved slave holds all it had (`by`),
+        or a person said it is gone for good (None); else the controller keeps waiting for it."""
+        if self.approved is not None and (by is None or by in self.approved):
+            self.approved.discard(slave)
 
     def _no_slave_remark(self) -> str:
         return (f"SYNC replication needs {self.sync_replicas} slave(s) in sync, {self.in_sync()} connected and caught up: "
@@ -282,7 +304,7 @@ class ReplicationLeader:
         need = self.sync_replicas
         if not need:
             return self._state.local_durable_lsn
-        acked = sorted((f.acked_lsn for f in self.feeds.values()), reverse=True)
+        acked = sorted((f.acked_lsn for f in self.feeds.values() if self.counts(f.name)), reverse=True)
         return acked[need - 1] if len(acked) >= need else 0
 
     def _release(self) -> None:
@@ -389,8 +411,8 @@ class ReplicationLeader:
 
     def status(self) -> list[SlaveLink]:
         end = self._state.next_lsn - 1
-        return [SlaveLink(f.name, f.address or f.conn.peer, f.acked_lsn, end - f.acked_lsn, f.live, f.version,
-                          f.store_format) for f in self.feeds.values()]
+        return [SlaveLink(f.name, f.address or f.conn.peer, f.acked_lsn, end - f.acked_lsn,
+                          f.live and self.counts(f.name), f.version, f.store_format) for f in self.feeds.values()]
 
     def incompatible(self) -> str:
         """The slaves refused for their version lately (each tries again now and then), and why."""

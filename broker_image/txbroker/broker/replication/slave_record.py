@@ -25,6 +25,7 @@ class SlaveRecord:
         self._broker_name = broker_name
         self.epoch, self.names = self._load()
         self.leaving: dict[str, int] = {}  # a slave that left -> the last LSN sent to it
+        self.on_forget = lambda name, by: None  # told of each slave forgotten, and which one holds all it had
 
     def _load(self) -> tuple[int, set[str]]:
         raw = self._state.slave_record()
@@ -71,6 +72,7 @@ class SlaveRecord:
         for n in gone:
             del self.leaving[n]
             self.names.discard(n)
+            self.on_forget(n, name)
             log.info("slave %s forgotten: slave %s holds everything sent to it", n, name)
         if gone:
             self._save(sync=False)  # (kept longer than needed is safe)
@@ -82,4 +84,5 @@ class SlaveRecord:
         self.names.discard(name)
         self.leaving.pop(name, None)
         self._save(sync=True)
+        self.on_forget(name, None)
         return True

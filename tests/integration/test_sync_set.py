@@ -1,0 +1,154 @@
+"""The sync set (operator/txbroker_operator/sync_set.py): under a controller a SYNC master counts only
+the slaves the controller recorded first, so a failover knows every slave that may hold an
+acknowledged write. Before it, the controller learnt who was in sync by looking now and then: a
+slave that joined and acknowledged between two looks while the known one was down, its master lost
+before the next look, left the controller promoting the known one, which lacked those writes.
+Here the looks are the test's own steps (the controller's pass), with real brokers."""
+
+import asyncio
+import signal
+
+import msgspec
+import pytest
+
+from support.waiting import wait_until
+from support import txload
+from txbroker.client import AsyncProducer, Message
+from txbroker.client.admin import AdminClient, AdminError
+from txbroker.client.errors import ClientError
+from txbroker.protocol import admin as answers
+from txbroker_operator import constants as c, failover, status as op_status, sync_set
+from txbroker_operator.brokers import BrokerInfo
+from txbroker_operator.failover import Blocked
+from txbroker_operator.observe import Member
+
+FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "500",
+         "--replication-heartbeat-ms", "100", "--await-role-confirmation")
+SPEC = {"replication": "SYNC", "flush": "SYNC", "storage": {"size": "1Gi"}, "replicas": 3,
+        "failover": {"gracePeriodSeconds": 0}}
+
+
+def send(address: str, body: str) -> str:
+    async def go():
+        p = AsyncProducer("pg", address, request_timeout=2)
+        try:
+            await p.send(Message("T", body.encode()))
+            return "acknowledged"
+        except ClientError as e:
+            return f"refused: {e}"
+        finally:
+            await p.close()
+    return asyncio.run(go())
+
+
+def info(b) -> dict:
+    return AdminClient(b.admin_url).get("/api/v1/broker")
+
+
+def subscribed(b) -> set[str]:
+    return {x["name"] for x in info(b)["replication"]["slaves"]}
+
+
+def operator_view(b) -> BrokerInfo | None:
+    """The broker as the operator reads it, or None when it does not answer (killed, paused)."""
+    try:
+        return BrokerInfo.from_api(msgspec.convert(AdminClient(b.admin_url, timeout=1).broker_info(),
+                                                   answers.BrokerInfo))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class Controller:
+    """The controller's pass over one group, with the operator's own functions: the status (a dict
+    here, the TxBroker's status there), its sampled broker entries, the sync set kept."""
+
+    def __init__(self, brokers: dict):
+        self.brokers = brokers
+        self.status = {"master": "m", "epoch": 1, "brokers": []}
+
+    def look(self) -> dict[str, Member]:
+        members = {}
+        for i, (name, b) in enumerate(self.brokers.items()):
+            role = "master" if name == self.status["master"] else "slave"
+            pod = {"metadata": {"name": name, "labels": {c.LABEL_ROLE: role, c.LABEL_INDEX: str(i)}},
+                   "status": {"podIP": f"10.0.0.{i + 1}", "conditions": [{"type": "Ready", "status": "True"}]}}
+            members[name] = Member(name, i, pod, operator_view(b))
+        self.status["brokers"] = op_status.broker_entries(members, self.status["master"], self.status["brokers"])
+        return members
+
+    def keep_sync_set(self) -> None:
+        head = self.brokers[self.status["master"]]
+
+        def push(epoch: int, slaves: list[str]) -> BrokerInfo:
+            AdminClient(head.admin_url).put("/api/v1/replication/sync-set", {"epoch": epoch, "slaves": slaves})
+            return operator_view(head)
+        sync_set.keep(self.status, self.look()[self.status["master"]], lambda s: self.status.update(syncSet=s), push)
+
+
+def test_a_slave_counts_for_a_sync_write_once_its_controller_recorded_it(broker_factory):
+    m = broker_factory(*FLAGS, "--broker-name", "m", name="m")
+    s1 = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s1", *FLAGS, name="s1")
+    wait_until(lambda: subscribed(m) == {"s1"}, what="s1 to subscribe")
+    rep = info(m)["replication"]
+    assert rep["sync_set"] == [] and rep["recorded_slaves"] == ["s1"], rep
+    answer = send(m.address, "unrecorded")
+    assert answer.startswith("refused") and "needs 1 slave(s) in sync, 0" in answer, answer
+
+    ctl = Controller({"m": m, "s1": s1})
+    ctl.keep_sync_set()
+    assert ctl.status["syncSet"] == {"epoch": 1, "slaves": ["s1"]}
+    assert info(m)["replication"]["sync_set"] == ["s1"]
+    assert send(m.address, "recorded") == "acknowledged"
+    # a controller that missed a promotion is refused; a body that is not a list of names too
+    admin = AdminClient(m.admin_url)
+    with pytest.raises(AdminError, match="at epoch 1, not 2"):
+        admin.put("/api/v1/replication/sync-set", {"epoch": 2, "slaves": ["s1"]})
+    with pytest.raises(AdminError, match="slaves"):
+        admin.put("/api/v1/replication/sync-set", {"epoch": 1, "slaves": "s1"})
+    with pytest.raises(AdminError, match="sync_set must be a list of slave names, got 's1'"):
+        admin.post("/api/v1/role", {"role": "master", "epoch": 1, "sync_set": "s1"})
+    with pytest.raises(AdminError, match="not run under a controller"):
+        plain = broker_factory("--replication-mode", "SYNC", "--broker-name", "p", name="p")
+        AdminClient(plain.admin_url).put("/api/v1/replication/sync-set", {"epoch": 1, "slaves": []})
+    # (a refused SYNC write is stored, not promised: it becomes readable once an approved slave has it)
+    assert set(txload.visible(m.address, "T")) >= {"recorded"}
+
+
+def test_a_slave_that_joined_between_two_looks_is_waited_for_by_the_failover(broker_factory):
+    """s1 in sync and recorded; s1 dies and s2 joins; the master dies before the controller looks
+    again; s1 comes back behind and s2 does not answer. Counting s2 unrecorded, the master would
+    have acknowledged writes only s2 held, and the failover would have promoted s1 without them."""
+    m = broker_factory(*FLAGS, "--broker-name", "m", name="m")
+    s1 = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s1", *FLAGS, name="s1")
+    ctl = Controller({"m": m, "s1": s1})
+    wait_until(lambda: subscribed(m) == {"s1"}, what="s1 to subscribe")
+    ctl.keep_sync_set()
+    assert send(m.address, "both-hold-it") == "acknowledged"
+    ctl.look()   # the last look while the master is whole: s1 in sync (promotable)
+    assert [b.get("promotable") for b in ctl.status["brokers"] if b["name"] == "s1"] == [True]
+
+    s1.kill()
+    s2 = broker_factory("--role", "slave", "--master", m.address, "--broker-name", "s2", *FLAGS, name="s2")
+    ctl.brokers["s2"] = s2
+    wait_until(lambda: "s2" in subscribed(m) and info(m)["replication"]["slaves"][0]["lag"] == 0,
+               what="s2 to catch up")
+    answer = send(m.address, "only-s2-would-hold-it")
+    assert answer.startswith("refused"), "acknowledged with the one slave the controller does not know"
+
+    ctl.keep_sync_set()   # the controller's next pass records s2: from then on it counts
+    assert ctl.status["syncSet"] == {"epoch": 1, "slaves": ["s1", "s2"]}
+    assert send(m.address, "s2-holds-it") == "acknowledged"
+
+    m.kill()
+    s2.proc.send_signal(signal.SIGSTOP)
+    try:
+        s1.restart()
+        members = ctl.look()
+        decision = failover.decide_failover(SPEC, ctl.status, members, "m", 30)
+        assert isinstance(decision, Blocked) and decision.reason == "InSyncSlaveDown", decision
+        assert "s2" in decision.message
+    finally:
+        s2.proc.send_signal(signal.SIGCONT)
+    members = ctl.look()
+    decision = failover.decide_failover(SPEC, ctl.status, members, "m", 30)
+    assert decision.successor == "s2", decision
