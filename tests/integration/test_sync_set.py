@@ -11,6 +11,7 @@ import signal
 import msgspec
 import pytest
 
+from support.cli import run_cli
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import AsyncProducer, Message
@@ -98,6 +99,7 @@ def test_a_slave_counts_for_a_sync_write_once_its_controller_recorded_it(broker_
     ctl.keep_sync_set()
     assert ctl.status["syncSet"] == {"epoch": 1, "slaves": ["s1"]}
     assert info(m)["replication"]["sync_set"] == ["s1"]
+    assert "sync set (approved by the controller): s1" in run_cli("replication", "show", "--admin", m.admin_url).stdout
     assert send(m.address, "recorded") == "acknowledged"
     # a controller that missed a promotion is refused; a body that is not a list of names too
     admin = AdminClient(m.admin_url)

@@ -55,6 +55,8 @@ def _print(info) -> None:
     else:
         print("no slave subscribed")
     print(f"recorded slaves: {', '.join(r.recorded_slaves) or 'none'}")
+    if r.sync_set is not None:   # under a controller: only these count for a SYNC write
+        print(f"sync set (approved by the controller): {', '.join(r.sync_set) or 'none'}")
     if info.probation:
         print(f"on probation: {info.probation}")
 
