@@ -111,13 +111,15 @@ class Cluster:
         return g
 
     def start_group(self, g: Group, timeout: float = 40) -> None:
-        """Its brokers up and in sync, then its controller; the route lists it once it serves."""
+        """Its brokers up and its controller, until the slaves are in sync (the controller approves
+        them: sync_set.py); the route lists it once it serves."""
         for p in g.procs:
             p.mount()
         g.procs[0].start(None)
         for p in g.procs[1:]:
             p.start(g.procs[0].address)
         self.report_pods(g)
+        self.start_controller(g)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = brokers.PLAIN.try_info(g.procs[0].ip)
@@ -127,7 +129,6 @@ class Cluster:
         else:
             raise RuntimeError(f"group {g.name} did not come up: "
                                + "; ".join(p.log_path.read_text()[-500:] for p in g.procs))
-        self.start_controller(g)
 
     def start_controller(self, g: Group, crash_at: str = "") -> None:
         with open(g.controller_log, "ab") as out:
