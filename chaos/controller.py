@@ -145,6 +145,7 @@ class Controller:
                 self.save(deciding=False)
             if head.info.unconfirmed:   # started again as master: it is, by the status
                 self.access.confirm(head.ip, head.info.epoch, sorted(sync_set.saved(st, head.info.epoch)))
+                head.info = self.access.info(head.ip)   # its sync set as confirmed (keep reads it below)
                 log.info("%s started again as master at epoch %d: confirmed", head.name, head.info.epoch)
             for m in members.values():
                 if m is not head and m.info is not None and (m.info.is_master or m.info.master != head.address):

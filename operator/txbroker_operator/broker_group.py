@@ -207,6 +207,7 @@ class GroupPass:
             if head is not None and head.alive_master and head.address:
                 if head.info.unconfirmed:   # started again as master: it is, by the status
                     access.confirm(head.ip, head.info.epoch, sorted(sync_set.saved(self.view, head.info.epoch)))
+                    head.info = access.info(head.ip)   # its sync set as confirmed (keep reads it below)
                     self.log.info("%s", self.say(f"{head.name} started again as master at epoch "
                                                  f"{head.info.epoch}: confirmed"))
                 for m in members.values():
