@@ -130,7 +130,8 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
         if isinstance(last_master_offset, int) and last_master_offset > best.info.log_end_offset else ""
     if spec.get("replication") == "SYNC":
         counted = sync_set.saved(status, int(status.get("epoch") or 0)) - {master}
-        synced = [m for m in options if promotable(last_seen.get(m.name) or {}) or m.name in counted]
+        synced = [m for m in options if not (last_seen.get(m.name) or {}).get("lostRecords")
+                  and (promotable(last_seen.get(m.name) or {}) or m.name in counted)]
         were = sorted({n for n, e in last_seen.items() if n != master and e.get("role") != c.ROLE_MASTER
                        and promotable(e)} | counted)
         need = len(were) - int((last_seen.get(master) or {}).get("syncReplicas") or 1) + 1
@@ -170,7 +171,8 @@ def unaccounted(spec: Mapping[str, Any], last_seen: Mapping[str, Any], members: 
     holding some write: counted by spec.replicas, since a deleted pod leaves no entry), and what a
     broker acknowledged must still be on it: on disk when acknowledged (SYNC flush: under ASYNC
     flush a power cut can take it) and kept when its pod is replaced (spec.storage: without it a
-    new pod starts empty, or refills from the master it followed)."""
+    new pod starts empty, or refills from the master it followed), and no slave's log may end before
+    where it was last seen at its epoch (status `lostRecords`: a log cut short)."""
     silent = sorted(((set(last_seen) | set(members)) - {master}) - {m.name for m in options})
     if silent:
         return (f"{', '.join(silent)} do{'es' if len(silent) == 1 else ''} not answer as a slave and may hold "
@@ -181,6 +183,10 @@ def unaccounted(spec: Mapping[str, Any], last_seen: Mapping[str, Any], members: 
                 "acknowledged writes the others lack")
     if spec.get("flush") != "SYNC":
         return "under ASYNC flush a power cut may have taken acknowledged writes from a slave that answers"
+    lost = sorted(m.name for m in options if (last_seen.get(m.name) or {}).get("lostRecords"))
+    if lost:
+        return (f"{', '.join(lost)} lost records {'it' if len(lost) == 1 else 'they'} held (a log that ends before "
+                "where it was seen, at the same epoch: cut short, or a power cut), so what it acknowledged may be gone")
     if not spec.get("storage"):
         return "without spec.storage a replaced pod answers without what it acknowledged"
     if most_caught_up(options, None).info.epoch < 1:   # none holds anything: nothing to vouch for

@@ -38,6 +38,12 @@ def promotable(entry: Mapping[str, Any]) -> bool:
     return bool(entry.get("promotable", entry.get("inSync")))
 
 
+def lost_records(before: Mapping[str, Any], m: Member) -> bool:
+    """`m`'s log ends before where its last-seen entry put it, at the same epoch."""
+    return (m.info is not None and before.get("epoch") == m.info.epoch and isinstance(before.get("offset"), int)
+            and m.info.log_end_offset < before["offset"])
+
+
 def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) -> list[dict]:
     """Per broker: role, readiness, log position and (slaves) sync state. What cannot be seen now -
     a broker that does not answer, slaves' sync state while the master is down, the master whose pod
@@ -76,6 +82,11 @@ def broker_entries(members: Mapping[str, Member], master: str, old: list[dict]) 
                 entry["promotable"] = entry["inSync"] if sync_known else promotable(before)
             else:   # the master does not answer: keep what it last said about this slave
                 entry.update({k: before[k] for k in ("lag", "inSync", "promotable") if k in before})
+            # a log that ends before where it was seen, at the same epoch, lost records it held (a log
+            # cut short recovers as a crash's tail; a power cut under ASYNC flush): what it
+            # acknowledged may be gone, until it is in sync again (the fault harness, seed 738)
+            if lost_records(before, m) or (before.get("lostRecords") and not (sync_known and entry.get("inSync"))):
+                entry["lostRecords"], entry["promotable"] = True, False
         out.append(entry)
     gone = last_seen.get(master)
     if gone and not any(e["name"] == master for e in out):

@@ -8,20 +8,17 @@ Here the looks are the test's own steps (the controller's pass), with real broke
 import asyncio
 import signal
 
-import msgspec
 import pytest
 
 from support.cli import run_cli
+from support.controller import Controller
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import AsyncProducer, Message
 from txbroker.client.admin import AdminClient, AdminError
 from txbroker.client.errors import ClientError
-from txbroker.protocol import admin as answers
-from txbroker_operator import constants as c, failover, status as op_status, sync_set
-from txbroker_operator.brokers import BrokerInfo
+from txbroker_operator import failover
 from txbroker_operator.failover import Blocked
-from txbroker_operator.observe import Member
 
 FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "500",
          "--replication-heartbeat-ms", "100", "--await-role-confirmation")
@@ -48,42 +45,6 @@ def info(b) -> dict:
 
 def subscribed(b) -> set[str]:
     return {x["name"] for x in info(b)["replication"]["slaves"]}
-
-
-def operator_view(b) -> BrokerInfo | None:
-    """The broker as the operator reads it, or None when it does not answer (killed, paused)."""
-    try:
-        return BrokerInfo.from_api(msgspec.convert(AdminClient(b.admin_url, timeout=1).broker_info(),
-                                                   answers.BrokerInfo))
-    except Exception:  # noqa: BLE001
-        return None
-
-
-class Controller:
-    """The controller's pass over one group, with the operator's own functions: the status (a dict
-    here, the TxBroker's status there), its sampled broker entries, the sync set kept."""
-
-    def __init__(self, brokers: dict):
-        self.brokers = brokers
-        self.status = {"master": "m", "epoch": 1, "brokers": []}
-
-    def look(self) -> dict[str, Member]:
-        members = {}
-        for i, (name, b) in enumerate(self.brokers.items()):
-            role = "master" if name == self.status["master"] else "slave"
-            pod = {"metadata": {"name": name, "labels": {c.LABEL_ROLE: role, c.LABEL_INDEX: str(i)}},
-                   "status": {"podIP": f"10.0.0.{i + 1}", "conditions": [{"type": "Ready", "status": "True"}]}}
-            members[name] = Member(name, i, pod, operator_view(b))
-        self.status["brokers"] = op_status.broker_entries(members, self.status["master"], self.status["brokers"])
-        return members
-
-    def keep_sync_set(self) -> None:
-        head = self.brokers[self.status["master"]]
-
-        def push(epoch: int, slaves: list[str]) -> BrokerInfo:
-            AdminClient(head.admin_url).put("/api/v1/replication/sync-set", {"epoch": epoch, "slaves": slaves})
-            return operator_view(head)
-        sync_set.keep(self.status, self.look()[self.status["master"]], lambda s: self.status.update(syncSet=s), push)
 
 
 def test_a_slave_counts_for_a_sync_write_once_its_controller_recorded_it(broker_factory):
