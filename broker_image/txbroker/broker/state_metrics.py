@@ -100,12 +100,14 @@ class StateCollector:
                 behind = max(0, end - feed.acked_lsn)
                 lag.add_metric([feed.name], behind)
                 secs.add_metric([feed.name], leader.lag_seconds(feed.acked_lsn, now) if behind else 0.0)
-                in_sync.add_metric([feed.name], 1.0 if feed.live else 0.0)
-                n_sync += feed.live
+                counted = feed.live and leader.counts(feed.name)  # as a SYNC write counts it (the sync set)
+                in_sync.add_metric([feed.name], 1.0 if counted else 0.0)
+                n_sync += counted
             yield lag
             yield secs
             yield in_sync
-            yield GaugeMetricFamily("txbroker_replication_slaves_in_sync", "Slaves following live", value=n_sync)
+            yield GaugeMetricFamily("txbroker_replication_slaves_in_sync", "Slaves following live (and, under a "
+                                    "controller, in its sync set)", value=n_sync)
             required = b.config.sync_replicas if b.config.replication_mode == "SYNC" else 0
             yield GaugeMetricFamily("txbroker_replication_sync_replicas_required",
                                     "Slaves a SYNC write needs (0 under ASYNC replication)", value=required)
