@@ -126,7 +126,7 @@ class Controller:
         failovers = [*(st.get("failovers") or []), {"at": time.time(), "from": master, "to": decision.successor,
                                                      "epoch": decision.epoch, "message": decision.message}]
         self.save(master=decision.successor, epoch=decision.epoch, masterUnavailableSince=None, deciding=True,
-                  failovers=failovers)
+                  failovers=failovers, successorAt=decision.position())
         log.warning("failover: %s", decision.message)
         self._crash("saved")
         self.converge(observe.observe(self.pods(decision.successor), self.access))

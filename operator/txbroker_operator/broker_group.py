@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # what a group's block keeps from pass to pass (decisions and what they rest on); the rest of the
 # block (phase, readyBrokers, ...) is recomputed every pass
 PERSISTED = ("masterUnavailableSince", "lastFailover", "drainRouteVersion", "undelivered", "undeliveredTopics",
-             "pendingTransactions", "switchover", "lastSwitchover", "syncSet")
+             "pendingTransactions", "switchover", "lastSwitchover", "syncSet", "successorAt")
 HANDOVER_TIMEOUT_MS = 5000   # a successor that has not caught up by then: the switchover is abandoned
 _TOP_LEVEL_G0 = ("master", "epoch", "masterUnavailableSince")
 
@@ -151,6 +151,7 @@ class GroupPass:
         if p.reason == "FailedOver":
             fields["lastFailover"] = {"time": status.now(), "from": old, "to": p.successor, "epoch": p.epoch,
                                       "message": self.say(p.message)}
+            fields["successorAt"] = p.position()   # should it go silent before it serves (failover.standing_in)
         else:   # planned: the old master hands over first (take_over), once this is recorded
             fields["switchover"] = {"from": old, "to": p.successor, "epoch": p.epoch, "message": self.say(p.message)}
         self.save_status(**fields)

@@ -42,6 +42,11 @@ class Promote:
     epoch: int
     reason: str          # FailedOver | Switchover
     message: str
+    at: tuple[int, int] = (0, 0)   # the successor's (log epoch, log end) when chosen
+
+    def position(self) -> dict:
+        """What the status keeps of a failover's choice until the successor serves (`standing_in`)."""
+        return {"name": self.successor, "forEpoch": self.epoch, "epoch": self.at[0], "offset": self.at[1]}
 
 
 @dataclass(frozen=True)
@@ -124,12 +129,18 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
     options = candidates(members, master)
     if not options:
         return Blocked("NoSuccessor", f"master {master} is down and no slave answers")
+    chosen = status.get("successorAt") or {}
+    if spec.get("replication") == "SYNC" and chosen.get("name") == master and chosen.get("forEpoch") == status.get("epoch") \
+            and int(last_seen[master].get("epoch") or 0) < int(chosen["forEpoch"]):
+        return standing_in(status, members, master, options, chosen)
     last_master_offset = (last_seen.get(master) or {}).get("offset")
     best = options[0]
     behind = f"; it may lack up to {last_master_offset - best.info.log_end_offset} records the master had" \
         if isinstance(last_master_offset, int) and last_master_offset > best.info.log_end_offset else ""
     if spec.get("replication") == "SYNC":
-        counted = sync_set.saved(status, int(status.get("epoch") or 0)) - {master}
+        # the set of the lost master's own epoch (an abandoned switchover leaves the status a step ahead)
+        counted = (sync_set.saved(status, int(last_seen[master].get("epoch") or 0))
+                   | sync_set.saved(status, int(status.get("epoch") or 0))) - {master}
         synced = [m for m in options if not (last_seen.get(m.name) or {}).get("lostRecords")
                   and (promotable(last_seen.get(m.name) or {}) or m.name in counted)]
         were = sorted({n for n, e in last_seen.items() if n != master and e.get("role") != c.ROLE_MASTER
@@ -145,7 +156,7 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
                            f"spec.failover.allowOutOfSyncPromotion: true to promote {synced[0].name} (offset "
                            f"{synced[0].info.log_end_offset}) anyway")
         if synced:
-            best = synced[0]
+            best = most_caught_up(synced, None)
             behind = ""
         elif not cfg["allow_out_of_sync"]:
             unsure = unaccounted(spec, last_seen, members, master, options)
@@ -160,7 +171,27 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
     epoch = highest_epoch(members, status) + 1
     return Promote(best.name, epoch, "FailedOver",
                    f"master {master} down for {down_for:.0f}s; promoted {best.name} (offset "
-                   f"{best.info.log_end_offset}) at epoch {epoch}{behind}")
+                   f"{best.info.log_end_offset}) at epoch {epoch}{behind}", (best.info.epoch, best.info.log_end_offset))
+
+
+def standing_in(status: Mapping[str, Any], members: Mapping[str, Member], master: str, options: list[Member],
+                chosen: Mapping[str, Any]) -> Promote | Blocked:
+    """`master` was chosen to succeed a lost one for holding every acknowledged write, and went silent
+    before it served (it never reached `chosen["forEpoch"]`). Only a slave at least as far as it was
+    then holds all of that (at one epoch, a longer log holds a shorter one's records); else wait for
+    it, however long (a fresh decision on the brokers that answer might pick one behind it)."""
+    floor = (int(chosen["epoch"]), int(chosen["offset"]))
+    able = [m for m in options if (m.info.epoch, m.info.log_end_offset) >= floor]
+    if not able:
+        return Blocked("SuccessorSilent", f"{master}, chosen to be master at epoch {chosen['forEpoch']} for holding "
+                                          f"every acknowledged write (epoch {floor[0]}, offset {floor[1]}), does "
+                                          "not answer, and no slave that answers is that far; waiting for it")
+    best = most_caught_up(able, None)
+    epoch = highest_epoch(members, status) + 1
+    return Promote(best.name, epoch, "FailedOver",
+                   f"{master}, chosen to be master, went silent before it served; promoted {best.name} (offset "
+                   f"{best.info.log_end_offset}, as far as {master} was) at epoch {epoch}",
+                   (best.info.epoch, best.info.log_end_offset))
 
 
 def unaccounted(spec: Mapping[str, Any], last_seen: Mapping[str, Any], members: Mapping[str, Member],

@@ -9,7 +9,7 @@ count, and always at least what it counts. So it grows in the status first and t
 (`keep`, `before_promotion`), and shrinks on the master first (it drops a slave once an approved one
 holds all that slave had) and then in the status. Failover waits for enough of it
 (failover.decide_failover). A master that counts every slave (not run under a controller, or from
-before this) reports no set: nothing is kept.
+before this) reports no set: none is kept for it.
 """
 
 from __future__ import annotations
@@ -25,13 +25,17 @@ def saved(view: Mapping[str, Any], epoch: int) -> set[str]:
     return set(s.get("slaves") or ()) if s.get("epoch") == epoch else set()
 
 
-def keep(view: Mapping[str, Any], head: Member, save: Callable[[dict], None],
+def keep(view: Mapping[str, Any], head: Member, save: Callable[[dict | None], None],
          push: Callable[[int, list[str]], Any]) -> None:
     """One pass: each slave subscribed to `head` and not yet counted is saved, then approved on the
     master (`push`, which answers the master's info); a slave the master stopped counting leaves
     the saved set after it has left the master's."""
     info = head.info
-    if info is None or not info.is_master or info.sync_set is None:
+    if info is None or not info.is_master:
+        return
+    if info.sync_set is None:   # it counts every slave: a set kept for it would only mislead failover
+        if view.get("syncSet"):
+            save(None)
         return
     epoch, counted = info.epoch, set(info.sync_set)
     mine = saved(view, epoch)

@@ -458,7 +458,40 @@ def test_the_sync_set_grows_in_the_status_before_the_master_and_shrinks_after_it
     head = member("b-0", 0, dataclasses.replace(info(role="master", epoch=4, slaves=slaves[1:]), sync_set=("b-2",)))
     sync_set.keep(view, head, save, push)
     assert calls == [("save", ["b-2"])]
-    # a master that counts every slave (no controller, or older) reports no set: nothing kept
+    # a master that counts every slave (no controller, or older) reports no set: none kept for it
     calls.clear()
-    sync_set.keep(view, member("b-0", 0, info(role="master", epoch=4, slaves=slaves)), save, push)
-    assert calls == []
+    view["syncSet"] = {"epoch": 4, "slaves": ["b-2"]}
+    sync_set.keep(view, member("b-0", 0, info(role="master", epoch=4, slaves=slaves)),
+                  lambda s: calls.append(("save", s)), push)
+    assert calls == [("save", None)]
+
+
+def test_the_sync_set_of_the_lost_masters_own_epoch_counts_after_an_abandoned_switchover():
+    """A switchover abandoned leaves the status at the next epoch while the master stays at its own:
+    the set kept at the master's epoch still names who may hold what it acknowledged."""
+    seen = {"epoch": 6, "master": "b-0", "syncSet": {"epoch": 5, "slaves": ["b-1", "b-2"]},
+            "brokers": [{"name": "b-0", "role": "master", "epoch": 5, "offset": 120, "syncReplicas": 1},
+                        {"name": "b-1", "role": "slave", "epoch": 5, "offset": 120},
+                        {"name": "b-2", "role": "slave", "epoch": 5, "offset": 110}]}
+    d = failover.decide_failover(DURABLE, seen, {"b-2": member("b-2", 2, info(epoch=5, offset=110))}, "b-0", 30)
+    assert isinstance(d, Blocked) and d.reason == "InSyncSlaveDown" and "b-1" in d.message, d
+
+
+def test_a_successor_silent_before_it_served_is_stood_in_for_only_by_one_as_far():
+    """b-1 was chosen at epoch 6 for holding every acknowledged write (epoch 5, offset 200) and went
+    silent before it was promoted; the next decision sees it as the master, down. A slave behind
+    where it was would lose what only it (and the lost master) held."""
+    seen = {"epoch": 6, "master": "b-1", "successorAt": {"name": "b-1", "forEpoch": 6, "epoch": 5, "offset": 200},
+            "brokers": [{"name": "b-0", "role": "slave", "epoch": 5, "offset": 230},
+                        {"name": "b-1", "role": "master", "epoch": 5, "offset": 200},
+                        {"name": "b-2", "role": "slave", "epoch": 5, "offset": 150, "promotable": True}]}
+    behind = {"b-2": member("b-2", 2, info(epoch=5, offset=150))}
+    d = failover.decide_failover(DURABLE, seen, behind, "b-1", 30)
+    assert isinstance(d, Blocked) and d.reason == "SuccessorSilent", d
+    level = {"b-2": member("b-2", 2, info(epoch=5, offset=200))}
+    d = failover.decide_failover(DURABLE, seen, level, "b-1", 30)
+    assert isinstance(d, Promote) and d.successor == "b-2" and d.epoch == 7, d
+    assert d.position() == {"name": "b-2", "forEpoch": 7, "epoch": 5, "offset": 200}
+    # once b-1 served at its epoch, the choice is history: an ordinary failover
+    served = {**seen, "brokers": [{**b, "epoch": 6} if b["name"] == "b-1" else b for b in seen["brokers"]]}
+    assert failover.decide_failover(DURABLE, served, behind, "b-1", 30).reason != "SuccessorSilent"

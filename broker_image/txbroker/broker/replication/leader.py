@@ -290,9 +290,11 @@ class ReplicationLeader:
         self._release()  # a held write some newly approved slave holds already
 
     def _unapprove(self, slave: str, by: str | None) -> None:
-        """`slave` forgotten: it leaves the approved set if an approved slave holds all it had (`by`),
-        or a person said it is gone for good (None); else the controller keeps waiting for it."""
-        if self.approved is not None and (by is None or by in self.approved):
+        """`slave` forgotten: it leaves the approved set if a person said it is gone for good (None),
+        or if an approved slave holds all it had (`by`) and one acknowledgement makes a write (with
+        k of them, another holder of each write it acknowledged may be among the k - 1 others, so
+        failover's n - k + 1 would no longer reach one); else the controller keeps waiting for it."""
+        if self.approved is not None and (by is None or (self.sync_replicas <= 1 and by in self.approved)):
             self.approved.discard(slave)
 
     def _no_slave_remark(self) -> str:
