@@ -5,18 +5,15 @@ slave that joined and acknowledged between two looks while the known one was dow
 before the next look, left the controller promoting the known one, which lacked those writes.
 Here the looks are the test's own steps (the controller's pass), with real brokers."""
 
-import asyncio
 import signal
 
 import pytest
 
 from support.cli import run_cli
-from support.controller import Controller
+from support.controller import Controller, info, send, subscribed
 from support.waiting import wait_until
 from support import txload
-from txbroker.client import AsyncProducer, Message
 from txbroker.client.admin import AdminClient, AdminError
-from txbroker.client.errors import ClientError
 from txbroker_operator import failover
 from txbroker_operator.failover import Blocked
 
@@ -24,27 +21,6 @@ FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replicati
          "--replication-heartbeat-ms", "100", "--await-role-confirmation")
 SPEC = {"replication": "SYNC", "flush": "SYNC", "storage": {"size": "1Gi"}, "replicas": 3,
         "failover": {"gracePeriodSeconds": 0}}
-
-
-def send(address: str, body: str) -> str:
-    async def go():
-        p = AsyncProducer("pg", address, request_timeout=2)
-        try:
-            await p.send(Message("T", body.encode()))
-            return "acknowledged"
-        except ClientError as e:
-            return f"refused: {e}"
-        finally:
-            await p.close()
-    return asyncio.run(go())
-
-
-def info(b) -> dict:
-    return AdminClient(b.admin_url).get("/api/v1/broker")
-
-
-def subscribed(b) -> set[str]:
-    return {x["name"] for x in info(b)["replication"]["slaves"]}
 
 
 def test_a_slave_counts_for_a_sync_write_once_its_controller_recorded_it(broker_factory):

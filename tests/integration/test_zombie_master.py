@@ -9,19 +9,15 @@ import threading
 
 import pytest
 
+from support.controller import info, send, subscribed
 from support.waiting import wait_until
 from support import txload
 from support.txload import Ledger, invariant_violations, run_load
-from txbroker.client import AsyncProducer, AsyncTransactionProducer, Message
+from txbroker.client import AsyncTransactionProducer
 from txbroker.client.admin import AdminClient, AdminError
-from txbroker.client.errors import ClientError
 
 FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-timeout-ms", "500",
          "--replication-heartbeat-ms", "100", "--check-interval-ms", "300", "--transaction-timeout-ms", "200")
-
-
-def info(b):
-    return AdminClient(b.admin_url).get("/api/v1/broker")
 
 
 def test_producers_leave_a_paused_deposed_master_and_it_fences_itself_when_it_resumes(broker_factory):
@@ -66,26 +62,8 @@ def test_producers_leave_a_paused_deposed_master_and_it_fences_itself_when_it_re
 CONFIRMED = (*FLAGS, "--await-role-confirmation")
 
 
-def send(address: str, body: str) -> str:
-    """What a producer sending one message to `address` now is told: 'acknowledged' or the error."""
-    async def go():
-        p = AsyncProducer("pg", address, request_timeout=2)
-        try:
-            await p.send(Message("T", body.encode()))
-            return "acknowledged"
-        except ClientError as e:
-            return f"refused: {e}"
-        finally:
-            await p.close()
-    return asyncio.run(go())
-
-
 def slaves_in_sync(b) -> int:
     return sum(x["in_sync"] for x in info(b)["replication"]["slaves"])
-
-
-def subscribed(b) -> set[str]:
-    return {x["name"] for x in info(b)["replication"]["slaves"]}
 
 
 def approve(b, epoch: int, *slaves: str) -> None:

@@ -1,13 +1,40 @@
 """The operator's failover decisions driven by a test over real brokers: a controller's looks are the
 test's own steps (tests/integration/test_sync_set.py, test_damaged_slave.py)."""
 
+import asyncio
+
 import msgspec
 
+from txbroker.client import AsyncProducer, Message
 from txbroker.client.admin import AdminClient
+from txbroker.client.errors import ClientError
 from txbroker.protocol import admin as answers
 from txbroker_operator import constants as c, status as op_status, sync_set
 from txbroker_operator.brokers import BrokerInfo
 from txbroker_operator.observe import Member
+
+
+def send(address: str, body: str) -> str:
+    """What a producer sending one message to `address` now is told: 'acknowledged' or the error."""
+    async def go():
+        p = AsyncProducer("pg", address, request_timeout=2)
+        try:
+            await p.send(Message("T", body.encode()))
+            return "acknowledged"
+        except ClientError as e:
+            return f"refused: {e}"
+        finally:
+            await p.close()
+    return asyncio.run(go())
+
+
+def info(b) -> dict:
+    return AdminClient(b.admin_url).get("/api/v1/broker")
+
+
+def subscribed(b) -> set[str]:
+    """The slaves subscribed to master `b`, by name."""
+    return {x["name"] for x in info(b)["replication"]["slaves"]}
 
 
 def operator_view(b) -> BrokerInfo | None:
