@@ -130,8 +130,9 @@ def decide_failover(spec: Mapping[str, Any], status: Mapping[str, Any], members:
     if not options:
         return Blocked("NoSuccessor", f"master {master} is down and no slave answers")
     chosen = status.get("successorAt") or {}
-    if spec.get("replication") == "SYNC" and not cfg["allow_out_of_sync"] and chosen.get("name") == master \
-            and chosen.get("forEpoch") == status.get("epoch") and int(last_seen[master].get("epoch") or 0) < int(chosen["forEpoch"]):
+    chosen_never_served = (chosen.get("name") == master and chosen.get("forEpoch") == status.get("epoch")
+                           and int(last_seen[master].get("epoch") or 0) < int(chosen["forEpoch"]))
+    if spec.get("replication") == "SYNC" and not cfg["allow_out_of_sync"] and chosen_never_served:
         return standing_in(status, members, master, options, chosen)
     last_master_offset = (last_seen.get(master) or {}).get("offset")
     best = options[0]
