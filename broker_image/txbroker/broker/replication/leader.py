@@ -278,7 +278,8 @@ class ReplicationLeader:
                 else "this broker stopped leading before the write was replicated: it is not promised")
 
     def in_sync(self) -> int:
-        return sum(1 for f in self.feeds.values() if f.live and self.counts(f.name))
+        approved = self.approved   # (counts, inline: this runs on every held write)
+        return sum(1 for f in self.feeds.values() if f.live and (approved is None or f.name in approved))
 
     def counts(self, slave: str) -> bool:
         """Whether `slave`'s acknowledgements count for a SYNC write."""
@@ -306,7 +307,9 @@ class ReplicationLeader:
         need = self.sync_replicas
         if not need:
             return self._state.local_durable_lsn
-        acked = sorted((f.acked_lsn for f in self.feeds.values() if self.counts(f.name)), reverse=True)
+        approved = self.approved   # (counts, inline: this runs on every slave acknowledgement)
+        acked = sorted((f.acked_lsn for f in self.feeds.values() if approved is None or f.name in approved),
+                       reverse=True)
         return acked[need - 1] if len(acked) >= need else 0
 
     def _release(self) -> None:
