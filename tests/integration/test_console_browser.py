@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from support.brokers import TXBROKER, free_port
+from support.brokers import TXBROKER
 from support.credentials import write_credentials
 from support.groups import start_cluster
 from support.waiting import wait_until
@@ -57,14 +57,21 @@ def creds(key: str) -> Credentials:
 
 class Console:
     def __init__(self, admin_urls: list[str], log_path: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # Port 0 and the console's own line saying where it bound: a port picked here could be taken
+        # first by another test's process, whose /healthz would then pass for the console's.
         log = open(log_path, "ab")
         self.proc = subprocess.Popen([TXBROKER, "console", "--admin", ",".join(admin_urls),
-                                      "--listen", f"127.0.0.1:{self.port}"], stdout=log, stderr=subprocess.STDOUT)
+                                      "--listen", "127.0.0.1:0"], stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.log_path = log_path
+        self.url = wait_until(self._bound, 20, what=f"the console to say where it listens (log: {log_path})")
         wait_until(self._up, 20, what=f"the console on {self.url} (log: {log_path})")
+
+    def _bound(self) -> str | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"console exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+        m = re.search(r"txbroker console on (http://127\.0\.0\.1:\d+)/", self.log_path.read_text(errors="replace"))
+        return m.group(1) if m else None
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:

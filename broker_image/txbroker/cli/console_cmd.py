@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 
 from txbroker.cli.security_opts import add_arguments, credentials, tls
 
@@ -22,8 +24,9 @@ def register(sub, default_admin: str) -> None:
                    help="the brokers' admin URLs, comma-separated (master and slaves; actions go to the live "
                         "master) (default %(default)s, env TXBROKER_ADMIN)")
     p.add_argument("--listen", default=os.environ.get("TXBROKER_CONSOLE_LISTEN", "127.0.0.1:8090"), metavar="HOST:PORT",
-                   help="where the console serves HTTP (default %(default)s, env TXBROKER_CONSOLE_LISTEN); serve it "
-                        "behind TLS (an ingress) beyond localhost: HTTP Basic credentials travel with every request")
+                   help="where the console serves HTTP (default %(default)s, env TXBROKER_CONSOLE_LISTEN; port 0 "
+                        "takes a free one, printed at start); serve it behind TLS (an ingress) beyond localhost: "
+                        "HTTP Basic credentials travel with every request")
     p.add_argument("--broker", metavar="HOST:PORT[,...]",
                    help="the brokers' data-plane addresses, for message data (by key, lag, dead letters); default: "
                         "the master's configured listen address, on its admin URL's host")
@@ -39,8 +42,6 @@ def register(sub, default_admin: str) -> None:
 
 
 def run(args) -> int:
-    from aiohttp import web
-
     from txbroker.console.app import build
 
     host, sep, port = args.listen.rpartition(":")
@@ -49,6 +50,26 @@ def run(args) -> int:
     urls = [u.strip() for u in args.admin.split(",") if u.strip()]
     data = [a.strip() for a in args.broker.split(",") if a.strip()] if args.broker else None
     app = build(urls, credentials=credentials(args), tls=tls(args), data_addresses=data)
-    print(f"txbroker console on http://{args.listen}/ for {', '.join(urls)}", flush=True)
-    web.run_app(app, host=host.strip("[]") or "0.0.0.0", port=int(port), print=None, access_log=None)
+    asyncio.run(_serve(app, host.strip("[]") or "0.0.0.0", int(port), urls))
     return 0
+
+
+async def _serve(app, host: str, port: int, urls: list[str]) -> None:
+    """Bind, then say where: the line names the bound port, so `--listen HOST:0` is usable (a test
+    or a script reads the line rather than guessing a free port another process may take first)."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound = runner.addresses[0]
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    print(f"txbroker console on http://{shown}:{bound[1]}/ for {', '.join(urls)}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
