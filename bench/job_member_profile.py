@@ -3,10 +3,14 @@
 keyed members are sent (in queue order, as the Spark task sends them), then while they are ended.
 
     .venv/bin/python bench/job_member_profile.py [--members 300] [--messages 1000] [--rate 500]
+        [--properties shared|each] [--no-profile]
 
-Prints the sending and ending rates and, for each phase, the broker's busy samples by the frame
-running (self) and by the frames on the stack (inclusive). Samples of the loop waiting in select
-are left out. A profile, not a comparison: py-spy's sampling slows the broker a little."""
+Prints the sending and ending rates, the broker's CPU per message in each phase and, for each
+phase, the broker's busy samples by the frame running (self) and by the frames on the stack
+(inclusive). Samples of the loop waiting in select are left out. py-spy's sampling slows the
+broker a little: for before/after figures of a change, `--no-profile`, runs interleaved.
+`--properties each` sends the task's properties with every message (as before SEND_MESSAGE_SHARED);
+`shared` (the default, as the Spark task sends) once per member."""
 
 from __future__ import annotations
 
@@ -38,23 +42,34 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def member(i: int, n: int) -> list[Message]:
+def member(i: int, n: int, each: bool) -> list[Message]:
     out = []
     for k in range(n):
         key = f"o-{i * n + k:09d}"
         body = b'{"id":%d,"order_id":"%s","amount":12.5,"created_at":"2026-01-01T00:00:00Z"}' % (i * n + k, key.encode())
-        out.append(Message("Spark", body, "", key, dict(PROPS), queue_id=zlib.crc32(key.encode()) % QUEUES))
+        out.append(Message("Spark", body, "", key, dict(PROPS) if each else {},
+                           queue_id=zlib.crc32(key.encode()) % QUEUES))
     out.sort(key=lambda m: m.queue_id)
     return out
 
 
-def spy(pid: int, out: Path, rate: int) -> subprocess.Popen:
+def cpu_seconds(pid: int) -> float:
+    """The event loop's thread's CPU so far (RocksDB's background flushes and compactions, on
+    threads of their own, come in bursts that land in either phase), from its scheduler stats."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+def spy(pid: int, out: Path, rate: int) -> subprocess.Popen | None:
+    if not rate:
+        return None
     py_spy = Path(sys.executable).parent / "py-spy"
     return subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--format", "raw", "-o", str(out),
                              "--rate", str(rate), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def stop(p: subprocess.Popen) -> None:
+def stop(p: subprocess.Popen | None) -> None:
+    if p is None:
+        return
     p.send_signal(signal.SIGINT)
     p.wait(timeout=60)
 
@@ -62,28 +77,32 @@ def stop(p: subprocess.Popen) -> None:
 async def run(address: str, pid: int, args, workdir: Path) -> dict:
     async with AsyncJobCoordinator("profile", address, request_timeout=120) as c:
         job = await c.open(timeout=3600)
-        members = [member(i, args.messages) for i in range(args.members)]
+        each = args.properties == "each"
+        members = [member(i, args.messages, each) for i in range(args.members)]
+        shared = None if each else PROPS
         sem = asyncio.Semaphore(4)  # a Spark task's prepares in flight (maxInflight's default)
 
         async def send(i: int) -> str:
             async with sem:
-                return await c.send(job.job_id, members[i], f"{job.job_id}-{i}")
+                return await c.send(job.job_id, members[i], f"{job.job_id}-{i}", properties=shared)
 
         p = spy(pid, workdir / "send.raw", args.rate)
-        await asyncio.sleep(1)  # py-spy attached
-        t0 = time.perf_counter()
+        if p is not None:
+            await asyncio.sleep(1)  # py-spy attached
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
         txids = await asyncio.gather(*(send(i) for i in range(args.members)))
-        sent = time.perf_counter() - t0
+        sent, sent_cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
         stop(p)
         p = spy(pid, workdir / "end.raw", args.rate)
-        await asyncio.sleep(1)
-        t0 = time.perf_counter()
+        if p is not None:
+            await asyncio.sleep(1)
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
         await c.commit(job.job_id, txids)
         while not (await c.describe(job.job_id)).resolved:
             await asyncio.sleep(0.001)
-        ended = time.perf_counter() - t0
+        ended, ended_cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
         stop(p)
-    return {"send": sent, "end": ended}
+    return {"send": (sent, sent_cpu), "end": (ended, ended_cpu)}
 
 
 def report(raw: Path, top: int) -> None:
@@ -111,6 +130,9 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=1000, help="messages per member")
     ap.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--properties", choices=["shared", "each"], default="shared",
+                    help="the task's properties once per member (SEND_MESSAGE_SHARED) or on every message")
+    ap.add_argument("--no-profile", action="store_true", help="no py-spy: rates and CPU only")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="txbroker-member-profile-"))
     port, admin = _port(), _port()
@@ -127,11 +149,17 @@ def main() -> int:
                 if time.monotonic() > deadline or broker.poll() is not None:
                     raise SystemExit("the broker did not start")
                 time.sleep(0.05)
+        if args.no_profile:
+            args.rate = 0
         t = asyncio.run(run(f"127.0.0.1:{port}", broker.pid, args, workdir))
         n = args.members * args.messages
+        print(f"properties: {args.properties}")
         for phase in ("send", "end"):
-            print(f"== {phase}: {n:,} messages in {t[phase]:.2f} s ({n / t[phase]:,.0f} msgs/s)")
-            report(workdir / f"{phase}.raw", args.top)
+            seconds, cpu = t[phase]
+            print(f"== {phase}: {n:,} messages in {seconds:.2f} s ({n / seconds:,.0f} msgs/s); "
+                  f"broker event loop CPU {cpu / n * 1e6:.2f} us per message")
+            if args.rate:
+                report(workdir / f"{phase}.raw", args.top)
     finally:
         broker.terminate()
         broker.wait()

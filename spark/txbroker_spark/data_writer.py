@@ -87,7 +87,7 @@ class DataWriter:
         if pub is None:
             pub = self.pubs[group] = TaskPublisher(self.o, lambda n, msgs: self._txid_for(group, n, msgs),
                                                    job_id=self.job, brokers=self.route.addresses(group),
-                                                   group_name=group)
+                                                   group_name=group, properties=self.builder.properties)
         return pub
 
     def _send(self, msgs) -> None:

@@ -84,7 +84,8 @@ def _timestamps_as_text(batch):
 
 class MessageBuilder:
     """Turns rows into Messages as the options say: body (row as JSON by default, or one column as
-    bytes / string / JSON), keys from keyColumn, tags from tagsColumn or a constant."""
+    bytes / string / JSON), keys from keyColumn, tags from tagsColumn or a constant. `properties`,
+    the same for every message, are not put on each: the publisher sends them once per transaction."""
 
     def __init__(self, o: WriteOptions, properties: dict[str, str]):
         self.o = o
@@ -128,7 +129,7 @@ class MessageBuilder:
         return self._build(len(rows), values, keys, tags, first_row)
 
     def _build(self, n, values, keys, tags, first_row) -> list[Message]:
-        topic, props, const_tags = self.topic, self.properties, self.o.tags
+        topic, const_tags = self.topic, self.o.tags
         if self.o.body_format == "json":  # (never empty, null included: no row to name)
             bodies = _json_bodies(values)
         else:
@@ -142,7 +143,7 @@ class MessageBuilder:
             tags = [str(const_tags) if const_tags is not None else ""] * n
         else:
             tags = ["" if t is None else str(t) for t in tags]
-        return [Message(topic, b, t, k, props) for b, t, k in zip(bodies, tags, keys)]
+        return [Message(topic, b, t, k) for b, t, k in zip(bodies, tags, keys)]
 
 
 def content_hash(msgs: list[Message]) -> str:

@@ -46,9 +46,11 @@ class TaskPublisher:
     """Sends one task's messages as half messages, `batch_size` rows (or `max_batch_bytes`) per
     transaction, with up to `max_inflight` prepares in flight while the task reads more rows."""
 
-    def __init__(self, o: WriteOptions, txid_for, job_id: str, brokers: list[str], group_name: str = ""):
+    def __init__(self, o: WriteOptions, txid_for, job_id: str, brokers: list[str], group_name: str = "",
+                 properties: dict[str, str] | None = None):
         self.o = o
         self.job_id = job_id
+        self.properties = properties or {}  # on every message, sent once per transaction
         self.group_name = group_name  # the broker group `brokers` are (named in refusals)
         self._txid_for = txid_for  # (chunk number, messages) -> transaction id
         self._loop = background.loop()
@@ -97,7 +99,7 @@ class TaskPublisher:
 
     async def _prepare(self, msgs: list[Message], txid: str) -> Prepared:
         try:
-            return await self._session.prepare(msgs, txid, self.job_id)
+            return await self._session.prepare(msgs, txid, self.job_id, properties=self.properties)
         except BrokerError as e:
             raise _refusal(e, self.o, self.group_name) from None
 

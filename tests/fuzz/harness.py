@@ -30,6 +30,7 @@ from txbroker.protocol.framing import Frame, FrameDecoder, FrameError, encode_fr
 # Request code -> body type, for building structured inputs.
 REQUEST_BODIES: dict[int, type] = {
     RequestCode.SEND_MESSAGE: bodies.SendRequest,
+    RequestCode.SEND_MESSAGE_SHARED: bodies.SendRequest,
     RequestCode.END_TRANSACTION: bodies.EndTransactionRequest,
     RequestCode.PULL_MESSAGE: bodies.PullRequest,
     RequestCode.HEARTBEAT: bodies.HeartbeatRequest,

@@ -18,6 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [
     (C.SEND_MESSAGE, b.SendRequest("pg", [b.Message("T", b"hello", "TagA", "k1", {"a": "b"})])),
     (C.SEND_MESSAGE, b.SendRequest("pg", [b.Message("T", b"half"), b.Message("T2", b"two", queue_id=1)], "tx-seed")),
+    (C.SEND_MESSAGE_SHARED, b.SendRequest("pg", [b.Message("T", b"a"), b.Message("T", b"b", properties={"o": "1"})],
+                                          "tx-shared", properties={"job": "j1", "o": "0"})),
     (C.END_TRANSACTION, b.EndTransactionRequest("pg", "tx1", 1)),
     (C.END_TRANSACTION, b.EndTransactionRequest("pg", "tx1", 2, 3, True)),
     (C.PULL_MESSAGE, b.PullRequest("T", 0, 0, 32, 10, "cg", "TagA || TagB")),

@@ -58,9 +58,12 @@ class AsyncJobCoordinator:
         return await self._call(RequestCode.OPEN_JOB, OpenJobRequest(
             self.group, int(timeout * 1000), name, list(groups), job_id, home, int(prepared_timeout * 1000)))
 
-    async def send(self, job_id: str, msg_or_msgs, transaction_id: str | None = None) -> str:
-        """Store messages as one half message joining the job; returns its transaction id."""
-        return (await self.session.prepare(as_list(msg_or_msgs), transaction_id, job_id)).transaction_id
+    async def send(self, job_id: str, msg_or_msgs, transaction_id: str | None = None,
+                   properties: dict[str, str] | None = None) -> str:
+        """Store messages as one half message joining the job; returns its transaction id.
+        `properties`: every message carries them (under its own), sent once for all."""
+        return (await self.session.prepare(as_list(msg_or_msgs), transaction_id, job_id,
+                                           properties=properties)).transaction_id
 
     async def prepare(self, job_id: str, members: list[str], remote: dict[str, list[str]] | None = None) -> JobInfo:
         """Fix the member list (no new members); `commit(job_id)` then keeps exactly these (`remote`:
@@ -124,8 +127,9 @@ class JobCoordinator:
     def open(self, timeout: float, name: str = "", **kwargs) -> JobInfo:
         return background.run(self.aio.open(timeout, name, **kwargs))
 
-    def send(self, job_id: str, msg_or_msgs, transaction_id: str | None = None) -> str:
-        return background.run(self.aio.send(job_id, msg_or_msgs, transaction_id))
+    def send(self, job_id: str, msg_or_msgs, transaction_id: str | None = None,
+             properties: dict[str, str] | None = None) -> str:
+        return background.run(self.aio.send(job_id, msg_or_msgs, transaction_id, properties))
 
     def prepare(self, job_id: str, members: list[str], remote: dict[str, list[str]] | None = None) -> JobInfo:
         return background.run(self.aio.prepare(job_id, members, remote))

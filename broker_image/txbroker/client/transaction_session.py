@@ -29,6 +29,8 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from txbroker.client.connection import BrokerClient
 from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.log_limit import RepeatedWarnings
@@ -148,21 +150,41 @@ class TransactionSession:
             raise ValueError("a transaction needs a producer group")
         self.client = client
         self.group = group
+        self._shared_refused = False  # the broker refused SEND_MESSAGE_SHARED (it predates it)
 
     async def prepare(self, msgs: list[Message], transaction_id: str | None = None, job_id: str = "",
-                      home: str = "", participants: list[str] | None = None) -> Prepared:
+                      home: str = "", participants: list[str] | None = None,
+                      properties: dict[str, str] | None = None) -> Prepared:
         """Store the messages as one half message (joining job `job_id` if given; a participant of the
         transaction of the same id that broker group `home` decides, if given; the home of one whose
-        `participants` are on those groups, if given). Safe to retry: the id makes it idempotent (a
-        repeat answers `duplicate`). Every refusal raises BrokerError. The messages get the
-        transaction id (a listener sees it on them)."""
+        `participants` are on those groups, if given). `properties`: every message carries them
+        (under its own), sent once for all. Safe to retry: the id makes it idempotent (a repeat
+        answers `duplicate`). Every refusal raises BrokerError. The messages get the transaction id
+        (a listener sees it on them)."""
         txid = transaction_id or uuid.uuid4().hex
-        r: SendResponse = await self.client.request(
-            RequestCode.SEND_MESSAGE, SendRequest(self.group, msgs, txid, job_id, home, participants or []),
-            SendResponse, retry=True)
+        r = await self._send(SendRequest(self.group, msgs, txid, job_id, home, participants or [], properties or {}))
         for m in msgs:
             m.transaction_id = txid
         return Prepared(r.transaction_id or txid, r.commit_log_offset, r.msg_ids, r.duplicate, r)
+
+    async def _send(self, req: SendRequest) -> SendResponse:
+        """SEND_MESSAGE_SHARED when properties are shared; a broker that predates it refuses the code
+        (never stores the messages without them), and this session then sends each message with its
+        own copy as SEND_MESSAGE."""
+        if req.properties:
+            if not self._shared_refused:
+                try:
+                    return await self.client.request(RequestCode.SEND_MESSAGE_SHARED, req, SendResponse, retry=True)
+                except BrokerError as e:
+                    if e.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                        raise
+                    log.info("%s does not take shared properties (an older broker): sending them with each "
+                             "message", e.broker)
+                    self._shared_refused = True
+            shared = req.properties
+            req = msgspec.structs.replace(req, properties={}, messages=[
+                msgspec.structs.replace(m, properties={**shared, **m.properties}) for m in req.messages])
+        return await self.client.request(RequestCode.SEND_MESSAGE, req, SendResponse, retry=True)
 
     async def end(self, txn: Prepared | str, state: LocalTransactionState, commit_log_offset: int | None = None,
                   from_check: bool = False) -> EndTransactionResponse:

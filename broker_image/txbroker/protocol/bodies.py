@@ -60,6 +60,8 @@ class SendRequest(Struct, array_like=True, omit_defaults=True):
     # the home of such a transaction: the groups holding its participants (the home keeps its
     # decision until every one of them has ended)
     participants: list[str] = []
+    # SEND_MESSAGE_SHARED only: properties every message carries (a message's own win over them)
+    properties: dict[str, str] = {}
 
 
 class SendResponse(Struct, array_like=True, omit_defaults=True):

@@ -49,6 +49,11 @@ class RequestCode(IntEnum):
     # Broker groups (protocol/cluster.py): a participant of a transaction that spans groups asks the
     # group that decides it (its home) how it ended.
     QUERY_TRANSACTION_STATES = 930
+    # SEND_MESSAGE whose messages share one properties map, sent once (SendRequest.properties): a
+    # Spark task's rows all carry the same job, task and attempt. A code of its own, not a new
+    # field under SEND_MESSAGE: a broker that predates it refuses the code (the client then sends
+    # SEND_MESSAGE) instead of ignoring the field and storing the messages without their properties.
+    SEND_MESSAGE_SHARED = 940
 
 
 class ResponseCode(IntEnum):

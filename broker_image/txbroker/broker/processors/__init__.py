@@ -13,8 +13,10 @@ from . import auth, client, cluster, consumer, end_transaction, job, message, pu
 
 
 def handlers(broker) -> dict[int, object]:
+    sending = send.SendProcessor(broker)
     return {
-        RequestCode.SEND_MESSAGE: send.SendProcessor(broker),
+        RequestCode.SEND_MESSAGE: sending,
+        RequestCode.SEND_MESSAGE_SHARED: sending,
         RequestCode.END_TRANSACTION: end_transaction.EndTransactionProcessor(broker),
         RequestCode.PULL_MESSAGE: pull.PullProcessor(broker),
         RequestCode.HEARTBEAT: client.HeartbeatProcessor(broker),

@@ -1,4 +1,5 @@
-"""SEND_MESSAGE: plain messages are stored visible; with a transaction id, as one half message batch."""
+"""SEND_MESSAGE: plain messages are stored visible; with a transaction id, as one half message batch.
+SEND_MESSAGE_SHARED is the same with properties every message carries sent once."""
 
 from txbroker.broker.replies import Reply, RequestError, ok
 from txbroker.broker.transaction.service import now_ms
@@ -20,6 +21,8 @@ class SendProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
+        if req.properties:
+            share_properties(req.messages, req.properties)
         access = conn.access
         access.require_publish(req.messages)
         if req.transaction_id:  # (a draining group still answers a retry of what it stored: prepare)
@@ -37,3 +40,12 @@ class SendProcessor:
         self._sent.inc(len(msgs))
         self._group_sent(req.producer_group).inc(len(msgs))
         return ok(SendResponse(keys.msg_ids(lsn, len(msgs)), [m.queue_id for m in msgs], offsets), durable)
+
+
+def share_properties(msgs, shared: dict[str, str]) -> None:
+    """Give each message the properties sent once for all, under its own. The messages without
+    properties of their own (a Spark task's) hold the one dict: nothing in the broker changes a
+    stored message's properties (a reader is given a copy), and the record stores each in full."""
+    for m in msgs:
+        own = m.properties
+        m.properties = {**shared, **own} if own else shared
