@@ -17,7 +17,7 @@ from txbroker.store import retention
 from txbroker.store.boot_clock import BootClock
 from txbroker.store.derived.transactions import DECISION_FLOOR_MS
 from txbroker.store.reads import MessageReader
-from txbroker.store.records import EndRecord, HalfRecord
+from txbroker.store.records import EndRecord, HalfRecord, runs_of
 from txbroker.store.state import StateMachine
 
 LATER = 10 ** 7  # ms: past every decision's floor
@@ -26,7 +26,7 @@ LATER = 10 ** 7  # ms: past every decision's floor
 def commit(state: StateMachine, txid: str, msgs: list[Message], end_ms: int = 1) -> int:
     """Prepare and commit as TransactionService does; returns the half's LSN."""
     lsn, _ = state.append(HalfRecord(txid, "g", 1, msgs))
-    state.append_to_queues([(m.topic, m.queue_id) for m in msgs],
+    state.append_to_queues(runs_of(msgs),
                            lambda offsets: EndRecord(txid, lsn, TransactionState.COMMIT, end_ms, offsets))
     return lsn
 

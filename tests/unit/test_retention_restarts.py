@@ -58,7 +58,7 @@ def test_a_store_opens_again_after_retention_took_an_ended_member_of_a_job_still
         half(state, "m2", [Message("T", b"m2", queue_id=1)], job_id="j1")
         state.append(JobPrepareRecord("j1", ["m1", "m2"], 1))
         state.append(JobDecisionRecord("j1", TransactionState.COMMIT, 1, ["m1", "m2"]))
-        end(state, "m1", h1, [("T", 0)], end_ms=LATER)  # m1 ended; m2 still to end
+        end(state, "m1", h1, [("T", 0, 1)], end_ms=LATER)  # m1 ended; m2 still to end
         state.append_messages(1, [Message("T", b"after", queue_id=0)])  # m1's half is not T:0's newest
         await state.drain()
         await retain(state, LATER + 1000)  # within m1's decision's linger: its half goes, its decision stays
@@ -75,8 +75,8 @@ def test_the_parked_queue_keeps_its_end_across_retention_and_a_restart(tmp_path)
     async def main():
         state = open_store(tmp_path / "s")
         h1 = half(state, "t1", [Message("T", b"a", queue_id=0)])
-        state.append_to_queues([(TCMT, 0)], lambda offsets: ParkRecord("t1", 5, offsets))
-        end(state, "t1", h1, [("T", 0)])  # resumed and committed by hand
+        state.append_to_queues([(TCMT, 0, 1)], lambda offsets: ParkRecord("t1", 5, offsets))
+        end(state, "t1", h1, [("T", 0, 1)])  # resumed and committed by hand
         state.append_messages(1, [Message("T", b"b", queue_id=0)])
         await state.drain()
         assert state.queue_end(TCMT, 0) == 1
@@ -121,7 +121,7 @@ def test_a_park_recorded_before_decisions_listed_parked_entries_still_takes_its_
     async def main():
         state = open_store(tmp_path / "s")
         h1 = half(state, "t1", [Message("T", b"a", queue_id=0)])
-        state.append_to_queues([(TCMT, 0)], lambda offsets: ParkRecord("t1", 5, offsets))
+        state.append_to_queues([(TCMT, 0, 1)], lambda offsets: ParkRecord("t1", 5, offsets))
         await state.drain()
         p = decode_pending(state.db.pending.get(b"t1"))
         p.parked_offsets = []  # as the broker before 9079a36 wrote it
@@ -129,11 +129,11 @@ def test_a_park_recorded_before_decisions_listed_parked_entries_still_takes_its_
         await state.close()
         state = open_store(tmp_path / "s")
         state.append(ResumeRecord("t1", 6))
-        state.append_to_queues([(TCMT, 0)], lambda offsets: ParkRecord("t1", 7, offsets))
-        end(state, "t1", h1, [("T", 0)])
+        state.append_to_queues([(TCMT, 0, 1)], lambda offsets: ParkRecord("t1", 7, offsets))
+        end(state, "t1", h1, [("T", 0, 1)])
         for i in range(2):  # newer parked entries: t1's are no longer the queue's newest
             half(state, f"x{i}", [Message("T", b"x", queue_id=1)])
-            state.append_to_queues([(TCMT, 0)], lambda offsets, i=i: ParkRecord(f"x{i}", 8, offsets))
+            state.append_to_queues([(TCMT, 0, 1)], lambda offsets, i=i: ParkRecord(f"x{i}", 8, offsets))
         state.append_messages(1, [Message("T", b"b", queue_id=0)])
         await state.drain()
         await retain(state, LATER)

@@ -19,7 +19,7 @@ def test_close_releases_the_store_and_recovery_sees_everything(tmp_path):
         s = StateMachine(str(tmp_path), True, lambda e: None)
         _, durable = s.append(HalfRecord("t1", "g", 1, [Message("T", b"a", queue_id=0), Message("T", b"b", queue_id=1)]))
         s.append(HalfRecord("t2", "g", 1, [Message("T", b"c", queue_id=0)]))
-        s.append_to_queues([("T", 0), ("T", 1)], lambda offsets: EndRecord("t1", 1, TransactionState.COMMIT, 2, offsets))
+        s.append_to_queues([("T", 0, 1), ("T", 1, 1)], lambda offsets: EndRecord("t1", 1, TransactionState.COMMIT, 2, offsets))
         await durable
         await s.close()
         again = StateMachine(str(tmp_path), True, lambda e: None)  # same process: the LOCK was released
@@ -49,7 +49,7 @@ def test_a_resent_message_does_not_carry_its_old_transaction_id():
 def _commit(s: StateMachine, txid: str, msgs: list[Message]) -> asyncio.Future:
     """Prepare and commit as TransactionService does."""
     lsn, _ = s.append(HalfRecord(txid, "g", 1, msgs))
-    _, _, durable = s.append_to_queues([("T", 0)] * len(msgs),
+    _, _, durable = s.append_to_queues([("T", 0, len(msgs))],
                                        lambda offsets: EndRecord(txid, lsn, TransactionState.COMMIT, 2, offsets))
     return durable
 
@@ -177,7 +177,7 @@ def test_a_record_that_cannot_be_applied_leaves_nothing_of_its_batch_and_stops_t
         await s.append(HalfRecord("t1", "g", 1, [Message("T", b"kept", queue_id=0)]))[1]
         _, same_batch = s.append(HalfRecord("t2", "g", 1, [Message("T", b"in the failed batch", queue_id=0)]))
         with pytest.raises(ApplyError) as e:
-            s.append_to_queues([("T", 0)], lambda offsets: EndRecord("never-prepared", 9, TransactionState.COMMIT, 2,
+            s.append_to_queues([("T", 0, 1)], lambda offsets: EndRecord("never-prepared", 9, TransactionState.COMMIT, 2,
                                                                       offsets))
         assert "EndRecord" in str(e.value)
         with pytest.raises(ApplyError):

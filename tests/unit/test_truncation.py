@@ -62,7 +62,7 @@ def step(rnd: random.Random, s: StateMachine, i: int) -> None:
     elif what == "end" and pending:
         p = rnd.choice(pending)
         commit = rnd.random() < 0.7
-        s.append_to_queues(p.destinations if commit else [], lambda offsets: EndRecord(
+        s.append_to_queues(p.runs if commit else [], lambda offsets: EndRecord(
             p.transaction_id, p.half_lsn, TransactionState.COMMIT if commit else TransactionState.ROLLBACK, i,
             offsets))
     elif what == "normal":
@@ -73,7 +73,7 @@ def step(rnd: random.Random, s: StateMachine, i: int) -> None:
         s.append(CheckRecord([p.transaction_id for p in rnd.sample(pending, min(3, len(pending)))], i))
     elif what == "park" and [p for p in pending if p.state == "PREPARED"]:
         p = rnd.choice([p for p in pending if p.state == "PREPARED"])
-        s.append_to_queues([(TRANS_CHECK_MAX_TIME_TOPIC, 0)] * len(p.destinations),
+        s.append_to_queues([(TRANS_CHECK_MAX_TIME_TOPIC, 0, p.message_count)],
                            lambda offsets: ParkRecord(p.transaction_id, i, offsets))
     elif what == "resume" and [p for p in pending if p.state == "PARKED"]:
         s.append(ResumeRecord(rnd.choice([p for p in pending if p.state == "PARKED"]).transaction_id, i))

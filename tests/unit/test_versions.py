@@ -27,7 +27,7 @@ def test_every_place_that_states_the_version_states_the_same_one():
     chart = yaml.safe_load((ROOT / "helm/txbroker/Chart.yaml").read_text())
     assert pyproject == __version__ == operator_version == chart["appVersion"] == chart["version"]
     out = subprocess.run([str(Path(sys.executable).parent / "txbroker"), "--version"], capture_output=True, text=True)
-    assert out.stdout.strip() == f"txbroker {__version__} (store format {STORE_FORMAT_VERSION}; opens formats 1-5)"
+    assert out.stdout.strip() == f"txbroker {__version__} (store format {STORE_FORMAT_VERSION}; opens formats 1-6)"
 
 
 def test_the_chart_runs_the_broker_image_of_its_own_version_unless_told_otherwise():

@@ -88,7 +88,7 @@ async def _settled(reply) -> Reply:
 
 def _pending(p) -> answers.PendingTransaction:
     return answers.PendingTransaction(p.transaction_id, p.producer_group, p.state, p.half_lsn, p.born_ms,
-                                      len(p.destinations), p.checks, p.last_check_ms, p.immunity_ms, p.job_id,
+                                      p.message_count, p.checks, p.last_check_ms, p.immunity_ms, p.job_id,
                                       p.home, p.participants)
 
 

@@ -44,3 +44,12 @@ def check_admissible(properties: dict[str, str]) -> None:
     """Every property a half message's first message may carry that the broker parses (raises
     PropertyError)."""
     immunity_ms(properties)
+
+
+def share_properties(msgs, shared: dict[str, str]) -> None:
+    """Give each message the properties its send or record carries once for all, under its own.
+    The messages without properties of their own (a Spark task's) hold the one dict: nothing
+    changes a message's properties in place (a reader is given a copy)."""
+    for m in msgs:
+        own = m.properties
+        m.properties = {**shared, **own} if own else shared

@@ -93,24 +93,27 @@ def key_index_prefix(topic: str, key: str) -> bytes:
 _U32 = struct.Struct(">I").pack
 
 
-def key_entries(lsn: int, destinations, keyed) -> list[tuple[bytes, int]]:
-    """The key-index keys of record `lsn`'s keyed messages: (key, message index) pairs. (A commit
-    of keyed messages pays this per message: the topic's part and the LSN are encoded once.)"""
+def key_entries(lsn: int, runs, texts: list[str]) -> list[tuple[bytes, int]]:
+    """The key-index keys of record `lsn`'s keyed messages: (key, message index) pairs. `runs`:
+    (topic, queue, count) of its messages in order; `texts`: each message's keys ("": none). (A
+    commit of keyed messages pays this per message: the topic's part and the LSN are encoded once.)"""
     out = []
     append = out.append
     lsn_part = _U64.pack(lsn)
-    topics: dict[str, bytes] = {}
-    for i, text in keyed:
-        topic = destinations[i][0]
-        head = topics.get(topic)
-        if head is None:
-            head = topics[topic] = topic.encode() + b"\x00"
-        tail = b"\x00" + lsn_part + _U32(i)
-        if " " in text:
-            for key in text.split():
-                append((head + key.encode() + tail, i))
-        else:
-            append((head + text.encode() + tail, i))
+    start = 0
+    for topic, _queue, n in runs:
+        head = topic.encode() + b"\x00"
+        for i in range(start, start + n):
+            text = texts[i]
+            if not text:
+                continue
+            tail = b"\x00" + lsn_part + _U32(i)
+            if " " in text:
+                for key in text.split():
+                    append((head + key.encode() + tail, i))
+            else:
+                append((head + text.encode() + tail, i))
+        start += n
     return out
 
 

@@ -1,6 +1,6 @@
 """Log records: the unit of durability and, later, of replication.
 
-On-disk format, version 5 (STORE_FORMAT_VERSION, kept under meta key b"format"):
+On-disk format, version 6 (STORE_FORMAT_VERSION, kept under meta key b"format"):
 
   column family  key                                  value
   log            u64 BE log sequence number (LSN)     msgpack record, tagged (see below)
@@ -40,17 +40,25 @@ read the same). A format-2 broker refuses a format-3 store rather than fail on a
 decode. Format 4 adds participants (HalfRecord.home). Format 5 adds what retention and truncation
 need to keep and derive again exactly: the home's list of participant groups and ReleaseRecord, the
 LSN each offset and topic was set at, each pending transaction's and job's records (lineage).
+Format 6 stores what a half send's messages share once: its properties common to all
+(HalfRecord.properties, SEND_MESSAGE_SHARED), and in a pending transaction its messages' queues as
+runs and their keys as one list (PendingTx.runs, .keys; format 5's per-message pairs are read and
+rewritten so). A Spark task's member of 1,000 rows was 1,000 copies of the same properties and
+2,000 small tuples held until its end.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import msgspec
 from msgspec import Struct, field
 
 from txbroker.protocol.bodies import JOB_ABORTED, JOB_COMMITTED, JOB_OPEN, JOB_PREPARED, Message  # noqa: F401 - re-exported
+from txbroker.protocol.properties import share_properties
 
-STORE_FORMAT_VERSION = 5  # 5: lineages, participants named at the home, ReleaseRecord
-READABLE_FORMATS = frozenset({1, 2, 3, 4, 5})
+STORE_FORMAT_VERSION = 6  # 6: shared properties, pending runs and keys; 5: lineages, participants, ReleaseRecord
+READABLE_FORMATS = frozenset({1, 2, 3, 4, 5, 6})
 
 
 class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
@@ -63,6 +71,9 @@ class HalfRecord(Struct, tag="H", array_like=True, omit_defaults=True):
     job_id: str = ""  # a member of this coordinated transaction: its decision ends this one
     home: str = ""  # a participant: the broker group whose half message of this id decides it
     participants: list[str] = field(default_factory=list)  # the home: groups holding participants of it
+    # what every message carries, stored once (a message's own properties win); decode_record puts
+    # them on each message, so a reader never sees a message without them
+    properties: dict[str, str] = field(default_factory=dict)
 
 
 class NormalRecord(Struct, tag="N", array_like=True, omit_defaults=True):
@@ -201,17 +212,46 @@ class PendingTx(Struct, array_like=True, omit_defaults=True):
     producer_group: str
     half_lsn: int
     born_ms: int
-    destinations: list[tuple[str, int]]  # (topic, queue) of each message, in order
+    destinations: list[tuple[str, int]] = field(default_factory=list)  # format 5: (topic, queue) per message
     immunity_ms: int = 0  # from CHECK_IMMUNITY_TIME_IN_SECONDS; 0: the group's timeout applies
     checks: int = 0
     last_check_ms: int = 0
     state: str = PREPARED
-    keyed: list[tuple[int, str]] = field(default_factory=list)  # (message index, keys) to index at commit
+    keyed: list[tuple[int, str]] = field(default_factory=list)  # format 5: (message index, keys)
     job_id: str = ""  # member of a coordinated transaction: never checked back, ended by its decision
     home: str = ""  # participant: never checked back, ended as its home group's transaction ended
     participants: list[str] = field(default_factory=list)  # the home of a spanning transaction: where the others are
     lineage: list[int] = field(default_factory=list)  # LSNs of its check, park and resume records
     parked_offsets: list[int] = field(default_factory=list)  # its entries in TRANS_CHECK_MAX_TIME_TOPIC
+    runs: list[tuple[str, int, int]] = field(default_factory=list)  # (topic, queue, count): its messages' queues
+    keys: list[str] = field(default_factory=list)  # each message's keys ("": none), to index at commit; [] if none has
+
+    @property
+    def message_count(self) -> int:
+        return sum(r[2] for r in self.runs)
+
+
+def runs_of(msgs) -> list[tuple[str, int, int]]:
+    """(topic, queue, count) for each run of consecutive messages bound for one queue."""
+    out: list[tuple[str, int, int]] = []
+    topic = queue = None
+    n = 0
+    for m in msgs:
+        if m.queue_id != queue or m.topic != topic:
+            if n:
+                out.append((topic, queue, n))
+            topic, queue, n = m.topic, m.queue_id, 1
+        else:
+            n += 1
+    if n:
+        out.append((topic, queue, n))
+    return out
+
+
+def keys_of(msgs) -> list[str]:
+    """Each message's keys, or [] when none has any (most sends)."""
+    ks = [m.keys for m in msgs]
+    return ks if any(ks) else []
 
 
 class FinishedTx(Struct, array_like=True, omit_defaults=True):
@@ -274,11 +314,22 @@ _job_decoder = msgspec.msgpack.Decoder(JobState)
 
 
 def decode_record(data: bytes) -> Record:
-    return _record_decoder.decode(data)
+    r = _record_decoder.decode(data)
+    if type(r) is HalfRecord and r.properties:
+        share_properties(r.messages, r.properties)
+    return r
 
 
 def decode_pending(data: bytes) -> PendingTx:
-    return _pending_decoder.decode(data)
+    p = _pending_decoder.decode(data)
+    if p.destinations:  # written by format 5: a pair per message
+        p.runs = [(t, q, len(list(g))) for (t, q), g in itertools.groupby(p.destinations)]
+        if p.keyed:
+            p.keys = [""] * len(p.destinations)
+            for i, text in p.keyed:
+                p.keys[i] = text
+        p.destinations, p.keyed = [], []
+    return p
 
 
 def decode_finished(data: bytes) -> FinishedTx:

@@ -44,6 +44,7 @@ from txbroker.store.group_commit import Batch, GroupCommit, answer
 from txbroker.store.truncation import truncate
 from txbroker.store.records import (
     EpochRecord, FinishedTx, JobState, NormalRecord, OffsetRecord, PendingTx, Record, decode_record, encode,
+    runs_of,
 )
 
 log = logging.getLogger(__name__)
@@ -227,13 +228,14 @@ class StateMachine:
 
     # ---- writing --------------------------------------------------------------------------------
 
-    def append_to_queues(self, queues: list[tuple[str, int]], build: Callable[[list[int]], Record]
+    def append_to_queues(self, runs: list[tuple[str, int, int]], build: Callable[[list[int]], Record]
                          ) -> tuple[int, list[int], asyncio.Future]:
         """Give each message its queue's next offset and append the record that stores them,
         `build(offsets)`, in one step, as RocketMQ's CommitLog assigns offsets as it appends: no
-        offset is reserved without its record. `queues`: (topic, queue id) per message. Returns the
-        record's LSN, the offsets, and the batch's durability future."""
-        offsets = self.messages.reserve(queues)
+        offset is reserved without its record. `runs`: (topic, queue id, count) of the messages in
+        order (records.runs_of). Returns the record's LSN, the offsets, and the batch's durability
+        future."""
+        offsets = self.messages.reserve(runs)
         lsn = self.next_lsn
         record = build(offsets)
         return lsn, offsets, self._write(lsn, record, encode(record))
@@ -241,7 +243,7 @@ class StateMachine:
     def append_messages(self, now: int, messages: list[Message], send_back: bytes = b""
                         ) -> tuple[int, list[int], asyncio.Future]:
         """Store `messages` visible (a plain send, a retry, a dead letter, a delayed delivery)."""
-        return self.append_to_queues([(m.topic, m.queue_id) for m in messages],
+        return self.append_to_queues(runs_of(messages),
                                      lambda offsets: NormalRecord(now, messages, offsets, send_back))
 
     def append(self, record: Record) -> tuple[int, asyncio.Future]:

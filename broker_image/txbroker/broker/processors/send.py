@@ -5,6 +5,7 @@ from txbroker.broker.replies import Reply, RequestError, ok
 from txbroker.broker.transaction.service import now_ms
 from txbroker.protocol.bodies import SendRequest, SendResponse, decoder
 from txbroker.protocol.codes import ResponseCode
+from txbroker.protocol.properties import share_properties
 from txbroker.store import keys
 
 
@@ -21,8 +22,6 @@ class SendProcessor:
 
     def __call__(self, conn, body: bytes) -> Reply:
         req = self._decode(body)
-        if req.properties:
-            share_properties(req.messages, req.properties)
         access = conn.access
         access.require_publish(req.messages)
         if req.transaction_id:  # (a draining group still answers a retry of what it stored: prepare)
@@ -35,17 +34,11 @@ class SendProcessor:
                                                              "transaction id) can join a job")
         self._role.require_master()
         msgs = req.messages
+        if req.properties:  # a plain send's record stores each message whole
+            share_properties(msgs, req.properties)
         self._topics.validate_for_send(msgs)
         lsn, offsets, durable = self._state.append_messages(now_ms(), msgs)
         self._sent.inc(len(msgs))
         self._group_sent(req.producer_group).inc(len(msgs))
         return ok(SendResponse(keys.msg_ids(lsn, len(msgs)), [m.queue_id for m in msgs], offsets), durable)
 
-
-def share_properties(msgs, shared: dict[str, str]) -> None:
-    """Give each message the properties sent once for all, under its own. The messages without
-    properties of their own (a Spark task's) hold the one dict: nothing in the broker changes a
-    stored message's properties (a reader is given a copy), and the record stores each in full."""
-    for m in msgs:
-        own = m.properties
-        m.properties = {**shared, **own} if own else shared

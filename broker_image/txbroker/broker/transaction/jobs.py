@@ -423,7 +423,7 @@ class JobService:
                 _offsets, last = self._tx.finish(p, TransactionState.COMMIT if commit else TransactionState.ROLLBACK,
                                                  "job")
                 ended["commit" if commit else "rollback"] += 1
-                messages += len(p.destinations)
+                messages += p.message_count
                 if messages >= RESOLVE_SLICE_MESSAGES:
                     break
             await asyncio.sleep(0)  # that slice is one group-commit batch; let requests in between

@@ -78,12 +78,13 @@ class TransactionService:
                                "and send with its id")
         if req.messages:  # refused before anything is written (a topic either): the store parses these
             try:
-                check_admissible(req.messages[0].properties)
+                check_admissible({**req.properties, **req.messages[0].properties})
             except PropertyError as e:
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"transaction {txid}: {e}") from None
         self._topics.validate_for_send(req.messages)
         lsn, durable = self._state.append(HalfRecord(txid, req.producer_group, now_ms(), req.messages, req.job_id,
-                                                     req.home, list(dict.fromkeys(req.participants))))
+                                                     req.home, list(dict.fromkeys(req.participants)),
+                                                     req.properties))
         self._metrics.sent_half.inc(len(req.messages))
         self._metrics.group_sent_half(req.producer_group).inc(len(req.messages))
         return ok(SendResponse(
@@ -140,7 +141,7 @@ class TransactionService:
                          f"transaction {req.transaction_id} was sent here with home group {existing.home or '(none)'!r}, "
                          f"not {req.home or '(none)'!r}")
         lsn = existing.half_lsn
-        n = len(existing.destinations) if isinstance(existing, PendingTx) else existing.message_count
+        n = existing.message_count
         # Acknowledged only as the first send would have been: once the half message is published.
         return ok(SendResponse(msg_ids=keys.msg_ids(lsn, n), transaction_id=req.transaction_id,
                                commit_log_offset=lsn, duplicate=True), self._state.published_future(lsn))
@@ -207,7 +208,7 @@ class TransactionService:
         """Record the end of pending transaction `p`; returns its queue offsets and durability future."""
         txid, half_lsn, now = p.transaction_id, p.half_lsn, now_ms()
         _lsn, offsets, durable = self._state.append_to_queues(
-            p.destinations if wanted == TransactionState.COMMIT else [],
+            p.runs if wanted == TransactionState.COMMIT else [],
             lambda offsets: EndRecord(txid, half_lsn, wanted, now, offsets, by))
         if wanted == TransactionState.COMMIT:
             self._metrics.tx_commit.inc()
@@ -237,7 +238,7 @@ class TransactionService:
 
     def park(self, p: PendingTx, now: int) -> None:
         txid = p.transaction_id
-        self._state.append_to_queues([(TRANS_CHECK_MAX_TIME_TOPIC, 0)] * len(p.destinations),
+        self._state.append_to_queues([(TRANS_CHECK_MAX_TIME_TOPIC, 0, p.message_count)],
                                      lambda offsets: ParkRecord(txid, now, offsets))
         self._metrics.tx_park.inc()
 

@@ -92,7 +92,7 @@ class Jobs(Family):
         for txid in j.members:
             p = pending.get(txid)
             if p is not None:
-                queues.update(p.destinations)
+                queues.update((t, q) for t, q, _n in p.runs)
                 continue
             f = finished(txid)
             if f is None or not f.queue_offsets:
@@ -193,7 +193,7 @@ class Jobs(Family):
             self.job_members.pop(j.job_id, None)
         elif j.state == JOB_COMMITTED:  # read whole: its queues stop where its first member goes
             members = self.transactions.pending
-            queues = {dest for txid in r.members if (p := members.get(txid)) is not None for dest in p.destinations}
+            queues = {(t, q) for txid in r.members if (p := members.get(txid)) is not None for t, q, _n in p.runs}
             if queues:
                 self._messages.hold(j.job_id, queues)
         self._put(b, j)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 from typing import TYPE_CHECKING
 
 from txbroker.protocol.names import SCHEDULE_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC
@@ -19,7 +18,9 @@ from txbroker.store import keys
 from txbroker.store.db import last_item_with_prefix
 from txbroker.store.derived.family import Family
 from txbroker.store.derived.latest import walk_back
-from txbroker.store.records import EndRecord, NormalRecord, ParkRecord, Record, TopicRecord, decode_record
+from txbroker.store.records import (
+    EndRecord, NormalRecord, ParkRecord, Record, TopicRecord, decode_record, keys_of, runs_of,
+)
 
 if TYPE_CHECKING:
     from rocksdict import WriteBatch
@@ -109,11 +110,11 @@ class Messages(Family):
 
     def apply_normal(self, r: NormalRecord, lsn: int, b: "Batch") -> None:
         msgs = r.messages
-        destinations = [(m.topic, m.queue_id) for m in msgs]
-        self.index(b, lsn, destinations, r.queue_offsets)
-        keyed = [(i, m.keys) for i, m in enumerate(msgs) if m.keys]
-        if keyed:
-            self.index_keys(b, lsn, destinations, r.queue_offsets, keyed)
+        runs = runs_of(msgs)
+        self.index(b, lsn, runs, r.queue_offsets)
+        texts = keys_of(msgs)
+        if texts:
+            self.index_keys(b, lsn, runs, r.queue_offsets, texts)
         if r.send_back:
             b.wb.put(r.send_back, keys.lsn_key(lsn), self._h_meta)
             self._unwritten_send_backs[r.send_back] = lsn
@@ -123,31 +124,30 @@ class Messages(Family):
         self._topic_lsn[r.name] = lsn
         b.wb.put(TOPIC_PREFIX + r.name.encode(), _topic_value(r.queue_count, lsn), self._h_meta)
 
-    def reserve(self, queues: list[tuple[str, int]]) -> list[int]:
-        """Each message's next offset in its queue (consecutive messages to one queue: one lookup)."""
+    def reserve(self, runs: list[tuple[str, int, int]]) -> list[int]:
+        """Each message's next offset in its queue, for messages in runs (topic, queue, count)."""
         ends = self.queue_ends
         offsets: list[int] = []
-        for dest, run in itertools.groupby(queues):
-            prefix = keys.queue_prefix(*dest)
+        for topic, queue, n in runs:
+            prefix = keys.queue_prefix(topic, queue)
             start = ends.get(prefix)
             if start is None:
                 start = self._load_queue_end(prefix)
-            n = len(list(run))
             ends[prefix] = start + n
             offsets.extend(range(start, start + n))
         return offsets
 
-    def index(self, b: "Batch", lsn: int, destinations, offsets) -> None:
+    def index(self, b: "Batch", lsn: int, runs, offsets) -> None:
         """Queue-index entries for the messages of record `lsn` (becoming visible when published):
-        one per run of consecutive messages bound for one queue at consecutive offsets."""
+        one per run of consecutive messages bound for one queue at consecutive offsets. `runs`:
+        (topic, queue, count) of the record's messages, in order."""
         put = b.wb.put
         h = self._h_cq
         lsn_key, run_value = keys.lsn_key, keys.cq_run_value
         visible, queue_end = b.visible, self.queue_ends
         i = 0
-        for dest, group in itertools.groupby(destinations):
-            n = len(list(group))
-            prefix = keys.queue_prefix(*dest)
+        for topic, queue, n in runs:
+            prefix = keys.queue_prefix(topic, queue)
             first = offsets[i]
             run = offsets[i:i + n]
             if run[-1] - first == n - 1 and run == list(range(first, first + n)):
@@ -163,14 +163,15 @@ class Messages(Family):
                 queue_end[prefix] = end
             i += n
 
-    def index_keys(self, b: "Batch", lsn: int, destinations, offsets, keyed) -> None:
-        """Key-index entries (lookup by message key) for the keyed messages of a visible record."""
+    def index_keys(self, b: "Batch", lsn: int, runs, offsets, texts: list[str]) -> None:
+        """Key-index entries (lookup by message key) for the keyed messages of a visible record
+        (`texts`: each message's keys)."""
         put, h, lsn_key = b.wb.put, self._h_keys, keys.lsn_key
-        for key, i in keys.key_entries(lsn, destinations, keyed):
+        for key, i in keys.key_entries(lsn, runs, texts):
             put(key, lsn_key(offsets[i]), h)
 
     def index_parked(self, b: "Batch", half_lsn: int, count: int, offsets: list[int]) -> None:
-        self.index(b, half_lsn, [(TRANS_CHECK_MAX_TIME_TOPIC, 0)] * count, offsets)
+        self.index(b, half_lsn, [(TRANS_CHECK_MAX_TIME_TOPIC, 0, count)], offsets)
 
     # ---- what readers see --------------------------------------------------------------------------
 
@@ -315,9 +316,10 @@ class Messages(Family):
             prefix = keys.queue_prefix(m.topic, m.queue_id)
             wb.delete(keys.cq_key(prefix, offset), self._h_cq)
             self._queue_start.pop(prefix, None)
-        keyed = [(i, m.keys) for i, m in enumerate(messages) if m.keys]
-        for key, _i in keys.key_entries(lsn, [(m.topic, m.queue_id) for m in messages], keyed):
-            wb.delete(key, self._h_keys)
+        texts = keys_of(messages)
+        if texts:
+            for key, _i in keys.key_entries(lsn, runs_of(messages), texts):
+                wb.delete(key, self._h_keys)
 
     def forget_parked(self, wb: "WriteBatch", offsets: list[int]) -> None:
         prefix = keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0)

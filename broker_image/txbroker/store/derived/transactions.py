@@ -26,7 +26,7 @@ from txbroker.store import keys
 from txbroker.store.derived.family import Family, RetentionPass
 from txbroker.store.records import (
     COMMITTED, PARKED, PREPARED, ROLLED_BACK, CheckRecord, EndRecord, FinishedTx, HalfRecord, ParkRecord, PendingTx,
-    ReleaseRecord, ResumeRecord, decode_finished, decode_pending, decode_record, encode,
+    ReleaseRecord, ResumeRecord, decode_finished, decode_pending, decode_record, encode, keys_of, runs_of,
 )
 
 if TYPE_CHECKING:
@@ -90,12 +90,11 @@ class Transactions(Family):
 
     def apply_half(self, r: HalfRecord, lsn: int, b: "Batch") -> None:
         msgs = r.messages
+        first = msgs[0].properties
         p = PendingTx(
-            transaction_id=r.transaction_id, producer_group=r.producer_group, half_lsn=lsn,
-            born_ms=r.born_ms, destinations=[(m.topic, m.queue_id) for m in msgs],
-            immunity_ms=stored_immunity_ms(msgs[0].properties),
-            keyed=[(i, m.keys) for i, m in enumerate(msgs) if m.keys], job_id=r.job_id, home=r.home,
-            participants=r.participants,
+            transaction_id=r.transaction_id, producer_group=r.producer_group, half_lsn=lsn, born_ms=r.born_ms,
+            immunity_ms=stored_immunity_ms({**r.properties, **first} if r.properties else first),
+            job_id=r.job_id, home=r.home, participants=r.participants, runs=runs_of(msgs), keys=keys_of(msgs),
         )
         if r.job_id:
             self._jobs.member_prepared(r.job_id, r.transaction_id)
@@ -109,13 +108,13 @@ class Transactions(Family):
         wb.delete(tid, self._h_pending)
         committed = r.state == TransactionState.COMMIT
         if committed:
-            self._messages.index(b, p.half_lsn, p.destinations, r.queue_offsets)
-            if p.keyed:
-                self._messages.index_keys(b, p.half_lsn, p.destinations, r.queue_offsets, p.keyed)
+            self._messages.index(b, p.half_lsn, p.runs, r.queue_offsets)
+            if p.keys:
+                self._messages.index_keys(b, p.half_lsn, p.runs, r.queue_offsets, p.keys)
         done = FinishedTx(
             transaction_id=r.transaction_id, producer_group=p.producer_group, half_lsn=p.half_lsn,
             state=COMMITTED if committed else ROLLED_BACK, end_lsn=lsn, end_ms=r.end_ms,
-            message_count=len(p.destinations), queue_offsets=r.queue_offsets, by=r.by, checks=p.checks,
+            message_count=p.message_count, queue_offsets=r.queue_offsets, by=r.by, checks=p.checks,
             job_id=p.job_id, participants=p.participants, parked_offsets=p.parked_offsets,
         )
         if p.job_id:
@@ -143,7 +142,7 @@ class Transactions(Family):
         p.lineage.append(lsn)
         p.parked_offsets.extend(r.queue_offsets)
         b.wb.put(p.transaction_id.encode(), encode(p), self._h_pending)
-        self._messages.index_parked(b, p.half_lsn, len(p.destinations), r.queue_offsets)
+        self._messages.index_parked(b, p.half_lsn, p.message_count, r.queue_offsets)
 
     def apply_resume(self, r: ResumeRecord, lsn: int, b: "Batch") -> None:
         p = self.pending[r.transaction_id]
