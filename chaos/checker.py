@@ -14,6 +14,8 @@ healed and every transaction decided. Jepsen's rules for a transactional queue, 
   decision changed a job its home answered COMMITTED and ABORTED at different times, or answered
                    otherwise than the coordinator was acknowledged
   rewritten        a position of a queue read with two different messages (reader.py)
+  properties lost  a job member's message read without its job's id, the property sent once for
+                   the member's messages (SEND_MESSAGE_SHARED) and stored once in its half record
   went back        a queue's end below an offset already read from it (reader.py)
   read stuck       a queue a reader starting at its first message cannot read past an offset below
                    its end (reader.py)
@@ -69,7 +71,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 
-from chaos.reader import Reader
+from chaos.reader import JOB_PROPERTY, Reader
 from chaos.workload import ORDERED, SINK_GROUP, SINKS, TOPICS, History, Tx
 
 # A backup's slave is in sync when it heard its master within 3 heartbeats (chaos/broker.py: 200 ms)
@@ -116,6 +118,11 @@ def check(h: History, reader: Reader, unresolved: dict[str, int], masters_by_epo
         elif tx.acked == "COMMIT" and len(got) < len(tx.bodies):
             out["lost"].append(f"{key} ({tx.kind}{where}): acknowledged COMMIT, {len(tx.bodies) - len(got)} of "
                                f"{len(tx.bodies)} messages never read")
+        if tx.kind == "member":
+            wrong = [(b, reader.member_jobs.get(b)) for b in got if reader.member_jobs.get(b) != tx.job]
+            if wrong:
+                out["properties lost"].append(f"{key} (member of job {tx.job}{where}): read with "
+                                              + ", ".join(f"{b} {JOB_PROPERTY}={j!r}" for b, j in wrong))
         if got and (tx.acked == "ROLLBACK" or tx.intended == "ROLLBACK"):
             out["phantom"].append(f"{key} ({tx.kind}{where}): {'acknowledged' if tx.acked else 'decided'} ROLLBACK, "
                                   f"read {', '.join(got)}")

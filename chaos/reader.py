@@ -16,6 +16,9 @@ it finds is judged as Jepsen judges a log:
   skipped     offsets retention deleted before the reader got to them (not an anomaly: the
               reader fell behind; every such offset is counted so a report shows the checks
               did not cover it)
+
+It also keeps the JOB_PROPERTY each job member's message was read with (the coordinator sends it
+once for the member's messages; the checker's `properties lost`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from txbroker.client import AsyncPullConsumer, BrokerError, ClientError
 from txbroker.protocol.codes import ResponseCode
 
 READ_TOPICS = ("Orders", "Billing", "Plain", "Ordered", "%DLQ%chaos-cg")
+JOB_PROPERTY = "chaos.job"  # a job member's messages carry their job's id (workload.py)
 # After a queue was cut (its master now ends it below what was read), this many positions below the
 # new end are read again: an ASYNC failover diverges some records before the cut. The same stretch
 # below the next offset is read again after an outage (a pull failed): a whole group's power cut
@@ -52,6 +56,7 @@ class Reader:
     suspect: set = field(default_factory=set)  # (group, topic, queue) whose last pull failed
     skipped: dict = field(default_factory=lambda: defaultdict(int))  # (group, topic) -> offsets
     queues: dict = field(default_factory=dict)  # (group, topic) -> queue count
+    member_jobs: dict = field(default_factory=dict)  # a job member's body -> JOB_PROPERTY as read (last read)
     lock: threading.Lock = field(default_factory=threading.Lock)
     rnd: random.Random = field(default_factory=lambda: random.Random(0))
 
@@ -175,7 +180,7 @@ class Reader:
             self.suspect.discard(key)
         with self.lock:
             for m in r.messages:
-                self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
+                self._record(group, topic, q, m.queue_offset, m)
         if r.next_offset < offset and r.max_offset < offset:
             with self.lock:
                 self.went_back.append(f"{group} {topic}:{q}: read to offset {offset}, queue now ends at "
@@ -207,10 +212,13 @@ class Reader:
             with self.lock:
                 for m in r.messages:
                     if m.queue_offset < end:
-                        self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
+                        self._record(group, topic, q, m.queue_offset, m)
             offset = r.next_offset
 
-    def _record(self, group: str, topic: str, q: int, offset: int, body: str) -> None:
+    def _record(self, group: str, topic: str, q: int, offset: int, m) -> None:
+        body = m.body.decode(errors="replace")
+        if topic == "Orders" and body.startswith("job"):
+            self.member_jobs[body] = m.properties.get(JOB_PROPERTY)
         pos = (group, topic, q, offset)
         before = self.seen.get(pos)
         if before is None:
@@ -233,7 +241,7 @@ class Reader:
         with self.lock:
             for m in r.messages:
                 if m.queue_offset < self.next[(g, topic, q)]:
-                    self._record(group, topic, q, m.queue_offset, m.body.decode(errors="replace"))
+                    self._record(group, topic, q, m.queue_offset, m)
 
     async def _verify_all(self, group: str, c: AsyncPullConsumer) -> None:
         for (g, topic, q), end in list(self.next.items()):

@@ -41,7 +41,7 @@ from txbroker.client import (
     Message, TransactionListener, hash_selector, key_selector,
 )
 
-from chaos.reader import Reader
+from chaos.reader import JOB_PROPERTY, Reader
 
 TOPICS = ("Orders", "Billing")
 ORDERED = "Ordered"
@@ -225,7 +225,10 @@ async def _coordinator(c: AsyncClusterJobCoordinator, h: History, stop: threadin
                 tx = Tx([f"job{n}.{k}"], "COMMIT", kind="member", job=job.job_id, groups=[group], topics=["Orders"])
                 h.add(txid, tx)
                 added.append(txid)
-                await c.send(job, group, Message("Orders", tx.bodies[0].encode()), txid)
+                # the job's id as a property every message carries, sent once (SEND_MESSAGE_SHARED,
+                # stored once in the half record): the reader checks it on every member it reads
+                await c.send(job, group, Message("Orders", tx.bodies[0].encode()), txid,
+                             properties={JOB_PROPERTY: job.job_id})
                 members.setdefault(group, []).append(txid)
                 order.append(txid)
         except (ClientError, ValueError):

@@ -35,7 +35,7 @@ class Master:
         if offset > end:
             raise BrokerError("b0", "PULL_MESSAGE", ResponseCode.PULL_OFFSET_MOVED,
                               f"offset {offset} is beyond the end {end}")
-        got = [SimpleNamespace(queue_offset=o, body=self.log[o].encode()) for o in range(offset, min(end, offset + n))]
+        got = [SimpleNamespace(queue_offset=o, body=self.log[o].encode(), properties={}) for o in range(offset, min(end, offset + n))]
         return SimpleNamespace(messages=got, next_offset=offset + len(got), max_offset=end)
 
     async def search_offset(self, topic, q, ts):
@@ -70,7 +70,7 @@ class Gapped(Master):
     fix of seed 556)."""
 
     async def pull(self, topic, q, offset, n):
-        got = [SimpleNamespace(queue_offset=o, body=self.log[o].encode())
+        got = [SimpleNamespace(queue_offset=o, body=self.log[o].encode(), properties={})
                for o in range(offset, offset + n) if o in self.log]
         end = max(self.log) + 1
         return SimpleNamespace(messages=got, next_offset=(got[-1].queue_offset + 1) if got else offset,

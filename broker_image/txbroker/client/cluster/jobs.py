@@ -131,11 +131,13 @@ class AsyncClusterJobCoordinator:
             await self._at(group).open(job.info.deadline_ms / 1000 - time.time(), home=job.home, job_id=job.job_id)
         await asyncio.gather(*(one(g) for g in job.groups))
 
-    async def send(self, job: ClusterJob, group: str, msg_or_msgs, transaction_id: str | None = None) -> str:
-        """Store messages on `group` as one member transaction of `job`; returns its id."""
+    async def send(self, job: ClusterJob, group: str, msg_or_msgs, transaction_id: str | None = None,
+                   properties: dict[str, str] | None = None) -> str:
+        """Store messages on `group` as one member transaction of `job`; returns its id.
+        `properties`: every message carries them (under its own), sent once for all."""
         if group not in job.all_groups:
             raise ValueError(f"job {job.job_id} spans groups {', '.join(job.all_groups)}, not {group!r}")
-        return await self._at(group).send(job.job_id, as_list(msg_or_msgs), transaction_id)
+        return await self._at(group).send(job.job_id, as_list(msg_or_msgs), transaction_id, properties)
 
     def _split(self, job: ClusterJob, members: dict[str, list[str]]) -> tuple[list[str], dict[str, list[str]]]:
         unknown = set(members) - set(job.all_groups)
@@ -235,8 +237,9 @@ class ClusterJobCoordinator(background.Blocking):
     def find(self, name: str) -> ClusterJob | None:
         return background.run(self._async.find(name))
 
-    def send(self, job: ClusterJob, group: str, msg_or_msgs, transaction_id: str | None = None) -> str:
-        return background.run(self._async.send(job, group, msg_or_msgs, transaction_id))
+    def send(self, job: ClusterJob, group: str, msg_or_msgs, transaction_id: str | None = None,
+             properties: dict[str, str] | None = None) -> str:
+        return background.run(self._async.send(job, group, msg_or_msgs, transaction_id, properties))
 
     def prepare(self, job: ClusterJob, members: dict[str, list[str]]) -> JobInfo:
         return background.run(self._async.prepare(job, members))
