@@ -119,7 +119,7 @@ def check(h: History, reader: Reader, unresolved: dict[str, int], masters_by_epo
             out["lost"].append(f"{key} ({tx.kind}{where}): acknowledged COMMIT, {len(tx.bodies) - len(got)} of "
                                f"{len(tx.bodies)} messages never read")
         if tx.kind == "member":
-            wrong = [(b, reader.member_jobs.get(b)) for b in got if reader.member_jobs.get(b) != tx.job]
+            wrong = [(b, j) for b in got for j in sorted(reader.member_jobs.get(b, {None}), key=str) if j != tx.job]
             if wrong:
                 out["properties lost"].append(f"{key} (member of job {tx.job}{where}): read with "
                                               + ", ".join(f"{b} {JOB_PROPERTY}={j!r}" for b, j in wrong))

@@ -18,7 +18,8 @@ it finds is judged as Jepsen judges a log:
               did not cover it)
 
 It also keeps the JOB_PROPERTY each job member's message was read with (the coordinator sends it
-once for the member's messages; the checker's `properties lost`).
+once for the member's messages, and a second message's own PART_PROPERTY over the shared one; the
+checker's `properties lost`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from txbroker.protocol.codes import ResponseCode
 
 READ_TOPICS = ("Orders", "Billing", "Plain", "Ordered", "%DLQ%chaos-cg")
 JOB_PROPERTY = "chaos.job"  # a job member's messages carry their job's id (workload.py)
+PART_PROPERTY = "chaos.part"  # shared "a"; a member's second message ("...b") carries its own "b"
 # After a queue was cut (its master now ends it below what was read), this many positions below the
 # new end are read again: an ASYNC failover diverges some records before the cut. The same stretch
 # below the next offset is read again after an outage (a pull failed): a whole group's power cut
@@ -56,7 +58,8 @@ class Reader:
     suspect: set = field(default_factory=set)  # (group, topic, queue) whose last pull failed
     skipped: dict = field(default_factory=lambda: defaultdict(int))  # (group, topic) -> offsets
     queues: dict = field(default_factory=dict)  # (group, topic) -> queue count
-    member_jobs: dict = field(default_factory=dict)  # a job member's body -> JOB_PROPERTY as read (last read)
+    # a job member's body -> every JOB_PROPERTY value it was read with (a re-read must not hide a read without it)
+    member_jobs: dict = field(default_factory=lambda: defaultdict(set))
     lock: threading.Lock = field(default_factory=threading.Lock)
     rnd: random.Random = field(default_factory=lambda: random.Random(0))
 
@@ -218,7 +221,10 @@ class Reader:
     def _record(self, group: str, topic: str, q: int, offset: int, m) -> None:
         body = m.body.decode(errors="replace")
         if topic == "Orders" and body.startswith("job"):
-            self.member_jobs[body] = m.properties.get(JOB_PROPERTY)
+            job = m.properties.get(JOB_PROPERTY)
+            if body.endswith("b") and m.properties.get(PART_PROPERTY) != "b":  # its own must win
+                job = f"{job} without its own {PART_PROPERTY}"
+            self.member_jobs[body].add(job)
         pos = (group, topic, q, offset)
         before = self.seen.get(pos)
         if before is None:

@@ -529,7 +529,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "route_versions": cluster.route_version,
             "operations": checker.counts(h), "commits_acknowledged": len(h.commits),
             # the coverage of `properties lost`: member messages read carrying their job's id
-            "members_read_with_their_job": sum(1 for j in reader.member_jobs.values() if j),
+            "members_read_with_their_job": sum(1 for jobs in reader.member_jobs.values() if None not in jobs),
             "failed_operations": len(h.failures), "unresolved_after_settling": unresolved,
             "anomalies": {k: len(v) for k, v in anomalies.items()},
             "anomaly_details": {k: v[:20] for k, v in anomalies.items()},

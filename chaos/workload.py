@@ -41,7 +41,7 @@ from txbroker.client import (
     Message, TransactionListener, hash_selector, key_selector,
 )
 
-from chaos.reader import JOB_PROPERTY, Reader
+from chaos.reader import JOB_PROPERTY, PART_PROPERTY, Reader
 
 TOPICS = ("Orders", "Billing")
 ORDERED = "Ordered"
@@ -222,13 +222,16 @@ async def _coordinator(c: AsyncClusterJobCoordinator, h: History, stop: threadin
             for k in range(rnd.randint(2, 5)):
                 group = groups[k % len(groups)]
                 txid = f"{job.job_id}-m{k}"
-                tx = Tx([f"job{n}.{k}"], "COMMIT", kind="member", job=job.job_id, groups=[group], topics=["Orders"])
+                # one message or two, the second with a property of its own over a shared one
+                bodies = [f"job{n}.{k}"] + ([f"job{n}.{k}b"] if rnd.random() < 0.5 else [])
+                tx = Tx(bodies, "COMMIT", kind="member", job=job.job_id, groups=[group], topics=["Orders"] * len(bodies))
                 h.add(txid, tx)
                 added.append(txid)
                 # the job's id as a property every message carries, sent once (SEND_MESSAGE_SHARED,
                 # stored once in the half record): the reader checks it on every member it reads
-                await c.send(job, group, Message("Orders", tx.bodies[0].encode()), txid,
-                             properties={JOB_PROPERTY: job.job_id})
+                msgs = [Message("Orders", b.encode(), properties={PART_PROPERTY: "b"} if b.endswith("b") else {})
+                        for b in bodies]
+                await c.send(job, group, msgs, txid, properties={JOB_PROPERTY: job.job_id, PART_PROPERTY: "a"})
                 members.setdefault(group, []).append(txid)
                 order.append(txid)
         except (ClientError, ValueError):

@@ -73,7 +73,7 @@ async def _generate(path: str, finished: int, pending: int, size: int, chunk: in
             if i % 20 == 7:
                 _, fut = state.append(EndRecord(txid, lsn, TransactionState.ROLLBACK, born + 5, []))
             else:
-                _, _, fut = state.append_to_queues([(TOPIC, q)], lambda offsets: EndRecord(
+                _, _, fut = state.append_to_queues([(TOPIC, q, 1)], lambda offsets: EndRecord(
                     txid, lsn, TransactionState.COMMIT, born + 5, offsets))
         if i % chunk == chunk - 1:
             await fut

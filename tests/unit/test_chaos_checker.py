@@ -18,7 +18,7 @@ from chaos.workload import History, Tx  # noqa: E402
 
 def reader(member_jobs: dict | None = None, **topics: dict[str, list[tuple]]):
     """topic -> body -> positions (group, queue, offset) the end-of-run reader found it at;
-    `member_jobs`: a member's body -> its job property as read (None: each read with its own job)."""
+    `member_jobs`: a member's body -> the job properties it was read with (None: each with its own job)."""
     return SimpleNamespace(bodies=lambda topic: topics.get(topic, {}), queues_groups=lambda: ["g0", "g1"],
                            skipped={}, rewritten=[], went_back=[], stuck=[], member_jobs=member_jobs)
 
@@ -33,7 +33,7 @@ def job(h: History, name: str, members: dict[str, tuple[str, str]], acked: str =
 
 def check(h: History, r) -> dict[str, list[str]]:
     if r.member_jobs is None:
-        r.member_jobs = {b: tx.job for tx in h.txs.values() if tx.kind == "member" for b in tx.bodies}
+        r.member_jobs = {b: {tx.job} for tx in h.txs.values() if tx.kind == "member" for b in tx.bodies}
     return checker.check(h, r, {}, {})
 
 
@@ -64,7 +64,7 @@ def test_a_member_left_out_of_its_job_that_is_read_is_a_phantom():
 def test_a_member_read_without_its_jobs_property_has_lost_its_properties():
     h = History()
     job(h, "j1", {"j1-a": ("g0", "COMMIT"), "j1-b": ("g1", "COMMIT")})
-    got = check(h, reader(member_jobs={"j1-a.0": "j1", "j1-b.0": None},
+    got = check(h, reader(member_jobs={"j1-a.0": {"j1"}, "j1-b.0": {None, "j1"}},  # read without it, then with
                           Orders={"j1-a.0": [("g0", 0, 1)], "j1-b.0": [("g1", 0, 1)]}))
     assert got == {"properties lost": ["j1-b (member of job j1 on g1): read with j1-b.0 chaos.job=None"]}
 

@@ -60,7 +60,7 @@ def test_members_of_a_job_its_coordinator_gave_up_on_are_recorded_rolled_back():
         async def open(self, timeout):
             return SimpleNamespace(job_id="job.g0.e1.5", home="g0", all_groups=["g0", "g1"])
 
-        async def send(self, job, group, msg, txid):
+        async def send(self, job, group, msg, txid, properties=None):
             self.sent += 1
             if self.sent == 2:
                 stop.set()
@@ -70,7 +70,7 @@ def test_members_of_a_job_its_coordinator_gave_up_on_are_recorded_rolled_back():
     assert {k: tx.intended for k, tx in h.txs.items()} == {"job.g0.e1.5-m0": "ROLLBACK", "job.g0.e1.5-m1": "ROLLBACK"}
     got = checker.check(h, SimpleNamespace(bodies=lambda topic: {"job1.0": [("g0", 0, 3)]} if topic == "Orders" else {},
                                            queues_groups=lambda: ["g0", "g1"], skipped={}, rewritten=[], went_back=[],
-                                           stuck=[]),
+                                           stuck=[], member_jobs={"job1.0": {"job.g0.e1.5"}}),
                         {}, {})
     assert [x.split(":")[0] for x in got["phantom"]] == ["job.g0.e1.5-m0 (member on g0)"]
 

@@ -48,8 +48,9 @@ def check_admissible(properties: dict[str, str]) -> None:
 
 def share_properties(msgs, shared: dict[str, str]) -> None:
     """Give each message the properties its send or record carries once for all, under its own.
-    The messages without properties of their own (a Spark task's) hold the one dict: nothing
-    changes a message's properties in place (a reader is given a copy)."""
+    The messages without properties of their own (a Spark task's) hold the one dict, and a reader
+    of the record (its cache too) is given that same dict: nothing may change a message's
+    properties in place; whoever adds one builds a new dict (store/reads.py `by_id`)."""
     for m in msgs:
         own = m.properties
         m.properties = {**shared, **own} if own else shared
