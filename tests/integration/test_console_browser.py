@@ -90,7 +90,7 @@ class Console:
         body = urllib.parse.urlencode(data).encode() if data is not None else None
         req = urllib.request.Request(self.url + path, data=body, headers=h, method="POST" if body else "GET")
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=30) as r:  # a loaded host: the console asks the brokers first
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
