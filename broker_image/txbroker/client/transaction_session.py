@@ -38,6 +38,7 @@ from txbroker.protocol.bodies import (
     EndTransactionRequest, EndTransactionResponse, JobInfo, Message, QueryJobRequest, SendRequest, SendResponse,
 )
 from txbroker.protocol.codes import RequestCode, ResponseCode, TransactionState
+from txbroker.protocol.properties import share_properties
 
 log = logging.getLogger(__name__)
 _warnings = RepeatedWarnings(log)
@@ -181,9 +182,9 @@ class TransactionSession:
                     log.info("%s does not take shared properties (an older broker): sending them with each "
                              "message", e.broker)
                     self._shared_refused = True
-            shared = req.properties
-            req = msgspec.structs.replace(req, properties={}, messages=[
-                msgspec.structs.replace(m, properties={**shared, **m.properties}) for m in req.messages])
+            copies = [msgspec.structs.replace(m) for m in req.messages]  # the caller's stay as they are
+            share_properties(copies, req.properties)
+            req = msgspec.structs.replace(req, properties={}, messages=copies)
         return await self.client.request(RequestCode.SEND_MESSAGE, req, SendResponse, retry=True)
 
     async def end(self, txn: Prepared | str, state: LocalTransactionState, commit_log_offset: int | None = None,

@@ -41,4 +41,3 @@ class SendProcessor:
         self._sent.inc(len(msgs))
         self._group_sent(req.producer_group).inc(len(msgs))
         return ok(SendResponse(keys.msg_ids(lsn, len(msgs)), [m.queue_id for m in msgs], offsets), durable)
-
