@@ -237,7 +237,7 @@ state = "$DIR/containerd-state"
   # this sandbox refuses lowering oom_score_adj: without this every pod sandbox fails
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"   # no overlay mounts inside this sandbox
+    snapshotter = "$SNAPSHOTTER"   # pick_snapshotter: overlayfs where this kernel mounts it, else native
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -353,7 +353,7 @@ up() {
     rm -rf "$DIR"/{pki,etcd,logs,kubelet,containerd-state,cni-ipam,pod-logs,volumes}
     mkdir -p "$DIR/logs"; : > "$DIR/pids"
     trap 'rc=$?; if (( rc != 0 )); then down; fi' EXIT   # a failed start leaves nothing running
-    gen_pki; write_configs
+    pick_snapshotter; gen_pki; write_configs
 
     ip netns list | awk '{print $1}' > "$DIR/netns-before"
     ip netns add "$NETNS" 2>/dev/null || die "network namespace $NETNS exists: another cluster runs (down it first)"
@@ -420,25 +420,50 @@ EOF
     log "up in network namespace $NETNS: API server https://$NODE_IP:6443, KUBECONFIG=$DIR/kubeconfig; logs in $DIR/logs"
 }
 
+# The snapshotter pods' root filesystems come from. overlayfs starts a container on its image's
+# unpacked layers; native gives each container a whole copy of its image (1.3 GB for Spark's), and
+# copying and removing those made containerd the busiest process of the e2e stage on a slow host
+# (about half a core, and a Spark pod's start waited on the copy). The first machines here could
+# not mount overlay, so native stays the fallback. TXBROKER_SNAPSHOTTER forces either.
+pick_snapshotter() {
+    SNAPSHOTTER="${TXBROKER_SNAPSHOTTER:-}"
+    if [[ -z "$SNAPSHOTTER" ]]; then
+        local probe="$DIR/overlay-probe"   # on the disk containerd's root is on
+        rm -rf "$probe"; mkdir -p "$probe"/{lower,upper,work,merged}
+        SNAPSHOTTER=native
+        if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
+                "$probe/merged" 2>/dev/null; then
+            umount "$probe/merged"; SNAPSHOTTER=overlayfs
+        fi
+        rm -rf "$probe"
+    fi
+    [[ "$SNAPSHOTTER" == overlayfs || "$SNAPSHOTTER" == native ]] \
+        || die "TXBROKER_SNAPSHOTTER is '$SNAPSHOTTER': it takes overlayfs or native"
+    echo "$SNAPSHOTTER" > "$DIR/snapshotter"
+    log "snapshotter: $SNAPSHOTTER"
+}
+
 import_images() {  # the node's runtime gets the images (as `kind load docker-image` does)
-    local tar   # unpacked for the snapshotter pods use, not containerd's default (overlayfs)
-    for tar in "$@"; do ctr -a "$SOCK" -n k8s.io images import --snapshotter native "$tar" >/dev/null; done
+    local tar snapshotter
+    snapshotter="$(cat "$DIR/snapshotter" 2>/dev/null || echo native)"   # the one containerd was started with
+    for tar in "$@"; do ctr -a "$SOCK" -n k8s.io images import --snapshotter "$snapshotter" "$tar" >/dev/null; done
 }
 
 # What earlier sessions left in containerd's root, which the cache keeps for its images: their
-# containers (the kubelet is new each session and never collects them), each holding a whole copy
-# of its image (native snapshotter), and image layers once unpacked for overlayfs, which pods do not
-# use. Left alone they filled the disk within a few days of runs.
+# containers (the kubelet is new each session and never collects them; under native each holds a
+# whole copy of its image), and image layers unpacked for the snapshotter this run does not use.
+# Left alone they filled the disk within a few days of runs.
 prune_runtime() {
-    local ids keys key left=-1
+    local ids keys key left=-1 unused=native
+    [[ "$SNAPSHOTTER" == native ]] && unused=overlayfs
     ids="$(ctr -a "$SOCK" -n k8s.io containers ls -q)"
     [[ -z "$ids" ]] || ctr -a "$SOCK" -n k8s.io containers rm $ids >/dev/null
     # layers go child first: each pass removes the snapshots nothing is built on
-    while keys="$(ctr -a "$SOCK" -n k8s.io snapshots --snapshotter overlayfs ls | awk 'NR > 1 {print $1}')"; do
+    while keys="$(ctr -a "$SOCK" -n k8s.io snapshots --snapshotter "$unused" ls | awk 'NR > 1 {print $1}')"; do
         [[ -n "$keys" ]] || break
         (( left != $(wc -l <<< "$keys") )) || break   # no progress: leave the rest
         left=$(wc -l <<< "$keys")
-        for key in $keys; do ctr -a "$SOCK" -n k8s.io snapshots --snapshotter overlayfs rm "$key" >/dev/null 2>&1 || true; done
+        for key in $keys; do ctr -a "$SOCK" -n k8s.io snapshots --snapshotter "$unused" rm "$key" >/dev/null 2>&1 || true; done
     done
     log "runtime pruned: $(wc -w <<< "$ids") earlier containers removed"
 }

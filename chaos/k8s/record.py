@@ -3,9 +3,11 @@ schedule, read back by the runner on the node, which gives them to chaos/checker
 
 The keys of chaos/schedule.py's `_dump_history` (txs, read, skipped, decisions, offsets, jobs) keep
 their meaning; the rest is what the checker reads beyond them (acknowledged commits and failures in
-time, what the consumer groups took, what the reader found rewritten or gone back, each group's
-queue counts). Times: `commits` and `failures` are the pod's monotonic clock, `mono_to_wall` turns
-them into wall time (the runner's events are on its own monotonic clock; both are on one machine's
+time, what the consumer groups took, what the reader found rewritten, gone back or stuck, the job
+property each member was read with, each group's queue counts). Every field of the reader that the
+checker reads goes through here: one left out reads as empty on the runner, and its check passes
+unseen (tests/unit/test_chaos_k8s_record.py). Times: `commits` and `failures` are the pod's
+monotonic clock, `mono_to_wall` turns them into wall time (the runner's events are on its own monotonic clock; both are on one machine's
 wall clock).
 """
 
@@ -29,6 +31,8 @@ def dump(h: History, reader: Reader) -> dict:
                 "ordered_deliveries": {k: list(v) for k, v in h.ordered_deliveries.items()},
                 "skipped_ranges": [list(s) for s in h.skipped],
                 "rewritten": list(reader.rewritten), "went_back": list(reader.went_back),
+                "stuck": list(reader.stuck),
+                "member_jobs": {b: sorted(jobs, key=str) for b, jobs in reader.member_jobs.items()},
                 "queues": [[g, t, n] for (g, t), n in reader.queues.items()],
                 "mono_to_wall": time.time() - time.monotonic()}
 
@@ -50,4 +54,7 @@ def load(d: dict) -> tuple[History, Reader]:
         reader.skipped[(g, t)] = n
     reader.queues = {(g, t): n for g, t, n in d["queues"]}
     reader.rewritten, reader.went_back = list(d["rewritten"]), list(d["went_back"])
+    reader.stuck = list(d["stuck"])
+    for body, jobs in d["member_jobs"].items():
+        reader.member_jobs[body] = set(jobs)   # None (JSON null): read without its job's property
     return h, reader

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import subprocess
@@ -88,18 +89,62 @@ class Cluster:
             raise ClusterError("the API server does not answer; the tests run inside the cluster's network "
                                "(`testbed/cluster.sh exec .venv/bin/python -m pytest tests/e2e`):\n" + r.stderr)
 
+    # Reads go to the API server from this process, as kubectl's `get -o json` would answer them:
+    # the tests poll these every half second while they wait, and a kubectl process per poll cost
+    # about 0.15 CPU-s on a slow two-core host, beside the pods under test.
+    @functools.cached_property
+    def _api(self):
+        from kubernetes import config
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def _request(self, path: str, **query: str) -> dict | None:
+        """GET `path` as JSON; None when it is not found."""
+        args = self._api.param_serialize("GET", path, query_params=list(query.items()), auth_settings=["BearerToken"])
+        r = self._api.call_api(*args, _request_timeout=60)
+        body = r.read()
+        if r.status == 404:
+            return None
+        if r.status >= 300:
+            raise ClusterError(f"GET {path} answered {r.status}: {body[:2000]!r}")
+        return json.loads(body)
+
+    def _discover(self) -> dict[str, tuple[str, str, bool]]:
+        """kubectl's names for a resource (plural, singular, short names, Kind, lower-cased) ->
+        (group-version path, plural, namespaced), from the API server's discovery."""
+        names: dict[str, tuple[str, str, bool]] = {}
+        versions = ["/api/v1"] + [f"/apis/{g['preferredVersion']['groupVersion']}"
+                                  for g in self._request("/apis")["groups"]]
+        for base in reversed(versions):   # the core group's names win, as in kubectl
+            for r in (self._request(base) or {}).get("resources", []):
+                if "/" in r["name"]:      # a subresource (pods/log)
+                    continue
+                entry = (base, r["name"], r["namespaced"])
+                for alias in [r["name"], r.get("singularName") or "", r["kind"].lower(), *r.get("shortNames", [])]:
+                    if alias:
+                        names[alias] = entry
+        return names
+
+    def _resource(self, kind: str) -> tuple[str, str, bool]:
+        names = self.__dict__.get("_names") or {}
+        if kind.lower() not in names:   # not seen yet, or a CRD installed since
+            names = self.__dict__["_names"] = self._discover()
+        if kind.lower() not in names:
+            raise ClusterError(f"the API server serves no resource called {kind!r}")
+        return names[kind.lower()]
+
+    def _path(self, kind: str, namespace: str | None, name: str | None = None) -> str:
+        base, plural, namespaced = self._resource(kind)
+        scope = f"/namespaces/{namespace or 'default'}" if namespaced else ""   # kubectl's default too
+        return f"{base}{scope}/{plural}" + (f"/{name}" if name else "")
+
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
-        args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
-        r = self.kubectl(*args, check=False)
-        if r.returncode != 0:
-            if "NotFound" in r.stderr:
-                return None
-            raise ToolError(r.returncode, args, r.stdout, r.stderr)
-        return json.loads(r.stdout)
+        return self._request(self._path(kind, namespace, name))
 
     def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict]:
-        args = ["get", kind, "-n", namespace, "-o", "json"] + (["-l", selector] if selector else [])
-        return json.loads(self.kubectl(*args).stdout)["items"]
+        found = self._request(self._path(kind, namespace), **({"labelSelector": selector} if selector else {}))
+        if found is None:
+            raise ClusterError(f"no {kind} in namespace {namespace} (the namespace is gone?)")
+        return found["items"]
 
     def apply(self, manifest: dict | str, namespace: str | None = None) -> None:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)

@@ -97,8 +97,11 @@ def test_helm_upgrade_from_the_previous_release_under_load(crds, namespace, prev
         r = tb.helm("upgrade", release, CHART, "-n", namespace, "--reset-then-reuse-values")
         assert "STATUS: deployed" in r.stdout and "REVISION: 2" in r.stdout
         try:
-            txb = wait_until(lambda: running(tb, namespace, f"txbroker/broker:{VERSION}"), 600,
-                             f"every {NAME} pod on {VERSION}", interval=1)
+            # the status by this release's operator: the previous one, the leader until its Lease
+            # passes, may finish the roll itself on a slow node, and its status has no operatorVersion
+            txb = wait_until(lambda: (t := running(tb, namespace, f"txbroker/broker:{VERSION}"))
+                             and t["status"].get("operatorVersion") == VERSION and t, 600,
+                             f"every {NAME} pod on {VERSION}, in the status of the {VERSION} operator", interval=1)
         except TimeoutError:
             raise AssertionError(brokers_report(tb, namespace, NAME, REPLICAS)) from None
         before = len(acked)
