@@ -217,6 +217,8 @@ def _schedule(rnd: random.Random, d: Deployment, watcher: Watcher, seed: int, du
                      for p in pods},
         "watcher": {"looks": watcher.looks, "errors": watcher.errors, "promotions_seen": len(watcher.promotions)},
         "operations": checker.counts(h), "commits_acknowledged": len(h.commits),
+        # the coverage of `properties lost`, as chaos/schedule.py reports it
+        "members_read_with_their_job": sum(1 for jobs in reader.member_jobs.values() if None not in jobs),
         "failed_operations": len(h.failures), "unresolved_after_settling": unresolved,
         "anomalies": {k: len(v) for k, v in anomalies.items()},
         "anomaly_details": {k: v[:20] for k, v in anomalies.items()},

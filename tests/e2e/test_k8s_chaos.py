@@ -37,4 +37,6 @@ def test_a_fixed_seed_schedule_on_the_node_keeps_every_invariant(crds, tmp_path)
     # a deleted master's pod is back within the 3 s grace (no failover then) is the machine's timing
     assert r["operator"]["lease_transitions"] >= 1 and r["failovers"] >= 1, (r["operator"], r["failovers"])
     assert r["commits_acknowledged"] > 0 and r["group"]["consumed"] > 0, (r["operations"], r["group"])
+    # `properties lost` looked at something: job members read back, each with its job's shared property
+    assert r["members_read_with_their_job"] > 0, r["operations"]
     assert r["unresolved_after_settling"] == {"g0": 0, "g1": 0}
