@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from support import ast_guard
 from support.brokers import TXBROKER, BrokerProcess, free_port  # noqa: F401 - re-exported to the tests
 from support.cli import run_cli  # noqa: F401 - re-exported to the tests
 from support.credentials import write_credentials  # noqa: F401 - re-exported to the tests
 from support.metrics import metric  # noqa: F401 - re-exported to the tests
 
 REPO = Path(__file__).resolve().parent.parent
+
+ast_guard.install()   # a failing test's report must not become an INTERNALERROR (support/ast_guard.py)
 
 
 @pytest.fixture

@@ -143,6 +143,7 @@ def browser_context_factory(tmp_path):
             str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
             http_credentials={"username": user, "password": f"{user}-secret"} if user else None,
             viewport={"width": 1400, "height": 900})
+        ctx.set_default_timeout(60_000)   # a loaded two-core host: each page asks the brokers before it answers
         contexts.append(ctx)
         return ctx.pages[0] if ctx.pages else ctx.new_page()
 

@@ -24,9 +24,18 @@ import msgspec
 from txbroker.client.errors import BrokerUnavailable, ClientError
 from txbroker.client.security import as_credentials, as_tls, tls_error
 from txbroker.protocol import admin as answers
+from txbroker.protocol.bodies import typed_decoder
 from txbroker.store.backup import Manifest
 
 T = TypeVar("T")
+
+# one JSON decoder per answer type, made before any thread uses it (bodies.typed_decoder says why:
+# the console and the operator call this client from several threads at once)
+_json_decoders: dict = {}
+
+
+def _json_decoder(answer_type):
+    return _json_decoders.get(answer_type) or typed_decoder(_json_decoders, msgspec.json.Decoder, answer_type)
 
 
 class AdminError(ClientError):
@@ -67,7 +76,7 @@ class AdminClient:
         """The answer decoded as `answer_type` (a protocol/admin.py Struct, or a dict or list of them)."""
         raw, _ctype = self._exchange(method, path, body)
         try:
-            return msgspec.json.decode(raw, type=answer_type)
+            return _json_decoder(answer_type).decode(raw)
         except msgspec.ValidationError as e:
             raise AdminIncompatible(self.url, path, e) from None
 

@@ -6,6 +6,8 @@ default; that keeps old peers able to decode new frames.
 
 from __future__ import annotations
 
+import threading
+
 import msgspec
 from msgspec import Struct, field
 
@@ -422,12 +424,26 @@ _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
+_decoders_made = threading.Lock()   # one for every typed decoder of the process: Structs are shared
 
 
 def decoder(kind: type) -> msgspec.msgpack.Decoder:
     dec = _decoders.get(kind)
     if dec is None:
-        dec = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+        dec = typed_decoder(_decoders, msgspec.msgpack.Decoder, kind)
+    return dec
+
+
+def typed_decoder(cache: dict, make, kind):
+    """`make(kind)`, made once per kind in `cache`, one at a time in the process. msgspec (0.22)
+    fills in a Struct's type information on its first use and publishes it half-filled while it
+    does: a second thread decoding the same Struct then dereferences a null field type and the
+    process dies of SIGSEGV (the console, whose requests to the brokers run in threads, on a loaded
+    host). A decoder made here is complete before any thread decodes with it."""
+    with _decoders_made:
+        dec = cache.get(kind)
+        if dec is None:
+            dec = cache[kind] = make(kind)
     return dec
 
 
