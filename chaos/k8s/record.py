@@ -7,8 +7,8 @@ time, what the consumer groups took, what the reader found rewritten, gone back 
 property each member was read with, each group's queue counts). Every field of the reader that the
 checker reads goes through here: one left out reads as empty on the runner, and its check passes
 unseen (tests/unit/test_chaos_k8s_record.py). Times: `commits` and `failures` are the pod's
-monotonic clock, `mono_to_wall` turns them into wall time (the runner's events are on its own monotonic clock; both are on one machine's
-wall clock).
+monotonic clock, `mono_to_wall` turns them into wall time (the runner's events are on its own
+monotonic clock; both are on one machine's wall clock).
 """
 
 from __future__ import annotations

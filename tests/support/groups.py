@@ -10,6 +10,10 @@ import yaml
 
 from support.brokers import BrokerProcess
 from support.waiting import wait_until
+
+# How long a group gets to come up, load a route or bring a slave back in sync: the default 15 s
+# was too little for two groups starting beside Spark's tests on a loaded two-core host.
+SETTLE = 60.0
 from txbroker.client.admin import AdminClient
 
 FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-heartbeat-ms", "100",
@@ -63,7 +67,7 @@ class Cluster:
             for b in g.brokers:
                 if b.proc is not None and b.proc.poll() is None:
                     wait_until(lambda b=b: AdminClient(b.admin_url).get("/api/v1/cluster")["route"]["version"]
-                               == self.version, what=f"{b.address} to load route version {self.version}")
+                               == self.version, SETTLE, what=f"{b.address} to load route version {self.version}")
 
     def promote(self, g: Group, index: int, epoch: int) -> None:
         """Make broker `index` of `g` its master (as the operator does), the others its slaves."""
@@ -85,7 +89,7 @@ class Cluster:
         b.extra_args = [*args, "--role", "slave", "--master", g.master.address]
         b.start()
         wait_until(lambda: any(x["in_sync"] for x in AdminClient(g.master.admin_url).get(
-            "/api/v1/broker")["replication"]["slaves"]), what=f"{b.address} back in sync in group {g.name}")
+            "/api/v1/broker")["replication"]["slaves"]), SETTLE, what=f"{b.address} back in sync in group {g.name}")
 
     def add_group(self, tmp_path: Path, slaves: int = 1, flags=FLAGS) -> Group:
         """A new group (scale up): listed in a new route version, then started."""
@@ -101,7 +105,7 @@ class Cluster:
                             "--role", "slave", "--master", g.master.address, *flags]
             b.start()
         wait_until(lambda: sum(x["in_sync"] for x in AdminClient(g.master.admin_url).get(
-            "/api/v1/broker")["replication"]["slaves"]) == slaves, what=f"group {name}'s slaves in sync")
+            "/api/v1/broker")["replication"]["slaves"]) == slaves, SETTLE, what=f"group {name}'s slaves in sync")
         return g
 
     def remove_group(self, name: str) -> None:
@@ -110,7 +114,7 @@ class Cluster:
         for other in self.groups:
             if other.name != name:
                 wait_until(lambda o=other: not AdminClient(o.master.admin_url).get("/api/v1/drain")["waiting_on"]
-                           .get(name), what=f"{other.name}'s participants done with {name}")
+                           .get(name), SETTLE, what=f"{other.name}'s participants done with {name}")
         g = self.group(name)
         self.groups.remove(g)
         self.states.pop(name, None)
@@ -153,7 +157,7 @@ def start_cluster(tmp_path: Path, groups: int = 2, slaves: int = 1, flags=FLAGS)
             cluster.publish()
         for g in made:
             wait_until(lambda g=g: sum(x["in_sync"] for x in AdminClient(g.master.admin_url).get(
-                "/api/v1/broker")["replication"]["slaves"]) == slaves, what=f"group {g.name}'s slaves in sync")
+                "/api/v1/broker")["replication"]["slaves"]) == slaves, SETTLE, what=f"group {g.name}'s slaves in sync")
     except BaseException:
         cluster.stop()
         raise

@@ -1,6 +1,6 @@
 """Typed decoders used from many threads at once, each process's first use of every admin answer
-Struct, the answers that hold others first: the client's decoders (client/admin.py, protocol/bodies.py) are made whole before any
-thread decodes, so no process dies. msgspec 0.22 decoding a Struct's first use from several threads
+Struct, the answers that hold others first: the client's decoders (client/admin.py,
+protocol/bodies.py) are made whole before any thread decodes, so no process dies. msgspec 0.22 decoding a Struct's first use from several threads
 at once dies of SIGSEGV in about one process in three (the console's and the operator's crashes on
 a loaded host); ten fresh processes here all finish."""
 
