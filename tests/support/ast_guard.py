@@ -8,8 +8,7 @@ the nested parse leaves that depth where it ended: the outer parse then raises
 that is an INTERNALERROR, and under xdist the worker dies with the failure unseen (CI stop 42, the
 console's browser test, whose playwright and asyncio objects are collected with exceptions pending).
 
-No collection runs during a guarded parse, and a parse that still meets the mismatch is made again:
-each parse starts the depth afresh."""
+No collection runs during a guarded parse, so no finalizer can parse inside it."""
 
 from __future__ import annotations
 
@@ -17,23 +16,17 @@ import ast
 import functools
 import gc
 
-_MISMATCH = "AST constructor recursion depth mismatch"
-
 
 def guarded(parse):
     @functools.wraps(parse)
     def parse_without_collecting(*args, **kwargs):
-        for attempt in (1, 2):
-            enabled = gc.isenabled()
-            gc.disable()
-            try:
-                return parse(*args, **kwargs)
-            except SystemError as e:
-                if _MISMATCH not in str(e) or attempt == 2:
-                    raise
-            finally:
-                if enabled:
-                    gc.enable()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
 
     parse_without_collecting.__wrapped_parse__ = parse
     return parse_without_collecting

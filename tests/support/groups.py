@@ -10,11 +10,11 @@ import yaml
 
 from support.brokers import BrokerProcess
 from support.waiting import wait_until
+from txbroker.client.admin import AdminClient
 
 # How long a group gets to come up, load a route or bring a slave back in sync: the default 15 s
 # was too little for two groups starting beside Spark's tests on a loaded two-core host.
 SETTLE = 60.0
-from txbroker.client.admin import AdminClient
 
 FLAGS = ("--replication-mode", "SYNC", "--flush-disk-type", "SYNC", "--replication-heartbeat-ms", "100",
          "--replication-timeout-ms", "1000", "--check-interval-ms", "300", "--transaction-timeout-ms", "200",
