@@ -15,7 +15,9 @@ from txbroker.client import (
     TransactionProducer,
 )
 from txbroker.client.admin import AdminClient
-from txbroker.protocol.bodies import ErrorBody, HeartbeatRequest, PullRequest, ViewMessageRequest, decode, encode
+from txbroker.protocol.bodies import (
+    ErrorBody, HeartbeatRequest, PullRequest, SendRequest, SendResponse, ViewMessageRequest, decode, encode,
+)
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import FrameDecoder, encode_frame
 
@@ -175,6 +177,25 @@ def test_requests_beyond_max_inflight_wait_instead_of_failing(broker_factory):
     answers = [raw.answer() for _ in range(20)]
     assert sorted(f.opaque for f in answers) == list(range(1, 21))
     assert all(f.code == ResponseCode.SUCCESS for f in answers)
+
+
+def test_sends_beyond_max_inflight_are_answered_in_order_as_their_batches_are_written(broker_factory):
+    """Held until their batch is written (answered in the call that writes it), the requests past
+    the connection's limit are dispatched later, not lost and not answered twice."""
+    b = broker_factory("--max-inflight-per-connection", "2")
+    AdminClient(b.admin_url).post("/api/v1/topics", {"name": "Piped", "queues": 1})
+    raw = RawClient(b.address)
+    frames = b"".join(encode_frame(0, RequestCode.SEND_MESSAGE, i + 1,
+                                   encode(SendRequest("g", [Message("Piped", b"m%d" % i, queue_id=0)])))
+                      for i in range(60))
+    raw.sock.sendall(frames)  # one write: most of it waits in the connection's backlog
+    answers = [raw.answer() for _ in range(60)]
+    assert [f.opaque for f in answers] == list(range(1, 61))
+    assert all(f.code == ResponseCode.SUCCESS for f in answers), [decode(ErrorBody, f.body) for f in answers
+                                                                   if f.code != ResponseCode.SUCCESS]
+    assert [decode(SendResponse, f.body).queue_offsets for f in answers] == [[i] for i in range(60)]
+    c = connections(b)
+    assert any(x["requests_in_flight"] == 0 and not x["reading_paused"] for x in c), c
 
 
 def test_oversize_message_names_the_limit_and_is_counted(broker_factory):

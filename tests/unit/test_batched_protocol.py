@@ -101,3 +101,26 @@ def test_a_batch_past_the_high_water_mark_reports_when_it_has_left():
         assert p.flushed_full == 1 and p._out_bytes == 0
         assert [kind for kind, _ in t.calls] == ["writelines"]
     run(test)
+
+
+def test_a_writer_that_flushes_itself_hands_its_frames_over_at_once_in_one_write():
+    async def test(p, t):
+        assert p._write(b"a", flush=False) is True  # the first frame: the writer must flush
+        assert p._write(b"bb", flush=False) is False
+        assert t.calls == []
+        p.flush_now()
+        assert t.calls == [("writelines", [b"a", b"bb"])]
+        p.flush_now()  # nothing queued: nothing written
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert len(t.calls) == 1
+    run(test)
+
+
+def test_a_frame_queued_behind_a_scheduled_flush_leaves_with_that_flush():
+    async def test(p, t):
+        p._write(b"a")  # schedules the end-of-iteration flush
+        assert p._write(b"b", flush=False) is False  # already on its way: the writer need not flush
+        await asyncio.sleep(0)
+        assert t.calls == [("writelines", [b"a", b"b"])]
+    run(test)

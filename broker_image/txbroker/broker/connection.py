@@ -167,8 +167,9 @@ class BrokerConnection(BatchedProtocol):
 
     # ---- the dispatcher's side: answers, and requests in flight --------------------------------
 
-    def respond(self, frame: Frame, reply: Reply, started: float) -> None:
-        """Answer `frame` with `reply`; `started` (perf_counter, 0.0: not timed) gives its latency."""
+    def respond(self, frame: Frame, reply: Reply, started: float, flush: bool = True) -> bool:
+        """Answer `frame` with `reply`; `started` (perf_counter, 0.0: not timed) gives its latency.
+        `flush` False: the caller calls `flush_now` if this returns True (BatchedProtocol._write)."""
         if started:
             self._metrics.latency(REQUEST_NAMES.get(frame.code, "UNKNOWN")).observe(time.perf_counter() - started)
         if reply.code:
@@ -176,14 +177,15 @@ class BrokerConnection(BatchedProtocol):
         if frame.flags & FLAG_ONEWAY or self._closing:
             if reply.close:
                 self.close()
-            return
+            return False
         if reply.code == ResponseCode.SUCCESS:
             body = encode(reply.body) if reply.body is not None else b""
         else:
             body = encode(ErrorBody(reply.remark))
-        self._write(encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, body))
+        first = self._write(encode_frame(FLAG_RESPONSE, reply.code, frame.opaque, body), flush)
         if reply.close:
             self._linger()
+        return first
 
     def hold(self, size: int) -> None:
         """A request of `size` bytes waits (for a coroutine, or durability): it counts as in flight."""
@@ -192,14 +194,18 @@ class BrokerConnection(BatchedProtocol):
         if self._inflight >= self._max_inflight and not self._reading_paused:  # (only this can newly pause)
             self._update_reading()
 
-    def release(self, size: int) -> None:
-        """A request counted by `hold` finished: reading, and what waited, may go on."""
+    def release(self, size: int, resume_now: bool = True) -> None:
+        """A request counted by `hold` finished: reading, and what waited, may go on (with
+        `resume_now` False, what waited is dispatched in the next loop iteration)."""
         self._inflight -= 1
         self._held -= size
         if self._reading_paused:  # (a release never pauses reading, it may resume it)
             self._update_reading()
         if self._backlog:
-            self._resume_backlog()
+            if resume_now:
+                self._resume_backlog()
+            else:
+                self._loop.call_soon(self._resume_backlog)
 
     def _update_reading(self) -> None:
         should_pause = self._must_wait() or bool(self._backlog)

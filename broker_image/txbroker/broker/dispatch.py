@@ -25,6 +25,7 @@ from txbroker.broker.limits import busy
 from txbroker.broker.replies import Reply, RequestError
 from txbroker.protocol.codes import RequestCode, ResponseCode
 from txbroker.protocol.framing import FLAG_RESPONSE, Frame
+from txbroker.store.group_commit import DurableFuture
 
 if TYPE_CHECKING:
     from txbroker.broker.connection import BrokerConnection
@@ -134,6 +135,14 @@ class Dispatcher:
             if not durable.done():
                 budget.used += size
                 conn.hold(size)
+                if type(durable) is DurableFuture:  # (a batch's: answered as it is written)
+                    waiting = durable.waiting
+                    if waiting is None:
+                        durable.waiting = [(conn, frame, reply, started, size)]
+                        durable.on_resolved = self._answer_waiting
+                    else:
+                        waiting.append((conn, frame, reply, started, size))
+                    return
                 durable.add_done_callback(
                     lambda d, c=conn, f=frame, r=reply, s=started, n=size: self._durable_done(c, f, r, d, s, n))
                 return
@@ -148,6 +157,21 @@ class Dispatcher:
         self._budget.used -= size
         conn.release(size)
         conn.respond(frame, held_reply(reply, durable), started)
+
+    def _answer_waiting(self, durable: DurableFuture) -> None:
+        """The requests held on `durable`, answered as it resolves: their answers leave now, one
+        write per connection. Nothing waiting to be dispatched is started from here (the resolving
+        code may be looping over its own waiters): a backlog resumes in the next loop iteration."""
+        budget = self._budget
+        written = []
+        for conn, frame, reply, started, size in durable.waiting:
+            budget.used -= size
+            conn.release(size, resume_now=False)
+            if conn.respond(frame, held_reply(reply, durable), started, flush=False):
+                written.append(conn)
+        durable.waiting = None
+        for conn in written:
+            conn.flush_now()
 
     def _async_done(self, conn: BrokerConnection, frame: Frame, task: asyncio.Task, started: float,
                     size: int) -> None:

@@ -49,15 +49,25 @@ class BatchedProtocol(asyncio.Protocol):
         """Wait until the peer has taken what was written (or the connection is gone)."""
         await self._writable.wait()
 
-    def _write(self, data: bytes) -> None:
-        """Queue a frame; it leaves with the others of this loop iteration."""
+    def _write(self, data: bytes, flush: bool = True) -> bool:
+        """Queue a frame; it leaves with the others of this loop iteration. With `flush` False the
+        caller hands the frames over itself (`flush_now`) once it has queued what goes together:
+        then True says this frame started the batch, so the caller must."""
         out = self._out
         self._out_bytes += len(data)
         if out is None:
             self._out = [data]
+            if not flush:
+                return True
             self._loop.call_soon(self._flush_out)
         else:
             out.append(data)
+        return False
+
+    def flush_now(self) -> None:
+        """Hand what is queued to the transport now, not at the end of the loop iteration."""
+        if self._out is not None:
+            self._flush_out()
 
     def _flush_out(self) -> None:
         """Hand the batch to the transport (also called directly before a close, so that what was

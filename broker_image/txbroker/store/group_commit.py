@@ -13,6 +13,10 @@ A failed write is fatal: memory is ahead of disk, so the broker must stop and re
 
 Once written, a batch goes to `written(batch)` (the state machine): it decides when the batch is
 visible and when its requests are answered, which under SYNC replication waits for the slaves.
+
+A batch's future is a DurableFuture: the requests it holds are answered in the call that resolves
+it, so their answers leave in the loop iteration of the write, where a done-callback would answer
+one iteration later and its answer's write go one more after that.
 """
 
 from __future__ import annotations
@@ -27,10 +31,46 @@ from rocksdict import WriteBatch, WriteOptions
 log = logging.getLogger(__name__)
 
 
+class DurableFuture(asyncio.Future):
+    """A future that also calls `on_resolved(self)` inside set_result/set_exception/cancel, in the
+    resolving call rather than a loop iteration later (done-callbacks still run as usual).
+
+    `waiting` belongs to whoever set `on_resolved` (the dispatcher: the requests held until this
+    resolves). What `on_resolved` does must not start new work synchronously: it runs inside the
+    state's and the replication leader's loops (`answer`)."""
+
+    __slots__ = ("waiting", "on_resolved")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.waiting: list | None = None
+        self.on_resolved: Callable[[DurableFuture], None] | None = None
+
+    def set_result(self, result) -> None:
+        super().set_result(result)
+        if self.on_resolved is not None:
+            self._resolved()
+
+    def set_exception(self, exception) -> None:
+        super().set_exception(exception)
+        if self.on_resolved is not None:
+            self._resolved()
+
+    def cancel(self, msg=None) -> bool:
+        cancelled = super().cancel(msg)
+        if cancelled and self.on_resolved is not None:
+            self._resolved()
+        return cancelled
+
+    def _resolved(self) -> None:
+        fn, self.on_resolved = self.on_resolved, None
+        fn(self)
+
+
 class Batch:
     __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "hold")
 
-    def __init__(self, future: asyncio.Future) -> None:
+    def __init__(self, future: DurableFuture) -> None:
         self.wb = WriteBatch(raw_mode=True)
         self.future = future
         self.visible: dict[bytes, int] = {}  # queue prefix -> end offset made visible by this batch
@@ -68,7 +108,7 @@ class GroupCommit:
             loop = self._loop
             if loop is None:
                 loop = self._loop = asyncio.get_running_loop()
-            b = self._open = Batch(loop.create_future())
+            b = self._open = Batch(DurableFuture(loop))
             loop.call_soon(self._flush)
         return b
 
@@ -111,9 +151,7 @@ class GroupCommit:
         if error is not None:
             self._failed = error
             log.critical("%s; stopping the broker so it recovers from disk", what, exc_info=error)
-            if not b.future.done():
-                b.future.set_exception(error)
-            b.future.exception()  # mark retrieved
+            answer(b.future, error)
             self._on_fatal(error)
             return
         self._written_ok(b)

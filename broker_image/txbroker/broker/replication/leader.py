@@ -25,7 +25,7 @@ from txbroker.broker.replication.slave_record import SlaveRecord
 from txbroker.broker.replies import RequestError, error, ok
 from txbroker.protocol.bodies import ReplicaAck, ReplicaRecords, ReplicaSubscribe, ReplicaWelcome
 from txbroker.protocol.codes import RequestCode, ResponseCode
-from txbroker.store.group_commit import Batch, answer
+from txbroker.store.group_commit import Batch, DurableFuture, answer
 from txbroker.store.records import STORE_FORMAT_VERSION
 from txbroker import __version__
 
@@ -262,7 +262,7 @@ class ReplicationLeader:
         slaves have it, or fails as a new write would now."""
         if self.in_sync() < self.sync_replicas and time.monotonic() >= self._grace_until:
             raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark())
-        fut = asyncio.get_running_loop().create_future()
+        fut = DurableFuture(asyncio.get_running_loop())
         self._waits.append([fut, lsn, time.monotonic() + self.timeout])
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
