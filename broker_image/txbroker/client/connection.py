@@ -53,6 +53,15 @@ class ConnectionLost(Exception):
         return None
 
 
+class _NoAnswer(Exception):
+    """A request's answer did not come within its timeout (Connection.call turns it into RequestTimeout)."""
+
+
+def _no_answer(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(_NoAnswer())
+
+
 class Connection(BatchedProtocol):
     """One TCP connection, its own asyncio protocol. `call` pipelines: many requests may be in
     flight at once; those of one loop iteration leave in one write (BatchedProtocol)."""
@@ -133,14 +142,20 @@ class Connection(BatchedProtocol):
             why = f": {self.refusal[1]}" if self.refusal else ""
             raise ConnectionLost(f"connection to {self.address} is closed{why}", self.refusal)
         opaque = next(self._ids) & 0xFFFFFFFF or 1  # 0 is the broker's connection-level answer
-        fut = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        fut = loop.create_future()
         self._waiting[opaque] = fut
         self._write(encode_frame(0, code, opaque, body))
+        # The answer's future is awaited itself, with a timer that fails it: asyncio.wait_for would
+        # wake this task through a second future, one loop iteration after the answer came.
+        timer = loop.call_later(timeout, _no_answer, fut)
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+            return await fut
+        except _NoAnswer:
             self._waiting.pop(opaque, None)
             raise RequestTimeout(f"{RequestCode(code).name} to {self.address}: no answer within {timeout:.1f}s") from None
+        finally:
+            timer.cancel()
 
     def send_oneway(self, code: int, body: bytes) -> None:
         if self.is_open:
