@@ -120,3 +120,28 @@ def test_a_backup_on_a_full_disk_is_refused_naming_it(broker_factory, small_disk
     assert not (tmp_path / "backup" / "backup.json").exists()
     filler.unlink()
     assert not list((small_disk / "data" / ".snapshots").glob("backup-*")), "a half checkpoint was left"
+
+
+def test_a_master_whose_disk_fills_exits_even_when_stopping_would_write_its_slave_record(broker_factory, small_disk):
+    """Chaos seed 777 (ASYNC): the master's write failed on a full disk, and stopping it detached its
+    two in-sync slaves; the first one's leaving made the other hold everything, so the slave record
+    was saved, on the same full disk. That raised inside Broker.stop: the broker never exited, never
+    restarted, and answered 503 to the end. It must exit (70) and come back."""
+    flags = ("--replication-mode", "ASYNC", "--flush-disk-type", "ASYNC")
+    m = broker_factory(*flags, "--broker-name", "m", name="m")
+    m.stop()
+    m.data_dir = small_disk / "data"
+    m.start()
+    for n in ("s1", "s2"):
+        broker_factory("--role", "slave", "--master", m.address, "--broker-name", n, *flags, name=n)
+    wait_until(lambda: sum(x["in_sync"] for x in AdminClient(m.admin_url).get("/api/v1/broker")["replication"]["slaves"])
+               == 2, what="both slaves in sync", timeout=60)
+    body = b"x" * 60_000
+    with Producer("g", m.address, request_timeout=5) as p:
+        for i in range(2_000):
+            try:
+                p.send(Message("Fill", body + str(i).encode()))
+            except (BrokerError, BrokerUnavailable, RequestTimeout):
+                break
+    assert m.proc.wait(30) == EXIT_STORE_FAILED
+    assert "RocksDB write failed" in m.log()

@@ -75,7 +75,11 @@ class SlaveRecord:
             self.on_forget(n, name)
             log.info("slave %s forgotten: slave %s holds everything sent to it", n, name)
         if gone:
-            self._save(sync=False)  # (kept longer than needed is safe)
+            try:
+                self._save(sync=False)
+            except Exception as e:  # noqa: BLE001 - the stored record keeps those names: longer than needed is safe
+                log.warning("could not save the slave record without %s (it keeps listing them, which is safe): %s",
+                            ", ".join(gone), e)
 
     def forget(self, name: str) -> bool:
         """A slave gone for good: a probation no longer waits for it, whatever it held."""
