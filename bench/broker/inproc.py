@@ -93,7 +93,7 @@ class Client:
         return f
 
 
-async def run(connections: int, seconds: float, warmup: float) -> dict:
+async def run(connections: int, seconds: float, warmup: float, rounds: int = 0) -> dict:
     data = tempfile.mkdtemp(prefix="txbroker-inproc-")
     try:
         config = load_config(None, {"data_dir": data + "/data", "listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0",
@@ -114,7 +114,7 @@ async def run(connections: int, seconds: float, warmup: float) -> dict:
                 now = time.monotonic()
                 if cpu0 is None and now >= measuring_from:
                     cpu0, wall0, done = time.process_time(), now, 0
-                if now >= t_end:
+                if now >= t_end if not rounds else done >= rounds * len(clients) and cpu0 is not None:
                     break
                 txids = [uuid.uuid4().hex for _ in clients]
                 for c, txid in zip(clients, txids):
@@ -150,6 +150,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="a fixed number of measured rounds (a transaction per connection each) instead of --seconds: "
+                         "for instruction counts under valgrind --tool=callgrind, which do not vary with the host")
     ap.add_argument("--profile", default="", help="write a cProfile of the measured runs here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -165,7 +168,7 @@ def main(argv=None) -> int:
         prof.enable()
     for _ in range(args.repeat):
         with asyncio.Runner(loop_factory=factory) as runner:
-            r = runner.run(run(args.connections, args.seconds, args.warmup))
+            r = runner.run(run(args.connections, args.seconds, args.warmup, args.rounds))
         print(f"{r['connections']} connections: {r['tx_per_s']:,} tx/s, {r['cpu_us_per_tx']} us CPU per transaction "
               f"({r['transactions']:,} in {r['seconds']} s)", flush=True)
     if prof is not None:

@@ -16,7 +16,7 @@ def resolved_in_the_call(resolve) -> list[str]:
     events: list[str] = []
 
     async def go():
-        fut = DurableFuture(asyncio.get_running_loop())
+        fut = DurableFuture(loop=asyncio.get_running_loop())
         fut.waiting = ["request 1", "request 2"]
         fut.on_resolved = lambda f: events.append(f"answered {f.waiting} ({state(f)})")
         fut.add_done_callback(lambda f: events.append("done-callback"))
@@ -56,10 +56,10 @@ def test_a_cancelled_future_answers_them_too():
 
 def test_it_is_awaited_like_any_future():
     async def go():
-        fut = DurableFuture(asyncio.get_running_loop())
+        fut = DurableFuture(loop=asyncio.get_running_loop())
         asyncio.get_running_loop().call_soon(answer, fut)
         await fut
-        fut2 = DurableFuture(asyncio.get_running_loop())
+        fut2 = DurableFuture(loop=asyncio.get_running_loop())
         asyncio.get_running_loop().call_soon(answer, fut2, ValueError("refused"))
         with pytest.raises(ValueError, match="refused"):
             await fut2

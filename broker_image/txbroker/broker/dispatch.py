@@ -164,11 +164,15 @@ class Dispatcher:
         code may be looping over its own waiters): a backlog resumes in the next loop iteration."""
         budget = self._budget
         written = []
+        failed = durable.cancelled() or durable.exception() is not None  # (one outcome for them all)
         for conn, frame, reply, started, size in durable.waiting:
             budget.used -= size
-            conn.release(size, resume_now=False)
-            if conn.respond(frame, held_reply(reply, durable), started, flush=False):
-                written.append(conn)
+            try:
+                conn.release(size, resume_now=False)
+                if conn.respond(frame, held_reply(reply, durable) if failed else reply, started, flush=False):
+                    written.append(conn)
+            except Exception:  # noqa: BLE001 - one answer failing must not leave the others unanswered
+                log.exception("answering %s from %s failed", REQUEST_NAMES.get(frame.code, frame.code), conn.peer)
         durable.waiting = None
         for conn in written:
             conn.flush_now()

@@ -39,12 +39,9 @@ class DurableFuture(asyncio.Future):
     resolves). What `on_resolved` does must not start new work synchronously: it runs inside the
     state's and the replication leader's loops (`answer`)."""
 
-    __slots__ = ("waiting", "on_resolved")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self.waiting: list | None = None
-        self.on_resolved: Callable[[DurableFuture], None] | None = None
+    # Class-level defaults, no __init__ of its own: one is made per batch, by the C constructor alone.
+    waiting: list | None = None
+    on_resolved: Callable[[DurableFuture], None] | None = None
 
     def set_result(self, result) -> None:
         super().set_result(result)
@@ -108,7 +105,7 @@ class GroupCommit:
             loop = self._loop
             if loop is None:
                 loop = self._loop = asyncio.get_running_loop()
-            b = self._open = Batch(DurableFuture(loop))
+            b = self._open = Batch(DurableFuture(loop=loop))
             loop.call_soon(self._flush)
         return b
 

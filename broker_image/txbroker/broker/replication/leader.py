@@ -262,7 +262,7 @@ class ReplicationLeader:
         slaves have it, or fails as a new write would now."""
         if self.in_sync() < self.sync_replicas and time.monotonic() >= self._grace_until:
             raise RequestError(ResponseCode.SLAVE_NOT_AVAILABLE, self._no_slave_remark())
-        fut = DurableFuture(asyncio.get_running_loop())
+        fut = DurableFuture(loop=asyncio.get_running_loop())
         self._waits.append([fut, lsn, time.monotonic() + self.timeout])
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
