@@ -53,6 +53,9 @@ class ConnectionLost(Exception):
         return None
 
 
+_REQUEST_NAMES = {c.value: c.name for c in RequestCode}
+
+
 class _NoAnswer(Exception):
     """A request's answer did not come within its timeout (Connection.call turns it into RequestTimeout)."""
 
@@ -333,7 +336,7 @@ class BrokerClient:
         timeout = self.request_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         payload = encode(body)
-        name = RequestCode(code).name
+        name = _REQUEST_NAMES.get(code) or str(code)  # (the enum's lookup by value costs a call chain a request)
         watch = retry and self.require_master and len(self.addresses) > 1
         while True:
             conn = await self.connection(deadline)
