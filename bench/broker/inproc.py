@@ -110,11 +110,12 @@ async def run(connections: int, seconds: float, warmup: float, rounds: int = 0) 
             t_end = time.monotonic() + warmup + seconds
             measuring_from = time.monotonic() + warmup
             cpu0 = wall0 = None
+            measured = rounds * len(clients)
             while True:
                 now = time.monotonic()
                 if cpu0 is None and now >= measuring_from:
                     cpu0, wall0, done = time.process_time(), now, 0
-                if now >= t_end if not rounds else done >= rounds * len(clients) and cpu0 is not None:
+                if cpu0 is not None and (done >= measured if rounds else now >= t_end):
                     break
                 txids = [uuid.uuid4().hex for _ in clients]
                 for c, txid in zip(clients, txids):

@@ -64,3 +64,56 @@ def test_it_is_awaited_like_any_future():
         with pytest.raises(ValueError, match="refused"):
             await fut2
     asyncio.run(go())
+
+
+class Conn:
+    """What the dispatcher uses of a connection, recording its answers; `broken` fails on respond."""
+
+    def __init__(self, name: str, broken: bool = False):
+        self.peer, self.broken = name, broken
+        self.released, self.queued, self.written = 0, [], []
+
+    def hold(self, size):
+        pass
+
+    def release(self, size, resume_now=True):
+        assert resume_now is False  # nothing is dispatched inside the resolving call
+        self.released += size
+
+    def respond(self, frame, reply, started, flush=True):
+        if self.broken:
+            raise RuntimeError("encoder broke")
+        self.queued.append((frame.opaque, reply.code))
+        return len(self.queued) == 1
+
+    def flush_now(self):
+        self.written.append(list(self.queued))
+        self.queued.clear()
+
+
+def test_the_dispatcher_answers_a_batch_held_requests_once_each_and_one_failing_leaves_the_rest_answered(caplog):
+    from types import SimpleNamespace
+
+    from txbroker.broker.dispatch import Dispatcher
+    from txbroker.broker.replies import ok
+    from txbroker.protocol.codes import RequestCode, ResponseCode
+    from txbroker.protocol.framing import Frame
+
+    async def go():
+        budget = SimpleNamespace(used=0, limit=1 << 20)
+        handlers = {RequestCode.END_TRANSACTION: lambda conn, body: ok(None, durable)}
+        d = Dispatcher(SimpleNamespace(handlers=handlers, auth=None, unacked=budget, metrics=None,
+                                       role=SimpleNamespace(gate=None)))
+        durable = DurableFuture(loop=asyncio.get_running_loop())
+        a, broken, b = Conn("a"), Conn("broken", broken=True), Conn("b")
+        for i, conn in enumerate((a, broken, a, b), 1):
+            d.dispatch(conn, Frame(0, RequestCode.END_TRANSACTION, i, b"xx"))
+        assert budget.used == 8 and durable.waiting is not None
+        answer(durable)
+        assert budget.used == 0  # every request gave its bytes back, the broken one's too
+        assert a.written == [[(1, ResponseCode.SUCCESS), (3, ResponseCode.SUCCESS)]]  # one write, both answers
+        assert b.written == [[(4, ResponseCode.SUCCESS)]]
+        assert durable.waiting is None
+
+    asyncio.run(go())
+    assert "answering END_TRANSACTION from broken failed" in caplog.text

@@ -156,7 +156,7 @@ class Connection(BatchedProtocol):
             return await fut
         except _NoAnswer:
             self._waiting.pop(opaque, None)
-            raise RequestTimeout(f"{RequestCode(code).name} to {self.address}: no answer within {timeout:.1f}s") from None
+            raise RequestTimeout(f"{_REQUEST_NAMES.get(code) or code} to {self.address}: no answer within {timeout:.1f}s") from None
         finally:
             timer.cancel()
 
