@@ -93,14 +93,28 @@ class InClusterOperator:
         return [p for p in self.testbed.list("pods", OPERATOR_NAMESPACE, f"app.kubernetes.io/instance={self.release}")
                 if not p["metadata"].get("deletionTimestamp")]
 
-    def alive(self) -> bool:
-        """Not crash-looping: every container of its pod running (or about to)."""
+    def exited(self) -> str | None:
+        """None while every container of its pods runs (or is about to); otherwise why not: each
+        such container's state, its last termination (exit code, reason) and the end of the log of
+        the container that ended, which `kubectl logs` without --previous no longer shows."""
+        down = []
         for p in self.pods():
             for s in p.get("status", {}).get("containerStatuses", []):
-                waiting = (s.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") == "CrashLoopBackOff" or "terminated" in (s.get("state") or {}):
-                    return False
-        return True
+                state = s.get("state") or {}
+                if (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff" or "terminated" in state:
+                    down.append((p["metadata"]["name"], s))
+        if not down:
+            return None
+        out = []
+        for pod, s in down:
+            ended = (s.get("state") or {}).get("terminated") or (s.get("lastState") or {}).get("terminated") or {}
+            previous = "terminated" not in (s.get("state") or {})
+            log = self.testbed.kubectl("logs", pod, "-n", OPERATOR_NAMESPACE, *(["--previous"] if previous else []),
+                                       check=False).stdout
+            out.append(f"--- operator pod {pod}: restarts {s.get('restartCount')}, state {json.dumps(s.get('state'))}, "
+                       f"ended with exit code {ended.get('exitCode')} ({ended.get('reason')}) at "
+                       f"{ended.get('finishedAt')}; the end of that container's log:\n" + "\n".join(log.splitlines()[-40:]))
+        return "operator exited:\n" + "\n".join(out)
 
     def kill(self) -> None:
         """Gone at once, mid-work (no graceful shutdown), and not restarted until start()."""
@@ -120,7 +134,7 @@ def wait_broker(op, namespace: str, name: str, timeout: float = 120) -> dict:
     tb = op.testbed
 
     def running():
-        assert op.alive(), "operator exited:\n" + op.log.read_text()[-4000:]
+        assert not (down := op.exited()), down
         txb = tb.get("txb", name, namespace)
         return txb if (txb.get("status") or {}).get("phase") == "Running" else None
     try:

@@ -56,7 +56,7 @@ def two_groups(operator, name: str) -> None:
                       failover={"gracePeriodSeconds": 3}), ns)
 
     def running():
-        assert operator.alive(), "operator exited:\n" + operator.log.read_text()[-4000:]
+        assert not (down := operator.exited()), down
         t = tb.get("txb", name, ns)
         st = t.get("status") or {}
         return st.get("phase") == "Running" and st.get("masters") == f"g0={name}-0,g1={name}-g1-0"

@@ -49,9 +49,35 @@ def test_a_failed_write_answers_them_too():
         "before", "answered ['request 1', 'request 2'] (failed)", "after", "done-callback", "done: True"]
 
 
-def test_a_cancelled_future_answers_them_too():
-    assert resolved_in_the_call(lambda f: f.cancel()) == [
-        "before", "answered ['request 1', 'request 2'] (cancelled)", "after", "done-callback", "done: True"]
+def test_a_batch_cannot_be_cancelled_by_one_of_its_awaiters():
+    """A batch is shared by every request in it and by internal awaiters (a job ending its members,
+    an admin reply): cancelling one awaiter must not cancel the batch and answer the others as
+    failed though their write went through. The awaiter is cancelled once the batch resolves."""
+    events: list[str] = []
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        fut = DurableFuture(loop=loop)
+        fut.waiting = ["request 1"]
+        fut.on_resolved = lambda f: events.append(f"answered {f.waiting} ({state(f)})")
+        awaiter = loop.create_task(_await(fut))
+        await asyncio.sleep(0)                  # the awaiter is now waiting on the batch
+        assert fut.cancel() is False
+        awaiter.cancel()
+        await asyncio.sleep(0)
+        events.append(f"batch cancelled: {fut.cancelled()}, awaiter done: {awaiter.done()}")
+        answer(fut)                             # the write went through
+        with pytest.raises(asyncio.CancelledError):
+            await awaiter
+        events.append(f"awaiter cancelled: {awaiter.cancelled()}")
+
+    asyncio.run(go())
+    assert events == ["batch cancelled: False, awaiter done: False", "answered ['request 1'] (ok)",
+                      "awaiter cancelled: True"]
+
+
+async def _await(fut):
+    await fut
 
 
 def test_it_is_awaited_like_any_future():

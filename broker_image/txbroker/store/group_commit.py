@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class DurableFuture(asyncio.Future):
-    """A future that also calls `on_resolved(self)` inside set_result/set_exception/cancel, in the
-    resolving call rather than a loop iteration later (done-callbacks still run as usual).
+    """A future that also calls `on_resolved(self)` inside set_result/set_exception, in the resolving
+    call rather than a loop iteration later (done-callbacks still run as usual), and that cannot be
+    cancelled.
 
     `waiting` belongs to whoever set `on_resolved` (the dispatcher: the requests held until this
     resolves). What `on_resolved` does must not start new work synchronously: it runs inside the
@@ -54,10 +55,10 @@ class DurableFuture(asyncio.Future):
             self._resolved()
 
     def cancel(self, msg=None) -> bool:
-        cancelled = super().cancel(msg)
-        if cancelled and self.on_resolved is not None:
-            self._resolved()
-        return cancelled
+        """Refused: a batch is shared by its requests and by internal awaiters (a job ending its
+        members, an admin reply), so its outcome is the write's. A task awaiting it that is
+        cancelled raises CancelledError once the batch resolves; the others are answered as usual."""
+        return False
 
     def _resolved(self) -> None:
         fn, self.on_resolved = self.on_resolved, None
