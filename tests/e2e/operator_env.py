@@ -15,7 +15,7 @@ import re
 import uuid
 import urllib.request
 
-from cluster import BROKER_IMAGE, ROOT, VERSION, condition, ready
+from cluster import BROKER_IMAGE, DIR, ROOT, VERSION, condition, ready
 from support.waiting import wait_until
 
 from txbroker.client.admin import AdminClient
@@ -113,7 +113,8 @@ class InClusterOperator:
                                        check=False).stdout
             out.append(f"--- operator pod {pod}: restarts {s.get('restartCount')}, state {json.dumps(s.get('state'))}, "
                        f"ended with exit code {ended.get('exitCode')} ({ended.get('reason')}) at "
-                       f"{ended.get('finishedAt')}; the end of that container's log:\n" + "\n".join(log.splitlines()[-40:]))
+                       f"{ended.get('finishedAt')}; the end of that container's log:\n" + "\n".join(log.splitlines()[-40:])
+                       + "\nthe kubelet on it (probes, kills):\n" + "\n".join(_kubelet_lines(pod)[-10:]))
         return "operator exited:\n" + "\n".join(out)
 
     def kill(self) -> None:
@@ -128,6 +129,17 @@ class InClusterOperator:
 
     def uninstall(self) -> None:
         self.testbed.helm("uninstall", self.release, "-n", OPERATOR_NAMESPACE, check=False)
+
+
+def _kubelet_lines(pod: str) -> list[str]:
+    """The kubelet's log lines on `pod`'s probes, kills and exits (testbed/cluster.sh keeps the log
+    in DIR/logs)."""
+    said = re.compile(r"Probe failed|Killing|OOM|Back-off|exited|died|terminated", re.I)
+    try:
+        with open(DIR / "logs" / "kubelet.log", errors="replace") as f:
+            return [line.rstrip()[:400] for line in f if pod in line and said.search(line)]
+    except OSError as e:
+        return [f"(no kubelet log: {e})"]
 
 
 def wait_broker(op, namespace: str, name: str, timeout: float = 120) -> dict:
