@@ -231,6 +231,8 @@ class BrokerClient:
             return conn
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.ensure_future(self._connect(deadline))
+            # shared by every request waiting to connect; if they all gave up, its end is nobody's
+            self._connecting.add_done_callback(_seen)
         return await asyncio.shield(self._connecting)
 
     async def _connect(self, deadline: float) -> Connection:
@@ -462,6 +464,12 @@ class BrokerClient:
 
 class _NotMaster(Exception):
     pass
+
+
+def _seen(task: asyncio.Future) -> None:
+    """Mark a shared task's exception as retrieved: its awaiters, if any, still get it."""
+    if not task.cancelled():
+        task.exception()
 
 
 _NOT_MASTER = (ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH)
