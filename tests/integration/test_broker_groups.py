@@ -119,7 +119,11 @@ def test_a_transaction_spanning_groups_commits_everywhere_or_nowhere(cluster):
         assert unknown.local_state is S.UNKNOWN
         wait_until(lambda: visible(cluster) == {"a-commit": 1, "b-commit": 1, "a-unknown": 1, "b-unknown": 1},
                    what="the committed and checked-back transactions visible on both groups, the rolled back nowhere")
-        assert listener.checked == [unknown.transaction_id]  # the home asked, once; the participant never did
+        # the home asked about the undecided one; the participant never asked its producers anything (it
+        # follows its home). (On a loaded host the home may also ask about one whose END is late: fine.)
+        assert unknown.transaction_id in listener.checked
+        assert metric(cluster.group("g1").master, "txbroker_checkbacks_sent_total") == 0
+        assert metric(cluster.group("g0").master, "txbroker_checkbacks_sent_total") >= 1
         listener.state = S.COMMIT  # keys hashed over both groups' queues, as README shows it
         keyed = p.send_message_in_transaction([Message("Billing", f"bill-{i}".encode(), keys=f"customer-{i}")
                                                for i in range(8)], "order-42", selector=key_selector)
