@@ -10,6 +10,7 @@ request still unanswered then was not processed and may be sent again."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 import random
@@ -78,6 +79,12 @@ class Connection(BatchedProtocol):
         self._server_hostname = server_hostname
         self._decoder = FrameDecoder(MAX_FRAME)
         self._waiting: dict[int, asyncio.Future] = {}
+        # Requests' deadlines, (when, opaque, future), with one timer armed for the earliest: a
+        # timer per request cost asyncio a TimerHandle, its cancel and heap churn in Python (about a
+        # sixth of the client's instructions per transaction). Answered entries leave lazily.
+        self._deadlines: list[tuple[float, int, asyncio.Future]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._ids = itertools.count(1)
         self.refusal: tuple[int, str] | None = None  # what the broker said when it closed the connection
         self.answered = False  # any response arrived (the connection worked at least once)
@@ -138,6 +145,10 @@ class Connection(BatchedProtocol):
             if not fut.done():
                 fut.set_exception(err)
         self._waiting.clear()
+        self._deadlines.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def call(self, code: int, body: bytes, timeout: float) -> Frame:
         if not self.is_open:
@@ -149,16 +160,37 @@ class Connection(BatchedProtocol):
         fut = loop.create_future()
         self._waiting[opaque] = fut
         self._write(encode_frame(0, code, opaque, body))
-        # The answer's future is awaited itself, with a timer that fails it: asyncio.wait_for would
-        # wake this task through a second future, one loop iteration after the answer came.
-        timer = loop.call_later(timeout, _no_answer, fut)
+        # The answer's future is awaited itself, failed at its deadline (`_expire`): asyncio.wait_for
+        # would wake this task through a second future, one loop iteration after the answer came.
+        when = loop.time() + timeout
+        deadlines = self._deadlines
+        heapq.heappush(deadlines, (when, opaque, fut))
+        if self._timer is None or when < self._timer_at:
+            self._arm(when)
+        elif len(deadlines) > 64 + 4 * len(self._waiting):   # mostly answered ones: drop them
+            self._deadlines = [d for d in deadlines if not d[2].done()]
+            heapq.heapify(self._deadlines)
         try:
             return await fut
         except _NoAnswer:
             self._waiting.pop(opaque, None)
             raise RequestTimeout(f"{_REQUEST_NAMES.get(code) or code} to {self.address}: no answer within {timeout:.1f}s") from None
-        finally:
-            timer.cancel()
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._expire)
+        self._timer_at = when
+
+    def _expire(self) -> None:
+        """Fail every request past its deadline; re-arm for the next one still waiting."""
+        self._timer = None
+        deadlines = self._deadlines
+        now = self._loop.time()
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][2].done()):
+            _no_answer(heapq.heappop(deadlines)[2])
+        if deadlines:
+            self._arm(deadlines[0][0])
 
     def send_oneway(self, code: int, body: bytes) -> None:
         if self.is_open:
