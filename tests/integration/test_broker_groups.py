@@ -497,7 +497,7 @@ def test_a_group_says_which_groups_its_participants_wait_on(cluster):
 
     asyncio.run(main())
     assert AdminClient(g0.master.admin_url).get("/api/v1/drain")["waiting_on"] == {}
-    assert visible(cluster) == {"a-w": 1, "b-w": 1}
+    wait_until(lambda: visible(cluster) == {"a-w": 1, "b-w": 1}, what="the transaction visible on both groups")
 
 
 def test_clients_start_while_a_group_has_no_master_and_take_it_up_once_it_has(cluster):
