@@ -164,7 +164,7 @@ class Dispatcher:
         code may be looping over its own waiters): a backlog resumes in the next loop iteration."""
         budget = self._budget
         written = []
-        failed = durable.cancelled() or durable.exception() is not None  # (one outcome for them all)
+        failed = durable.exception() is not None  # (one outcome for them all; it cannot be cancelled)
         for conn, frame, reply, started, size in durable.waiting:
             budget.used -= size
             try:

@@ -84,7 +84,6 @@ class Connection(BatchedProtocol):
         # sixth of the client's instructions per transaction). Answered entries leave lazily.
         self._deadlines: list[tuple[float, int, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
         self._ids = itertools.count(1)
         self.refusal: tuple[int, str] | None = None  # what the broker said when it closed the connection
         self.answered = False  # any response arrived (the connection worked at least once)
@@ -165,7 +164,7 @@ class Connection(BatchedProtocol):
         when = loop.time() + timeout
         deadlines = self._deadlines
         heapq.heappush(deadlines, (when, opaque, fut))
-        if self._timer is None or when < self._timer_at:
+        if self._timer is None or when < self._timer.when():
             self._arm(when)
         elif len(deadlines) > 64 + 4 * len(self._waiting):   # mostly answered ones: drop them
             self._deadlines = [d for d in deadlines if not d[2].done()]
@@ -180,7 +179,6 @@ class Connection(BatchedProtocol):
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self._loop.call_at(when, self._expire)
-        self._timer_at = when
 
     def _expire(self) -> None:
         """Fail every request past its deadline; re-arm for the next one still waiting."""
