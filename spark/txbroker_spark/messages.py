@@ -9,6 +9,9 @@ import decimal
 import hashlib
 
 import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from txbroker.protocol.bodies import Message
 
@@ -50,36 +53,91 @@ _MIN_US = (_dt.datetime(1, 1, 1) - _EPOCH) // _dt.timedelta(microseconds=1)
 _MAX_US = (_dt.datetime(9999, 12, 31, 23, 59, 59, 999999) - _EPOCH) // _dt.timedelta(microseconds=1)
 
 
-def _timestamps_as_text(batch):
-    """`batch` with its top-level microsecond timestamp columns (naive or UTC) as the RFC 3339 text
-    msgspec writes for a datetime ("2026-01-01T00:00:00Z"; ".123000" only when the microseconds are
+def _timestamp_text(col, t):
+    """A microsecond timestamp column (naive or UTC) as the RFC 3339 text msgspec writes for a
+    datetime, without its quotes ("2026-01-01T00:00:00Z"; ".123000" only when the microseconds are
     not 0; no "Z" when naive), made by Arrow for the whole column: `to_pylist` otherwise makes a
-    Python datetime per value, most of what turning a row into a message cost (2.4 us a UTC value
-    against 0.17). A column with a value Python's datetime cannot hold (before year 1 or after 9999)
-    is left as it is, so it fails as before."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    Python datetime per value (2.4 us a UTC value against 0.17). None for any other column, and for
+    one with a value Python's datetime cannot hold (before year 1 or after 9999), so that it fails
+    as before."""
+    if not (pa.types.is_timestamp(t) and t.unit == "us" and (t.tz is None or t.tz in _UTC_ZONES)):
+        return None
+    bounds = pc.min_max(col.cast(pa.int64()))
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None or low < _MIN_US or high > _MAX_US:
+        return None  # all null (nothing to gain), or out of datetime's range
+    # Arrow writes a naive timestamp as "2026-01-01 00:00:00.000000" (a UTC one without its zone:
+    # the same wall clock), quickly; a zoned one it formats through the zone database, slowly.
+    naive = col.cast(pa.timestamp("us"))
+    seconds = naive.cast(pa.timestamp("s"), safe=False)
+    if pc.all(pc.equal(seconds.cast(pa.timestamp("us")), naive)).as_py():
+        text = seconds.cast(pa.string())  # whole seconds: no fraction to take off
+    else:
+        text = naive.cast(pa.string())
+        if pc.any(pc.ends_with(text, ".000000")).as_py():
+            text = pc.replace_substring_regex(text, r"\.000000$", "")
+    text = pc.binary_replace_slice(text, start=10, stop=11, replacement="T")  # the years are 4 digits
+    return text if t.tz is None else pc.binary_join_element_wise(text, "Z", "")
 
-    columns = None
-    for i, field in enumerate(batch.schema):
-        t = field.type
-        if not (pa.types.is_timestamp(t) and t.unit == "us" and (t.tz is None or t.tz in _UTC_ZONES)):
-            continue
-        col = batch.column(i)
-        bounds = pc.min_max(col.cast(pa.int64()))
-        low, high = bounds["min"].as_py(), bounds["max"].as_py()
-        if low is None or low < _MIN_US or high > _MAX_US:
-            continue  # all null (nothing to gain), or out of datetime's range
-        # Arrow writes a naive timestamp as "2026-01-01 00:00:00.000000" (a UTC one without its zone:
-        # the same wall clock), quickly; a zoned one it formats through the zone database, slowly.
-        text = col.cast(pa.timestamp("us")).cast(pa.string())
-        text = pc.replace_substring_regex(pc.replace_substring(text, " ", "T", max_replacements=1), r"\.000000$", "")
-        if t.tz is not None:
-            text = pc.binary_join_element_wise(text, "Z", "")
-        if columns is None:
-            columns = list(batch.columns)
-        columns[i] = text
-    return batch if columns is None else pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+def _plain(col) -> bool:
+    """No value of a string column holds what msgspec escapes (a quote, a backslash, a control
+    character); UTF-8 it writes as it is. Looks at the column's bytes, those of any slot included."""
+    data = col.buffers()[2]
+    if data is None:
+        return True
+    b = np.frombuffer(data, np.uint8)
+    return not ((b < 0x20) | (b == 0x22) | (b == 0x5C)).any()
+
+
+def _column_json(col) -> tuple["pa.Array", bool]:
+    """Each value of an Arrow column as the JSON text msgspec writes for it (a null: "null"), as a
+    binary array; and whether that text is a string's without its quotes (no nulls then: the caller
+    writes the quotes around every value). Integers, booleans, strings that need no escaping and
+    naive or UTC timestamps are formatted by Arrow for the whole column; any other column goes
+    through msgspec, a value at a time, which is what msgspec writes by definition."""
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return _or_null(col.cast(pa.string())), False
+    text = col if pa.types.is_string(t) and _plain(col) else _timestamp_text(col, t)
+    if text is None:
+        return pa.array(_json_bodies(col.to_pylist()), pa.binary()), False
+    if not text.null_count:
+        return text.cast(pa.binary()), True
+    return _or_null(pc.binary_join_element_wise('"', text, '"', "")), False
+
+
+def _or_null(text) -> "pa.Array":
+    return (text.fill_null("null") if text.null_count else text).cast(pa.binary())
+
+
+def _quoted(col) -> "pa.Array":
+    text, bare = _column_json(col)
+    return pc.binary_join_element_wise(b'"', text, b'"', b"") if bare else text
+
+
+# Above this a batch's JSON, in one Arrow binary array (32-bit offsets), could overflow it.
+_COLUMNAR_MAX_BYTES = 256 * 1024 * 1024
+
+
+def _json_rows(batch) -> list[bytes]:
+    """Each row of `batch` as the JSON object msgspec writes for its `to_pylist` dict, byte for byte,
+    built a column at a time: the keys written once, each column's values as JSON (`_column_json`),
+    joined by Arrow. A dict per row and the Python values in it were most of what turning a row
+    into a message cost. Rows with no columns, or with two of one name (a dict keeps the last), go
+    the dict way."""
+    names = batch.schema.names
+    if not names or len(set(names)) != len(names) or batch.nbytes > _COLUMNAR_MAX_BYTES:
+        return _json_bodies(batch.to_pylist())
+    parts: list = []
+    text = b"{"
+    for i, name in enumerate(names):
+        column, bare = _column_json(batch.column(i))
+        text += (b"," if i else b"") + _encoder.encode(name) + b":" + (b'"' if bare else b"")
+        parts += (text, column)
+        text = b'"' if bare else b""
+    parts.append(text + b"}")
+    return pc.binary_join_element_wise(*parts, b"").to_pylist()
 
 
 class MessageBuilder:
@@ -107,34 +165,36 @@ class MessageBuilder:
                              f"(row {row_number} of this task); the broker refuses empty bodies")
         return body
 
+    def _bodies(self, values: list, first_row: int) -> list[bytes]:
+        if self.o.body_format == "json":  # (never empty, null included: no row to name)
+            return _json_bodies(values)
+        body = self._body
+        return [body(v, first_row + i) for i, v in enumerate(values)]
+
     def from_arrow(self, batch, first_row: int = 0) -> list[Message]:
         o = self.o
-        n = batch.num_rows
         if o.body_column is None:
-            values = _timestamps_as_text(batch).to_pylist()
+            bodies = _json_rows(batch)
+        elif o.body_format == "json":
+            bodies = _quoted(batch.column(o.body_column)).to_pylist()
         else:
-            values = batch.column(o.body_column).to_pylist()
+            bodies = self._bodies(batch.column(o.body_column).to_pylist(), first_row)
         keys = batch.column(o.key_column).to_pylist() if o.key_column else None
         tags = batch.column(o.tags_column).to_pylist() if o.tags_column else None
-        return self._build(n, values, keys, tags, first_row)
+        return self._build(bodies, keys, tags)
 
     def from_rows(self, rows: list, first_row: int = 0) -> list[Message]:
         o = self.o
         if o.body_column is None:
-            values = [r.asDict(recursive=True) for r in rows]
+            bodies = _json_bodies([r.asDict(recursive=True) for r in rows])
         else:
-            values = [r[o.body_column] for r in rows]
+            bodies = self._bodies([r[o.body_column] for r in rows], first_row)
         keys = [r[o.key_column] for r in rows] if o.key_column else None
         tags = [r[o.tags_column] for r in rows] if o.tags_column else None
-        return self._build(len(rows), values, keys, tags, first_row)
+        return self._build(bodies, keys, tags)
 
-    def _build(self, n, values, keys, tags, first_row) -> list[Message]:
-        topic, const_tags = self.topic, self.o.tags
-        if self.o.body_format == "json":  # (never empty, null included: no row to name)
-            bodies = _json_bodies(values)
-        else:
-            body = self._body
-            bodies = [body(values[i], first_row + i) for i in range(n)]
+    def _build(self, bodies: list[bytes], keys, tags) -> list[Message]:
+        topic, const_tags, n = self.topic, self.o.tags, len(bodies)
         if keys is None:
             keys = [""] * n
         else:

@@ -40,6 +40,7 @@ def _refusal(e: BrokerError, o: WriteOptions, group: str = "") -> Exception:
 # transaction by runs of one queue (store/derived/messages.py `index`): keyed rows hashed over the
 # queues made a run of about one message each, so ending a member wrote an entry per message.
 _QUEUE = attrgetter("queue_id")
+_BODY = attrgetter("body")
 
 
 class TaskPublisher:
@@ -65,6 +66,21 @@ class TaskPublisher:
         self.chunks = 0
 
     def add(self, msgs: list[Message]) -> None:
+        limit_rows, limit_bytes = self.o.batch_size, self.o.max_batch_bytes
+        i, n = 0, len(msgs)
+        while i < n:  # up to a transaction's room at a time: one sum, not a step per message
+            chunk = msgs[i:i + limit_rows - len(self._pending)]
+            i += len(chunk)
+            size = sum(map(len, map(_BODY, chunk)))
+            if self._pending_bytes + size > limit_bytes:
+                self._add_each(chunk)  # it ends a transaction by bytes somewhere in the chunk
+                continue
+            self._pending += chunk
+            self._pending_bytes += size
+            if len(self._pending) >= limit_rows:
+                self._flush()
+
+    def _add_each(self, msgs: list[Message]) -> None:
         limit_rows, limit_bytes = self.o.batch_size, self.o.max_batch_bytes
         pending = self._pending
         for m in msgs:
