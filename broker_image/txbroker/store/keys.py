@@ -91,6 +91,7 @@ def key_index_prefix(topic: str, key: str) -> bytes:
 
 
 _U32 = struct.Struct(">I").pack
+_INDEXES = [_U32(i) for i in range(1024)]  # a message's index in its record, packed once (most records are smaller)
 
 
 def key_entries(lsn: int, runs, texts: list[str]) -> list[tuple[bytes, int]]:
@@ -99,21 +100,22 @@ def key_entries(lsn: int, runs, texts: list[str]) -> list[tuple[bytes, int]]:
     commit of keyed messages pays this per message: the topic's part and the LSN are encoded once.)"""
     out = []
     append = out.append
-    lsn_part = _U64.pack(lsn)
+    lsn_part = b"\x00" + _U64.pack(lsn)
     start = 0
     for topic, _queue, n in runs:
         head = topic.encode() + b"\x00"
-        for i in range(start, start + n):
+        end = start + n
+        for i in range(start, end):
             text = texts[i]
             if not text:
                 continue
-            tail = b"\x00" + lsn_part + _U32(i)
+            tail = lsn_part + (_INDEXES[i] if i < 1024 else _U32(i))
             if " " in text:
                 for key in text.split():
                     append((head + key.encode() + tail, i))
             else:
                 append((head + text.encode() + tail, i))
-        start += n
+        start = end
     return out
 
 
