@@ -124,6 +124,7 @@ def _drain_diagnosis(g) -> list[str]:
         drain = admin.get("/api/v1/drain")
         out.append(f"drain: {json.dumps(drain)}")
         out.append(f"consumer groups: {json.dumps(admin.get('/api/v1/groups'))[:3000]}")
+        out.append(f"transactions held: {json.dumps(admin.get('/api/v1/transactions?state=all&limit=20'))[:3000]}")
         for topic in drain.get("topics", {}):
             if not topic.startswith("("):
                 out.append(f"topic {topic}: {json.dumps(admin.get('/api/v1/topics/' + quote(topic, safe='')))[:2000]}")
@@ -131,6 +132,23 @@ def _drain_diagnosis(g) -> list[str]:
     except Exception as e:  # noqa: BLE001 - a diagnosis, best effort
         out.append(f"(diagnosis failed: {e})")
     return out
+
+
+def _parked_homes(g) -> set[str] | None:
+    """The homes of the participants a stuck drain waits on, when all it holds is participants
+    parked because their home no longer knew their transaction: an operator decides those
+    (`txbroker tx list --state parked`), and the drain waits for that. None when it holds anything
+    else, or cannot be asked."""
+    try:
+        admin = AdminClient(f"http://{g.master.ip}:10912", timeout=3)
+        drain = admin.get("/api/v1/drain")
+        held = admin.get("/api/v1/transactions?state=all")["transactions"]
+    except Exception:  # noqa: BLE001 - then nothing is excused
+        return None
+    if (drain["undelivered"] or drain["undecided_jobs"] or drain["unreleased_jobs"] or drain["unreleased_decisions"]
+            or not held or any(t["state"] != "PARKED" or not t["home"] for t in held)):
+        return None
+    return {t["home"] for t in held}
 
 
 async def _offsets_and_reads(g, topics: list[str]) -> list[str]:
@@ -381,16 +399,19 @@ def _truncations(cluster: Cluster) -> dict[str, int]:
 
 
 def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster: Cluster,
-                                h: workload.History) -> dict[str, list[str]]:
+                                h: workload.History, drain_parked_homes: set[str] | None = None
+                                ) -> dict[str, list[str]]:
     """What an ASYNC failover or a whole group's power loss took away, the groups may have consumed
     (phantoms), committed offsets past (regressions) or skipped; a spanning transaction or job may
     have lost its part on that group (torn), a participant whose home lost its transaction is parked
     for an operator (unresolved), and a poison message whose retry was lost never reaches the dead
     letters; a job's decision acknowledged and lost on its home comes back otherwise (decision
     changed), and an orderly consumer past a rewritten position meets a retried send late (order
-    broken). Those are consequences of the loss, counted with it (removed from `anomalies`), on the
-    group that lost something (an unresolved participant also where its home lost it); without a
-    loss they stay anomalies, and so does every one of them on a group that lost nothing."""
+    broken). A draining group that holds only participants parked that way (`drain_parked_homes`:
+    their homes) waits for an operator's decision on them, and stays draining. Those are
+    consequences of the loss, counted with it (removed from `anomalies`), on the group that lost
+    something (an unresolved participant and a drain waiting on one also where its home lost it);
+    without a loss they stay anomalies, and so does every one of them on a group that lost nothing."""
     lossy = set().union(*(_groups_named(d) for d in lost_async)) if lost_async else set()
     lossy |= {g.name for g in cluster.groups.values()
               if any("may lack" in f.get("message", "") for f in g.status.get("failovers") or [])}
@@ -423,6 +444,8 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     for kind in ("group lost", "group phantom", "offset regressed", "ordered lost", "rewritten", "went back"):
         on_lossy_group(kind, groups_of)
     on_lossy_group("unresolved", groups_of, lossy | homes_lost)
+    if drain_parked_homes and drain_parked_homes <= lossy and "drain stuck" in anomalies:
+        after["drain stuck"] = anomalies.pop("drain stuck")
     on_lossy_group("torn", _groups_named)
     # "key k0: first delivered 188 before 187 ...": a cut rewrote a position the orderly consumer had
     # consumed and committed past, so a send retried through the cut came after later ones (seed 708)
@@ -494,10 +517,12 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     unverified = anomalies.pop("unverified", [])
     skipped = anomalies.pop("skipped by retention", [])
     g = nemesis.draining
+    drain_parked_homes = None
     if g is not None and g.state == "draining":
         last = next((e["why"] for e in reversed(g.events) if e["what"] == "asked"), "never asked")
         anomalies.setdefault("drain stuck", []).extend([f"{g.name} still draining after settling: {last}",
                                                         *_drain_diagnosis(g)])
+        drain_parked_homes = _parked_homes(g)
     for name, why in sorted(replicas_behind.items()):
         anomalies.setdefault("replica not re-synced", []).append(
             f"{name}: {REPLICAS_BACK_S} s after settling, {why}")
@@ -506,7 +531,8 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     lost_async = _losses_allowed(mode, anomalies, nemesis.events)
     # under ASYNC a slave in sync holds its master's writes up to its last heartbeat (docs/backup.md)
     restored_lost_async = anomalies.pop("restored lost", []) if mode == "ASYNC" else []
-    after_loss = _consequences_of_async_loss(anomalies, lost_async, cluster, h) if mode != "SYNC" else {}
+    after_loss = (_consequences_of_async_loss(anomalies, lost_async, cluster, h, drain_parked_homes)
+                  if mode != "SYNC" else {})
     events = nemesis.events
     to_monotonic = time.monotonic() - time.time()
     if anomalies or lost_async:  # the whole history beside the report, for the operations around each anomaly

@@ -168,3 +168,20 @@ def test_an_order_broken_where_a_cut_rewrote_a_consumed_position_is_counted_with
         cluster({"g0": [], "g1": []}), h)
     assert after == {"order broken": ["key k0: first delivered 188 before 187 ... (11 pairs)"]}
     assert a == {"order broken": ["key k9: first delivered 6 before 5"]}
+
+
+def test_a_drain_waiting_on_participants_parked_for_a_home_that_lost_them_waits_for_an_operator():
+    """Seed 781 (ASYNC): g1's power cut lost three spanning transactions; their participants on g0
+    were parked (an operator decides them), and g0, draining, holds them: it stays draining, as
+    designed. Counted with g1's loss; the same drain waiting on a home that lost nothing, or on
+    anything but such participants (`drain_parked_homes` None), stays an anomaly."""
+    stuck = ["g0 still draining after settling: g0 is draining and holds 3 pending transaction(s): ..."]
+    lost = ["t1-367 (tx on g1): acknowledged COMMIT, 2 of 2 messages never read"]
+    a = {"drain stuck": list(stuck)}
+    assert _consequences_of_async_loss(a, lost, cluster({"g0": [], "g1": []}), history(), {"g1"}) == {
+        "drain stuck": stuck}
+    assert a == {}
+    for homes in ({"g2"}, {"g1", "g2"}, None, set()):
+        a = {"drain stuck": list(stuck)}
+        assert _consequences_of_async_loss(a, lost, cluster({"g0": [], "g1": [], "g2": []}), history(), homes) == {}
+        assert a == {"drain stuck": stuck}
