@@ -57,6 +57,11 @@ class ConnectionLost(Exception):
 _REQUEST_NAMES = {c.value: c.name for c in RequestCode}
 
 
+def _request_name(code: int) -> str:
+    """A request code's name, for errors and logs (a dict, not the enum's lookup by value)."""
+    return _REQUEST_NAMES.get(code) or str(code)
+
+
 class _NoAnswer(Exception):
     """A request's answer did not come within its timeout (Connection.call turns it into RequestTimeout)."""
 
@@ -173,7 +178,7 @@ class Connection(BatchedProtocol):
             return await fut
         except _NoAnswer:
             self._waiting.pop(opaque, None)
-            raise RequestTimeout(f"{_REQUEST_NAMES.get(code) or code} to {self.address}: no answer within {timeout:.1f}s") from None
+            raise RequestTimeout(f"{_request_name(code)} to {self.address}: no answer within {timeout:.1f}s") from None
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
@@ -368,16 +373,18 @@ class BrokerClient:
         timeout = self.request_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         payload = encode(body)
-        name = _REQUEST_NAMES.get(code) or str(code)  # (the enum's lookup by value costs a call chain a request)
         watch = retry and self.require_master and len(self.addresses) > 1
         while True:
-            conn = await self.connection(deadline)
+            conn = self._conn  # (connected: no coroutine of `connection` to make and await per request)
+            if conn is None or not conn.is_open:
+                conn = await self.connection(deadline)
             try:
                 call = conn.call(code, payload, max(deadline - time.monotonic(), 0.01))
                 frame = await (self._answer_or_newer_master(conn, call) if watch else call)
                 if frame is None:  # moved to a newer master: send it there
                     continue
             except ConnectionLost as e:
+                name = _request_name(code)
                 fatal = e.fatal(conn.address, name)
                 if fatal is not None:
                     raise fatal from None
@@ -387,7 +394,7 @@ class BrokerClient:
                 continue
             if frame.code == ResponseCode.SUCCESS:
                 break
-            remark = _remark(frame)
+            remark, name = _remark(frame), _request_name(code)
             if (retry and self.require_master and frame.code in _NOT_MASTER and time.monotonic() < deadline
                     and (not await self._still_master(conn) or await self._move_to_newer_master(conn, now=True))):
                 log.debug("%s: %s is not the master (%s)", name, conn.address, remark)

@@ -26,7 +26,7 @@ import enum
 import inspect
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -168,23 +168,28 @@ class TransactionSession:
             m.transaction_id = txid
         return Prepared(r.transaction_id or txid, r.commit_log_offset, r.msg_ids, r.duplicate, r)
 
-    async def _send(self, req: SendRequest) -> SendResponse:
+    def _send(self, req: SendRequest) -> Awaitable[SendResponse]:
+        """The half send's request (an awaitable: no coroutine of its own in the common case)."""
+        if req.properties:
+            return self._send_shared(req)
+        return self.client.request(RequestCode.SEND_MESSAGE, req, SendResponse, retry=True)
+
+    async def _send_shared(self, req: SendRequest) -> SendResponse:
         """SEND_MESSAGE_SHARED when properties are shared; a broker that predates it refuses the code
         (never stores the messages without them), and this session then sends each message with its
         own copy as SEND_MESSAGE."""
-        if req.properties:
-            if not self._shared_refused:
-                try:
-                    return await self.client.request(RequestCode.SEND_MESSAGE_SHARED, req, SendResponse, retry=True)
-                except BrokerError as e:
-                    if e.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
-                        raise
-                    log.info("%s does not take shared properties (an older broker): sending them with each "
-                             "message", e.broker)
-                    self._shared_refused = True
-            copies = [msgspec.structs.replace(m) for m in req.messages]  # the caller's stay as they are
-            share_properties(copies, req.properties)
-            req = msgspec.structs.replace(req, properties={}, messages=copies)
+        if not self._shared_refused:
+            try:
+                return await self.client.request(RequestCode.SEND_MESSAGE_SHARED, req, SendResponse, retry=True)
+            except BrokerError as e:
+                if e.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                    raise
+                log.info("%s does not take shared properties (an older broker): sending them with each "
+                         "message", e.broker)
+                self._shared_refused = True
+        copies = [msgspec.structs.replace(m) for m in req.messages]  # the caller's stay as they are
+        share_properties(copies, req.properties)
+        req = msgspec.structs.replace(req, properties={}, messages=copies)
         return await self.client.request(RequestCode.SEND_MESSAGE, req, SendResponse, retry=True)
 
     async def end(self, txn: Prepared | str, state: LocalTransactionState, commit_log_offset: int | None = None,
@@ -198,7 +203,12 @@ class TransactionSession:
             txid, offset = txn, 0
         if commit_log_offset is not None:
             offset = commit_log_offset
-        return await self.client.request(
+        return await self._end(txid, state, offset, from_check)
+
+    def _end(self, txid: str, state: LocalTransactionState, offset: int,
+             from_check: bool = False) -> Awaitable[EndTransactionResponse]:
+        """END_TRANSACTION's request (an awaitable: `finish` awaits it without a coroutine of `end`'s)."""
+        return self.client.request(
             RequestCode.END_TRANSACTION, EndTransactionRequest(self.group, txid, state.value, offset, from_check),
             EndTransactionResponse, retry=True)
 
@@ -250,7 +260,7 @@ class TransactionSession:
 
     async def _end_into(self, result: TransactionSendResult, prepared: Prepared, state: LocalTransactionState) -> None:
         try:
-            r = await self.end(prepared, state)
+            r = await self._end(prepared.transaction_id, state, prepared.commit_log_offset)
             result.queue_offsets = r.queue_offsets
         except ClientError as e:
             _warnings.warning("END_TRANSACTION not delivered",
