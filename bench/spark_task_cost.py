@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Where a Spark write's time goes outside the broker: the task's own Python per row, and what Spark
-costs before any of ours runs.
+"""Where a Spark write's time goes: the task's own Python per row, what Spark costs before any of
+ours runs, and each process's share of a whole write.
 
     .venv/bin/python bench/spark_task_cost.py task [--rows 500000] [--profile]
     .venv/bin/python bench/spark_task_cost.py floor [--repeat 3]
+    .venv/bin/python bench/spark_task_cost.py split [--repeat 3]
 
 `task`: one task attempt's Python path alone (txbroker_spark's DataWriter.write_arrow: Arrow batches
 to messages, placed by key, into 1,000-row transactions joining a broker job, sent by the client on
@@ -15,6 +16,11 @@ with --profile the task thread's cProfile (the loop thread is not in it).
 `floor`: bench/spark_bench.py's 1M-row frame written from local[2] to a Python data source whose
 writer only counts the Arrow rows it is given, beside the same frame to Parquet: what Spark takes to
 make the rows and hand them to Python, which no change of ours makes shorter.
+
+`split`: bench/spark_bench.py's 1M-row write to a local broker (ASYNC flush), with each process's
+CPU over the write (its half messages and the job's decision; not the wait until the members are
+visible): Spark's JVM, its Python workers (ours and PySpark's reading of the Arrow stream), the
+broker.
 """
 
 from __future__ import annotations
@@ -165,6 +171,54 @@ def floor(args) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _process_cpu() -> dict[str, float]:
+    """CPU seconds so far of this machine's Spark JVMs, PySpark workers and txbroker brokers, by kind."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        line = b" ".join(cmd)
+        if cmd[0].endswith(b"java"):
+            kind = "Spark JVM"
+        elif b"pyspark" in line and (b"daemon" in line or b"worker" in line):
+            kind = "Python workers"
+        elif b"broker" in cmd[1:3] and any(c.endswith(b"txbroker") for c in cmd[:2]):
+            kind = "broker"
+        else:
+            continue
+        out[kind] = out.get(kind, 0.0) + (int(stat[11]) + int(stat[12])) / tick
+    return out
+
+
+def split(args) -> None:
+    from spark_bench import Broker, frame, publish
+    from txbroker_spark import local_session
+
+    os.environ.setdefault("TXBROKER_SPARK_LOG", "WARNING")
+    workdir = Path(tempfile.mkdtemp(prefix="txbroker-spark-split-"))
+    spark = local_session("txbroker-spark-split", "local[2]", conf={"spark.driver.memory": "2g"}, log_level="ERROR")
+    broker = Broker(workdir, "ASYNC")
+    try:
+        df = frame(spark, 1_000_000, 4)
+        publish(frame(spark, 20_000, 4), broker, "Warmup", 1000)
+        for run in range(1, args.repeat + 1):
+            before, t0 = _process_cpu(), time.perf_counter()
+            publish(df, broker, f"Split{run}", 1000)
+            wall, after = time.perf_counter() - t0, _process_cpu()
+            cpu = {k: v - before.get(k, 0.0) for k, v in after.items()}
+            print(f"[split] run {run}: the write {wall:.2f} s; CPU " + ", ".join(
+                f"{k} {v:.2f} s" for k, v in sorted(cpu.items())) + f"; all {sum(cpu.values()):.2f} s of "
+                f"{os.cpu_count() * wall:.2f} on {os.cpu_count()} cores", flush=True)
+    finally:
+        broker.stop()
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,8 +228,10 @@ def main() -> int:
     t.add_argument("--profile", action="store_true", help="and the task thread's cProfile")
     f = sub.add_parser("floor", help="Spark handing the bench's rows to a Python writer that counts them")
     f.add_argument("--repeat", type=int, default=3)
+    s = sub.add_parser("split", help="a 1M-row write to a local broker: each process's CPU over it")
+    s.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    task(args) if args.what == "task" else floor(args)
+    {"task": task, "floor": floor, "split": split}[args.what](args)
     return 0
 
 

@@ -133,8 +133,9 @@ def decide_removal(group: str, report: DrainReport | None, unknown_why: str, dra
             jobs += (f" and {report.unreleased_decisions} decided spanning transaction(s) whose participants "
                      f"have not all ended yet")
         return Wait("PendingTransactions", f"{group} is draining and holds {report.pending_transactions} pending "
-                                           f"transaction(s){jobs}: they must be committed, rolled back or parked "
-                                           f"first{hint}")
+                                           f"transaction(s){jobs}: they must end first (check-back decides a "
+                                           f"pending one; a parked one waits for an operator: `txbroker tx list "
+                                           f"--state parked`, then commit or rollback){hint}")
     if waiting is None:
         return Wait("DrainUnknown", f"{group} is drained, but whether transactions on other groups still wait on "
                                     f"its decision cannot be asked ({waiting_why}); it is kept{hint}")

@@ -131,6 +131,7 @@ def test_a_draining_group_goes_only_when_drained_at_a_route_that_drains_it():
     assert "12 undelivered message(s) (Orders: 9, Billing: 3)" in held.message and c.ANNOTATION_FORCE_SCALE_DOWN in held.message
     pending = scaling.decide_removal("g1", DrainReport(0, 2, False, 5), "", 5, False)
     assert isinstance(pending, Wait) and pending.reason == "PendingTransactions" and "2 pending" in pending.message
+    assert "a parked one waits for an operator: `txbroker tx list --state parked`" in pending.message  # what to do
     jobs = scaling.decide_removal("g1", DrainReport(0, 0, False, 5, undecided_jobs=1), "", 5, False)
     assert isinstance(jobs, Wait) and "0 pending transaction(s) and 1 undecided job(s)" in jobs.message, jobs
     unknown = scaling.decide_removal("g1", None, "its master g1-0 has no pod", 5, False)
