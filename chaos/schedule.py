@@ -134,21 +134,23 @@ def _drain_diagnosis(g) -> list[str]:
     return out
 
 
-def _parked_homes(g) -> set[str] | None:
-    """The homes of the participants a stuck drain waits on, when all it holds is participants
-    parked because their home no longer knew their transaction: an operator decides those
-    (`txbroker tx list --state parked`), and the drain waits for that. None when it holds anything
-    else, or cannot be asked."""
+def _parked_participants(g) -> dict[str, str] | None:
+    """The participants a stuck drain waits on, by transaction id, with their homes, when all it
+    holds is participants parked because their home no longer knew their transaction: an operator
+    decides those (`txbroker tx list --state parked`), and the drain waits for that. None when it
+    holds anything else, is not draining, or cannot be asked."""
     try:
         admin = AdminClient(f"http://{g.master.ip}:10912", timeout=3)
         drain = admin.get("/api/v1/drain")
-        held = admin.get("/api/v1/transactions?state=all")["transactions"]
+        held = admin.get("/api/v1/transactions?state=all&limit=100000")
     except Exception:  # noqa: BLE001 - then nothing is excused
         return None
-    if (drain["undelivered"] or drain["undecided_jobs"] or drain["unreleased_jobs"] or drain["unreleased_decisions"]
-            or not held or any(t["state"] != "PARKED" or not t["home"] for t in held)):
+    txs = held["transactions"]
+    if (not drain["draining"] or drain["undelivered"] or drain["undecided_jobs"] or drain["unreleased_jobs"]
+            or drain["unreleased_decisions"] or not txs or held["total"] != len(txs)
+            or any(t["state"] != "PARKED" or not t["home"] for t in txs)):
         return None
-    return {t["home"] for t in held}
+    return {t["transaction_id"]: t["home"] for t in txs}
 
 
 async def _offsets_and_reads(g, topics: list[str]) -> list[str]:
@@ -399,7 +401,7 @@ def _truncations(cluster: Cluster) -> dict[str, int]:
 
 
 def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster: Cluster,
-                                h: workload.History, drain_parked_homes: set[str] | None = None
+                                h: workload.History, drain_parked: dict[str, str] | None = None
                                 ) -> dict[str, list[str]]:
     """What an ASYNC failover or a whole group's power loss took away, the groups may have consumed
     (phantoms), committed offsets past (regressions) or skipped; a spanning transaction or job may
@@ -407,8 +409,9 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     for an operator (unresolved), and a poison message whose retry was lost never reaches the dead
     letters; a job's decision acknowledged and lost on its home comes back otherwise (decision
     changed), and an orderly consumer past a rewritten position meets a retried send late (order
-    broken). A draining group that holds only participants parked that way (`drain_parked_homes`:
-    their homes) waits for an operator's decision on them, and stays draining. Those are
+    broken). A draining group that holds only participants parked that way (`drain_parked`: their
+    transactions' homes), each of a transaction of the workload's whose home lost something, waits
+    for an operator's decision on them, and stays draining. Those are
     consequences of the loss, counted with it (removed from `anomalies`), on the group that lost
     something (an unresolved participant and a drain waiting on one also where its home lost it);
     without a loss they stay anomalies, and so does every one of them on a group that lost nothing."""
@@ -444,7 +447,9 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     for kind in ("group lost", "group phantom", "offset regressed", "ordered lost", "rewritten", "went back"):
         on_lossy_group(kind, groups_of)
     on_lossy_group("unresolved", groups_of, lossy | homes_lost)
-    if drain_parked_homes and drain_parked_homes <= lossy and "drain stuck" in anomalies:
+    if drain_parked and "drain stuck" in anomalies and all(
+            home in lossy and (tx := h.txs.get(txid)) is not None and tx.groups[:1] == [home]
+            for txid, home in drain_parked.items()):
         after["drain stuck"] = anomalies.pop("drain stuck")
     on_lossy_group("torn", _groups_named)
     # "key k0: first delivered 188 before 187 ...": a cut rewrote a position the orderly consumer had
@@ -517,12 +522,12 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     unverified = anomalies.pop("unverified", [])
     skipped = anomalies.pop("skipped by retention", [])
     g = nemesis.draining
-    drain_parked_homes = None
+    drain_parked = None
     if g is not None and g.state == "draining":
         last = next((e["why"] for e in reversed(g.events) if e["what"] == "asked"), "never asked")
         anomalies.setdefault("drain stuck", []).extend([f"{g.name} still draining after settling: {last}",
                                                         *_drain_diagnosis(g)])
-        drain_parked_homes = _parked_homes(g)
+        drain_parked = _parked_participants(g)
     for name, why in sorted(replicas_behind.items()):
         anomalies.setdefault("replica not re-synced", []).append(
             f"{name}: {REPLICAS_BACK_S} s after settling, {why}")
@@ -531,7 +536,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
     lost_async = _losses_allowed(mode, anomalies, nemesis.events)
     # under ASYNC a slave in sync holds its master's writes up to its last heartbeat (docs/backup.md)
     restored_lost_async = anomalies.pop("restored lost", []) if mode == "ASYNC" else []
-    after_loss = (_consequences_of_async_loss(anomalies, lost_async, cluster, h, drain_parked_homes)
+    after_loss = (_consequences_of_async_loss(anomalies, lost_async, cluster, h, drain_parked)
                   if mode != "SYNC" else {})
     events = nemesis.events
     to_monotonic = time.monotonic() - time.time()

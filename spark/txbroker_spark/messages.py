@@ -116,28 +116,27 @@ def _quoted(col) -> "pa.Array":
     return pc.binary_join_element_wise(b'"', text, b'"', b"") if bare else text
 
 
-# Above this a batch's JSON, in one Arrow binary array (32-bit offsets), could overflow it.
-_COLUMNAR_MAX_BYTES = 256 * 1024 * 1024
-
-
 def _json_rows(batch) -> list[bytes]:
     """Each row of `batch` as the JSON object msgspec writes for its `to_pylist` dict, byte for byte,
     built a column at a time: the keys written once, each column's values as JSON (`_column_json`),
     joined by Arrow. A dict per row and the Python values in it were most of what turning a row
     into a message cost. Rows with no columns, or with two of one name (a dict keeps the last), go
-    the dict way."""
+    the dict way, and so does a batch whose JSON Arrow cannot hold in one array."""
     names = batch.schema.names
-    if not names or len(set(names)) != len(names) or batch.nbytes > _COLUMNAR_MAX_BYTES:
+    if not names or len(set(names)) != len(names):
         return _json_bodies(batch.to_pylist())
     parts: list = []
     text = b"{"
-    for i, name in enumerate(names):
-        column, bare = _column_json(batch.column(i))
-        text += (b"," if i else b"") + _encoder.encode(name) + b":" + (b'"' if bare else b"")
-        parts += (text, column)
-        text = b'"' if bare else b""
-    parts.append(text + b"}")
-    return pc.binary_join_element_wise(*parts, b"").to_pylist()
+    try:
+        for i, name in enumerate(names):
+            column, bare = _column_json(batch.column(i))
+            text += (b"," if i else b"") + _encoder.encode(name) + b":" + (b'"' if bare else b"")
+            parts += (text, column)
+            text = b'"' if bare else b""
+        parts.append(text + b"}")
+        return pc.binary_join_element_wise(*parts, b"").to_pylist()
+    except (pa.ArrowCapacityError, pa.ArrowInvalid):  # a batch's JSON past 2 GiB (32-bit offsets)
+        return _json_bodies(batch.to_pylist())
 
 
 class MessageBuilder:

@@ -173,15 +173,19 @@ def test_an_order_broken_where_a_cut_rewrote_a_consumed_position_is_counted_with
 def test_a_drain_waiting_on_participants_parked_for_a_home_that_lost_them_waits_for_an_operator():
     """Seed 781 (ASYNC): g1's power cut lost three spanning transactions; their participants on g0
     were parked (an operator decides them), and g0, draining, holds them: it stays draining, as
-    designed. Counted with g1's loss; the same drain waiting on a home that lost nothing, or on
-    anything but such participants (`drain_parked_homes` None), stays an anomaly."""
-    stuck = ["g0 still draining after settling: g0 is draining and holds 3 pending transaction(s): ..."]
+    designed. Counted with g1's loss. The same drain stays an anomaly when a participant's home lost
+    nothing, when one is not the workload's transaction of that home, or when the drain holds
+    anything else (`drain_parked` None)."""
+    stuck = ["g0 still draining after settling: g0 is draining and holds 1 pending transaction(s): ..."]
     lost = ["t1-367 (tx on g1): acknowledged COMMIT, 2 of 2 messages never read"]
+    h = history()
+    h.add("t1-400", Tx(["t1-400.0", "t1-400.1"], "COMMIT", groups=["g1", "g0"]))  # home g1, participant g0
+    h.add("t1-401", Tx(["t1-401.0", "t1-401.1"], "COMMIT", groups=["g2", "g0"]))  # home g2
     a = {"drain stuck": list(stuck)}
-    assert _consequences_of_async_loss(a, lost, cluster({"g0": [], "g1": []}), history(), {"g1"}) == {
+    assert _consequences_of_async_loss(a, lost, cluster({"g0": [], "g1": [], "g2": []}), h, {"t1-400": "g1"}) == {
         "drain stuck": stuck}
     assert a == {}
-    for homes in ({"g2"}, {"g1", "g2"}, None, set()):
+    for held in ({"t1-401": "g2"}, {"t1-400": "g1", "t1-401": "g2"}, {"t9-1": "g1"}, {"t1-401": "g1"}, None, {}):
         a = {"drain stuck": list(stuck)}
-        assert _consequences_of_async_loss(a, lost, cluster({"g0": [], "g1": [], "g2": []}), history(), homes) == {}
+        assert _consequences_of_async_loss(a, lost, cluster({"g0": [], "g1": [], "g2": []}), h, held) == {}, held
         assert a == {"drain stuck": stuck}

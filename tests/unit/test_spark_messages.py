@@ -134,3 +134,18 @@ def test_columns_of_one_name_go_the_dict_way():
     batch = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array(["a", "b"])], names=["x", "x"])
     builder = MessageBuilder(WriteOptions(brokers=["x:1"], topic="T", group="g"), {})
     assert [m.body for m in builder.from_arrow(batch)] == reference_bodies(batch) == [b'{"x":"a"}', b'{"x":"b"}']
+
+
+def test_a_batch_whose_json_arrow_cannot_hold_goes_the_dict_way(monkeypatch):
+    """Past 2 GiB of JSON in one batch Arrow's 32-bit offsets overflow (it raises): those rows go
+    the dict way, byte for byte the same (the overflow stood in for by the join raising it)."""
+    import pyarrow.compute as pc
+
+    batch = every_type(50, seed=9)
+
+    def overflow(*args, **kwargs):
+        raise pa.ArrowCapacityError("array cannot contain more than 2147483646 bytes")
+
+    monkeypatch.setattr(pc, "binary_join_element_wise", overflow)
+    builder = MessageBuilder(WriteOptions(brokers=["x:1"], topic="T", group="g"), {})
+    assert [m.body for m in builder.from_arrow(batch)] == reference_bodies(batch)
