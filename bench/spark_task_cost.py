@@ -30,24 +30,15 @@ import cProfile
 import os
 import pstats
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "broker_image"))
 sys.path.insert(0, str(ROOT / "spark"))
 sys.path.insert(0, str(ROOT / "bench"))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -67,21 +58,11 @@ def task(args) -> None:
     from txbroker_spark.data_writer import DataWriter, TaskAttempt
     from txbroker_spark.options import P_JOB, P_KIND, parse_write_options
 
+    from spark_bench import Broker
+
     workdir = Path(tempfile.mkdtemp(prefix="txbroker-task-cost-"))
-    port, admin = _port(), _port()
-    broker = subprocess.Popen([str(Path(sys.executable).parent / "txbroker"), "broker", "--data-dir", str(workdir / "b"),
-                               "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
-                               "--log-level", "WARNING"])
+    broker = Broker(workdir, "ASYNC")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("the broker did not start") from None
-                time.sleep(0.1)
         arrow_schema = pa.schema([("id", pa.int64()), ("order_id", pa.string()), ("customer_id", pa.string()),
                                   ("amount", pa.float64()), ("created_at", pa.timestamp("us", tz="UTC"))])
         spark_schema = StructType([StructField("id", LongType()), StructField("order_id", StringType()),
@@ -97,7 +78,7 @@ def task(args) -> None:
                 schema=arrow_schema)
 
         batches = [batch(s, min(10_000, args.rows - s)) for s in range(0, args.rows, 10_000)]
-        o = parse_write_options({"brokers": f"127.0.0.1:{port}", "topic": "Bench", "producerGroup": "bench",
+        o = parse_write_options({"brokers": broker.address, "topic": "Bench", "producerGroup": "bench",
                                  "keyColumn": "order_id", "batchSize": "1000"}, spark_schema, streaming=False)
         route = learn_route(o.brokers, o.topic, o.security, o.request_timeout)
         with jobs_for(o) as jobs:
@@ -127,8 +108,7 @@ def task(args) -> None:
         if profile:
             pstats.Stats(profile).sort_stats("tottime").print_stats(20)
     finally:
-        broker.kill()
-        broker.wait()
+        broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
