@@ -410,11 +410,11 @@ def _consequences_of_async_loss(anomalies: dict, lost_async: list[str], cluster:
     letters; a job's decision acknowledged and lost on its home comes back otherwise (decision
     changed), and an orderly consumer past a rewritten position meets a retried send late (order
     broken). A draining group that holds only participants parked that way (`drain_parked`: their
-    transactions' homes), each of a transaction of the workload's whose home lost something, waits
-    for an operator's decision on them, and stays draining. Those are
-    consequences of the loss, counted with it (removed from `anomalies`), on the group that lost
-    something (an unresolved participant and a drain waiting on one also where its home lost it);
-    without a loss they stay anomalies, and so does every one of them on a group that lost nothing."""
+    transactions' homes), each of a workload transaction whose home lost something, waits for an
+    operator's decision on them and stays draining. Those are consequences of the loss, counted with
+    it (removed from `anomalies`), on the group that lost something (an unresolved participant and
+    a drain waiting on one also where its home lost it); without a loss they stay anomalies, and so
+    does every one of them on a group that lost nothing."""
     lossy = set().union(*(_groups_named(d) for d in lost_async)) if lost_async else set()
     lossy |= {g.name for g in cluster.groups.values()
               if any("may lack" in f.get("message", "") for f in g.status.get("failovers") or [])}
