@@ -9,7 +9,7 @@ import pytest
 
 from support.cli import run_cli
 from support.metrics import metric
-from support.pairs import restart_as_master, sync_pair, with_short_retention
+from support.pairs import SHORT_ACK, restart_as_master, sync_pair, with_short_retention
 from support.waiting import wait_until
 from support import txload
 from txbroker.client import (
@@ -335,7 +335,7 @@ def test_a_decision_the_slave_lacks_yet_is_answered_once_it_has_it_not_refused(b
     answered FLUSH_SLAVE_TIMEOUT, which the coordinator raised as a BrokerError, a refusal; the
     decision then reached the slave and its member became visible. Such an answer is not a refusal:
     the coordinator asks again until the slaves hold the decision, and answers it then."""
-    m, s = sync_pair(broker_factory)
+    m, s = sync_pair(broker_factory, ack_timeout_ms=SHORT_ACK)
 
     async def main():
         async with AsyncJobCoordinator(GROUP, m.address, request_timeout=20) as c:
@@ -359,7 +359,7 @@ def test_a_decision_the_slave_lacks_yet_is_answered_once_it_has_it_not_refused(b
 
 
 def test_a_decision_the_slave_never_got_in_time_is_unknown_not_refused(broker_factory):
-    m, s = sync_pair(broker_factory)
+    m, s = sync_pair(broker_factory, ack_timeout_ms=SHORT_ACK)
     with JobCoordinator(GROUP, m.address, request_timeout=2) as c:
         job = c.open(timeout=60)
         kept = c.send(job.job_id, Message("Orders", b"kept"))
@@ -469,7 +469,7 @@ def test_a_decision_no_slave_holds_is_not_reported_as_taken(broker_factory):
 
 
 def test_a_decision_once_published_is_reported_with_its_members_ends(broker_factory):
-    m, s = sync_pair(broker_factory)
+    m, s = sync_pair(broker_factory, ack_timeout_ms=SHORT_ACK)
     with JobCoordinator(GROUP, m.address, request_timeout=2) as c:
         job = c.open(timeout=60)
         kept = c.send(job.job_id, Message("Orders", b"kept"))

@@ -6,7 +6,7 @@ So until the slave has it, readers see the offset as it was; once it has it, the
 
 import signal
 
-from support.pairs import sync_pair
+from support.pairs import SHORT_ACK, sync_pair
 from support.waiting import wait_until
 from txbroker.client import BrokerError, Message, Producer, PullConsumer
 from txbroker.client.admin import AdminClient
@@ -23,7 +23,7 @@ def _five_messages(m) -> int:
 
 
 def test_an_offset_commit_the_slave_lacks_is_not_read_until_it_has_it(broker_factory):
-    m, s = sync_pair(broker_factory)
+    m, s = sync_pair(broker_factory, ack_timeout_ms=SHORT_ACK)
     queue = _five_messages(m)
     with PullConsumer(m.address, request_timeout=5) as c:
         c.commit_offsets("offsets-cg", {("Offsets", queue): 1})
@@ -49,7 +49,7 @@ def test_a_retried_offset_commit_is_acknowledged_only_once_the_slave_holds_it(br
     and was acknowledged at once. The consumer took it as saved and never sent it again; the failover
     took it away, so the group's offset stayed one message behind for good and its group never
     drained. A retry finding its offset already written waits, as the first try did, for the slave."""
-    m, s = sync_pair(broker_factory)
+    m, s = sync_pair(broker_factory, ack_timeout_ms=SHORT_ACK)
     queue = _five_messages(m)
     with PullConsumer(m.address, request_timeout=5) as c:
         c.commit_offsets("offsets-cg", {("Offsets", queue): 1}, only_forward=True)
@@ -114,7 +114,7 @@ def test_a_message_the_slave_lacks_is_not_found_by_its_key_until_it_has_it(broke
     """Finding messages by key reads as consumers read: a keyed send the only slave does not hold
     is refused under SYNC replication, and a failover can take it away, so the key finds nothing
     until the slave has it (the key index was read as written before)."""
-    m, s = sync_pair(broker_factory)
+    m, s = sync_pair(broker_factory, ack_timeout_ms=SHORT_ACK)
     with Producer("keys-pg", m.address, request_timeout=5) as p, PullConsumer(m.address, request_timeout=5) as c:
         p.send(Message("Keyed", b"held", keys="order-1"))
         assert [x.body for x in c.find_by_key("Keyed", "order-1")] == [b"held"]
@@ -138,7 +138,7 @@ def test_a_restarted_master_holds_offset_answers_until_a_slave_confirms_its_tail
     acknowledged was published (and read), but the restart knows only the published LSN recorded
     with its last write, which is older: it took the commit for unconfirmed and read it as before.
     Neither value is safe then, so the answer waits until a slave confirms the tail."""
-    m, s = sync_pair(broker_factory)
+    m, s = sync_pair(broker_factory, ack_timeout_ms=SHORT_ACK)
     queue = _five_messages(m)
     with PullConsumer(m.address, request_timeout=5) as c:
         c.commit_offsets("offsets-cg", {("Offsets", queue): 1})
