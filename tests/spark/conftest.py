@@ -7,6 +7,7 @@ The tests need pyspark (with pyarrow) and Java; without them they are skipped.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -15,6 +16,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spark_helpers import GROUP, GROUP_SETTINGS, ClusterEnv, TxEnv, admin  # noqa: E402
+from support import spark_cds  # noqa: E402
+
+# Every driver JVM these tests start (the session below, spark_driver.py, orders_job.py, the demo)
+# inherits this: Spark's classes from the archive `make test` builds, C1 only (support/spark_cds.py).
+os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_cds.java_options())
 
 _MISSING = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
 if shutil.which("java") is None:
