@@ -60,7 +60,10 @@ class BrokerProcess:
                 stdout=log, stderr=subprocess.STDOUT, env=self.env)
             log.close()
             try:
-                wait_until(self._ready, 20, what=f"broker on {self.address} to be ready (log: {self.log_path})")
+                # polled every 20 ms, not backing off: a suite starts about 800 brokers, each ready
+                # in 0.5 s or so, and a refused connection costs the poll nothing
+                wait_until(self._ready, 20, what=f"broker on {self.address} to be ready (log: {self.log_path})",
+                           interval=0.02)
             except AssertionError:
                 if self._started or attempt == 2 or "address already in use" not in self.log()[-2000:]:
                     raise
