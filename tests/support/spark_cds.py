@@ -6,8 +6,9 @@ and demo run): 11-12 s each to start, run a small job and stop on this project's
 s with this archive and C1 only (`-XX:TieredStopAtLevel=1`: such short runs never repay C2's
 compilations). `make test` builds the archive once into the cache (python tests/support/spark_cds.py);
 tests/spark/conftest.py hands `java_options()` to every driver through SPARK_SUBMIT_OPTS. Keyed by
-the JDK and Spark's jars: a new JDK or pyspark gets its own archive, and a JVM whose classpath does
-not match one simply loads its classes as before (its CDS log lines are off, so nothing is printed).
+the JDK and Spark's jars, where they are: a new JDK, pyspark or checkout gets its own archive, and a
+JVM whose classpath does not match one simply loads its classes as before (its CDS log lines are
+off, so nothing is printed).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "txbroker" / "spark-cds"
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"  # unified logging's warnings go to stdout otherwise
 _C1_ONLY = "-XX:TieredStopAtLevel=1"
+_KEEP = 3
 
 # What the archive is made from: a driver's session, Python tasks, a write, a query with a shuffle.
 _TRAINING = """
@@ -39,6 +41,11 @@ jvm.stdin.close()  # the gateway JVM exits on its stdin's end, and writes the ar
 jvm.wait(300)
 """
 
+_CHECK = """
+from txbroker_spark import local_session
+local_session("txbroker-cds-check", "local[1]", log_level="ERROR").stop()
+"""
+
 
 def _key() -> str | None:
     try:
@@ -51,7 +58,9 @@ def _key() -> str | None:
         return None
     jars = Path(pyspark.__file__).parent / "jars"
     listing = sorted(f"{p.name}:{p.stat().st_size}" for p in jars.glob("*.jar"))
-    h = hashlib.sha256("\n".join([java, pyspark.__version__, *listing]).encode())
+    # the jars' directory too: JDK 17 checks an archive's classpath by path, so another checkout's
+    # virtualenv (a CI clone) needs an archive of its own
+    h = hashlib.sha256("\n".join([java, pyspark.__version__, str(jars.resolve()), *listing]).encode())
     return h.hexdigest()[:16]
 
 
@@ -77,7 +86,7 @@ def build() -> int:
     if final.is_file():
         return 0
     _CACHE.mkdir(parents=True, exist_ok=True)
-    print(f"spark-cds: building {final} (once per JDK and Spark; about 20 s)", file=sys.stderr)
+    print(f"spark-cds: building {final} (once per JDK, Spark and checkout; about 40 s)", file=sys.stderr)
     fd, tmp = tempfile.mkstemp(dir=_CACHE, suffix=".jsa.tmp")
     os.close(fd)
     os.unlink(tmp)
@@ -94,9 +103,19 @@ def build() -> int:
         print(f"spark-cds: the training run failed ({r.returncode}); see {log}", file=sys.stderr)
         return 0
     os.replace(tmp, final)
-    for old in [*_CACHE.glob("*.jsa"), *_CACHE.glob("*.jsa.tmp")]:  # an earlier JDK's or Spark's, or cut short
-        if old != final:
-            old.unlink(missing_ok=True)
+    # A driver started as the tests start theirs must map it (-Xshare:on fails where it would not).
+    env["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={final} -Xshare:on"
+    with open(log, "ab") as out:
+        r = subprocess.run([sys.executable, "-c", _CHECK], stdout=out, stderr=subprocess.STDOUT, env=env, timeout=600)
+    if r.returncode != 0:
+        final.unlink(missing_ok=True)
+        print(f"spark-cds: a driver could not map the archive, so it is not kept; see {log}", file=sys.stderr)
+    for old in _CACHE.glob("*.jsa.tmp"):  # a build cut short
+        old.unlink(missing_ok=True)
+    # other checkouts' and earlier JDKs' or Sparks': the newest few stay (each is 160 MB)
+    for old in sorted(_CACHE.glob("*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)[_KEEP:]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".log").unlink(missing_ok=True)
     return 0
 
 
