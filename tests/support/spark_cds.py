@@ -2,8 +2,8 @@
 Spark's classes from one file instead of loading and verifying them again (JDK 17's dynamic CDS).
 
 The Spark tests start a driver JVM per run (the session fixture, every spark_driver.py, orders_job.py
-and demo run): 11-12 s each to start, run a small job and stop on this project's 2-vCPU hosts, 7.4-7.8
-s with this archive and C1 only (`-XX:TieredStopAtLevel=1`: such short runs never repay C2's
+and demo run): 11-13 s each to start, run a small job and stop on this project's 2-vCPU hosts, 7-8 s
+with this archive and C1 only (`-XX:TieredStopAtLevel=1`: such short runs never repay C2's
 compilations). `make test` builds the archive once into the cache (python tests/support/spark_cds.py);
 tests/spark/conftest.py hands `java_options()` to every driver through SPARK_SUBMIT_OPTS. Keyed by
 the JDK and Spark's jars, where they are: a new JDK, pyspark or checkout gets its own archive, and a
@@ -20,14 +20,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "txbroker" / "spark-cds"
+# where testbed/cluster.sh keeps its builds too
+_CACHE = Path(os.environ.get("TXBROKER_CACHE")
+              or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "txbroker") / "spark-cds"
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"  # unified logging's warnings go to stdout otherwise
 _C1_ONLY = "-XX:TieredStopAtLevel=1"
 _KEEP = 3
 
 # What the archive is made from: a driver's session, Python tasks, a write, a query with a shuffle.
 _TRAINING = """
-import sys
 from txbroker_spark import local_session
 spark = local_session("txbroker-cds", "local[2,4]", log_level="ERROR")
 df = spark.range(2000, numPartitions=4).selectExpr("id", "concat('row-', id) AS payload")
