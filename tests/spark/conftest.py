@@ -6,10 +6,12 @@ The tests need pyspark (with pyarrow) and Java; without them they are skipped.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,13 @@ from spark_helpers import GROUP, GROUP_SETTINGS, ClusterEnv, TxEnv, admin  # noq
 from support import spark_cds  # noqa: E402
 
 # Every driver JVM these tests start (the session below, spark_driver.py, orders_job.py, the demo)
-# inherits this: Spark's classes from the archive `make test` builds, C1 only (support/spark_cds.py).
-os.environ.setdefault("SPARK_SUBMIT_OPTS", spark_cds.java_options())
+# inherits this: Spark's classes from the archive `make test` builds, C1 only (support/spark_cds.py),
+# and a temporary directory of this test process's, removed when it exits: a Spark session leaves an
+# empty artifacts-<uuid> directory behind in java.io.tmpdir even when it stops cleanly, and a
+# SIGKILLed driver leaves its block manager's files there too.
+_JVM_TMP = tempfile.mkdtemp(prefix="txbroker-spark-tests-")
+atexit.register(shutil.rmtree, _JVM_TMP, True)
+os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{spark_cds.java_options()} -Djava.io.tmpdir={_JVM_TMP}")
 
 _MISSING = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
 if shutil.which("java") is None:
