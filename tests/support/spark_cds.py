@@ -6,7 +6,7 @@ and demo run): 11-13 s each to start, run a small job and stop on this project's
 with this archive and C1 only (`-XX:TieredStopAtLevel=1`: such short runs never repay C2's
 compilations). `make test` builds the archive once into the cache (python tests/support/spark_cds.py);
 tests/spark/conftest.py hands `java_options()` to every driver through SPARK_SUBMIT_OPTS. Keyed by
-the JDK and Spark's jars, where they are: a new JDK, pyspark or checkout gets its own archive, and a
+the JDK and Spark's jars as installed: a new JDK, pyspark or virtualenv gets its own archive, and a
 JVM whose classpath does not match one simply loads its classes as before (its CDS log lines are
 off, so nothing is printed).
 """
@@ -58,9 +58,9 @@ def _key() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     jars = Path(pyspark.__file__).parent / "jars"
-    listing = sorted(f"{p.name}:{p.stat().st_size}" for p in jars.glob("*.jar"))
-    # the jars' directory too: JDK 17 checks an archive's classpath by path, so another checkout's
-    # virtualenv (a CI clone) needs an archive of its own
+    # JDK 17 checks an archive's classpath by each jar's path, size and modification time: a new
+    # virtualenv (a CI clone's, even at the same path) needs an archive of its own
+    listing = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars.glob("*.jar"))
     h = hashlib.sha256("\n".join([java, pyspark.__version__, str(jars.resolve()), *listing]).encode())
     return h.hexdigest()[:16]
 
@@ -87,7 +87,7 @@ def build() -> int:
     if final.is_file():
         return 0
     _CACHE.mkdir(parents=True, exist_ok=True)
-    print(f"spark-cds: building {final} (once per JDK, Spark and checkout; about 40 s)", file=sys.stderr)
+    print(f"spark-cds: building {final} (once per JDK and virtualenv; about 40 s)", file=sys.stderr)
     fd, tmp = tempfile.mkstemp(dir=_CACHE, suffix=".jsa.tmp")
     os.close(fd)
     os.unlink(tmp)
