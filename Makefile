@@ -29,7 +29,7 @@ test: venv  ## run every test: unit, integration with real brokers, Spark local 
 	bash chaos/setup.sh
 	bash testbed/browser.sh             # Debian's chromium for the console's browser test
 	bash testbed/prometheus.sh build   # promtool and prometheus for the monitoring tests (cached; ~5 min cold)
-	$(PY) tests/support/spark_cds.py   # Spark's classes shared by the tests' driver JVMs (cached; ~40 s cold)
+	cd tests && $(abspath $(PY)) -m support.spark_cds   # Spark's classes for the tests' driver JVMs (cached; ~40 s cold)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=25 tests --ignore=tests/e2e
 	$(MAKE) test-e2e
 

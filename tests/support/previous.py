@@ -20,14 +20,14 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from support import cache
 from support.brokers import BrokerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 PREVIOUS_COMMIT = "65d4c508b4f0b26c1694afa6147298bc2e3d6427"
 PREVIOUS_VERSION = "0.1.0"
 PREVIOUS_STORE_FORMAT = 4
-CACHE = Path(os.environ.get("TXBROKER_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-             / "txbroker") / "previous"
+CACHE = cache.CACHE / "previous"
 
 
 def source(commit: str = PREVIOUS_COMMIT) -> Path:

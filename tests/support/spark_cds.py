@@ -4,7 +4,7 @@ Spark's classes from one file instead of loading and verifying them again (JDK 1
 The Spark tests start a driver JVM per run (the session fixture, every spark_driver.py, orders_job.py
 and demo run): 11-13 s each to start, run a small job and stop on this project's 2-vCPU hosts, 7-8 s
 with this archive and C1 only (`-XX:TieredStopAtLevel=1`: such short runs never repay C2's
-compilations). `make test` builds the archive once into the cache (python tests/support/spark_cds.py);
+compilations). `make test` builds the archive once into the cache (`cd tests; python -m support.spark_cds`);
 tests/spark/conftest.py hands `java_options()` to every driver through SPARK_SUBMIT_OPTS. Keyed by
 the JDK and Spark's jars as installed: a new JDK, pyspark or virtualenv gets its own archive, and a
 JVM whose classpath does not match one simply loads its classes as before (its CDS log lines are
@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-# where testbed/cluster.sh keeps its builds too
-_CACHE = Path(os.environ.get("TXBROKER_CACHE")
-              or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "txbroker") / "spark-cds"
+from support import cache
+
+_CACHE = cache.CACHE / "spark-cds"
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"  # unified logging's warnings go to stdout otherwise
 _C1_ONLY = "-XX:TieredStopAtLevel=1"
 _KEEP = 3
@@ -103,13 +103,14 @@ def build() -> int:
         # not fatal: the tests start their drivers without it, as before
         print(f"spark-cds: the training run failed ({r.returncode}); see {log}", file=sys.stderr)
         return 0
-    os.replace(tmp, final)
-    # A driver started as the tests start theirs must map it (-Xshare:on fails where it would not).
-    env["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={final} -Xshare:on"
+    # A driver started as the tests start theirs must map it (-Xshare:on fails where it would not)
+    # before it is published under its key.
+    env["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={tmp} -Xshare:on"
     with open(log, "ab") as out:
         r = subprocess.run([sys.executable, "-c", _CHECK], stdout=out, stderr=subprocess.STDOUT, env=env, timeout=600)
-    if r.returncode != 0:
-        final.unlink(missing_ok=True)
+    if r.returncode == 0:
+        os.replace(tmp, final)
+    else:
         print(f"spark-cds: a driver could not map the archive, so it is not kept; see {log}", file=sys.stderr)
     for old in _CACHE.glob("*.jsa.tmp"):  # a build cut short
         old.unlink(missing_ok=True)
