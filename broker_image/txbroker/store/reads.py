@@ -133,7 +133,9 @@ class MessageReader:
 
     def by_key(self, topic: str, key: str, limit: int) -> list[MessageExt]:
         """Up to `limit` published messages of `topic` stored under message key `key`, oldest first
-        (a commit indexes its keys before it is published: those wait, as consumers do)."""
+        (a commit indexes its keys before it is published: those wait, as consumers do). The key index
+        is written behind the log: what is still to be written is written first."""
+        self._state.key_index.catch_up()
         prefix = keys.key_index_prefix(topic, key)
         out: list[MessageExt] = []
         for k, v in self._state.db.keys.items(from_key=prefix):

@@ -41,6 +41,9 @@ async def delete_before(state: "StateMachine", mark: Mark, now_ms: int) -> int:
     """Delete the log records before `mark.lsn` that no lineage needs; returns how many went."""
     db = state.db
     h_log = db.handles["log"]
+    # Records before the mark are written: their keys are, once this returns, so forgetting a record
+    # deletes every entry it has (none is written after it is gone).
+    state.key_index.catch_up()
     needed = frozenset(mark.needed)
     rp = RetentionPass(now_ms, mark.lsn, needed)
     deleted = 0

@@ -35,6 +35,7 @@ from txbroker.store import seed
 from txbroker.store.db import COLUMN_FAMILIES, Database, last_item_with_prefix, last_key, open_database, sync_write_options
 from txbroker.store.derived.family import Family, RetentionPass
 from txbroker.store.derived.jobs import JOB_RETENTION_MS, Jobs
+from txbroker.store.derived.key_index import KeyIndex
 from txbroker.store.derived.marks import MARK_PREFIX, Marks, decode_mark
 from txbroker.store.derived.messages import Messages
 from txbroker.store.derived.offsets import Offsets
@@ -111,15 +112,16 @@ class StateMachine:
         self.on_corruption = self.db.on_corruption  # told of a damaged file a read met (StoreCorrupt follows)
 
         # the families of derived state, in the order truncation cuts them back
-        self.messages = Messages(self.db)
+        self.key_index = KeyIndex(self.db, on_fatal)
+        self.messages = Messages(self.db, self.key_index)
         self.jobs_family = Jobs(self.db, self.messages, job_retention_ms)
-        self.transactions = Transactions(self.db, self.messages, self.jobs_family)
+        self.transactions = Transactions(self.db, self.messages, self.jobs_family, self.key_index)
         self.jobs_family.transactions = self.transactions
         self.offsets = Offsets(self.db, lambda: self.durable_lsn)
         self.settings = Settings(self.db)
         self.marks = Marks(self.db)
         self.families: tuple[Family, ...] = (self.messages, self.transactions, self.jobs_family, self.offsets,
-                                             self.settings, self.marks)
+                                             self.settings, self.marks, self.key_index)
         self._appliers = _dispatch([{EpochRecord: self._apply_epoch}] + [f.appliers() for f in self.families])
         # the families' state the broker reads directly (live views, never replaced)
         self.topics = self.messages.topics
@@ -381,7 +383,7 @@ class StateMachine:
         Returns how many records were dropped."""
         self.truncating = True
         try:
-            await self._writer.drain()
+            await self.drain()  # the key index too: the cut deletes the entries of what it drops
             dropped = truncate(self, last_kept)
         finally:
             self.truncating = False
@@ -504,8 +506,10 @@ class StateMachine:
     # ---- waiting for writes -------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Everything appended so far is written to the local disk (not necessarily replicated)."""
+        """Everything appended so far is written to the local disk (not necessarily replicated), the
+        key index's entries included."""
         await self._writer.drain()
+        self.key_index.catch_up()
 
     def barrier(self) -> asyncio.Future | None:
         """A future that resolves when everything appended so far is durable and published (the
@@ -518,9 +522,10 @@ class StateMachine:
 
     async def close(self) -> None:
         try:
-            await self._writer.drain()
+            await self.drain()  # the key index whole: an older broker may open this store next
         except RuntimeError:  # stopped after a failed batch: nothing more to write
             pass
+        self.key_index.close()
         self.db.close()
         # Column-family handles keep RocksDB (and its LOCK) open until they are gone: the families hold some.
         self._h_log = self._h_meta = None
@@ -528,3 +533,4 @@ class StateMachine:
         self.families = ()
         self._appliers = {}
         self.messages = self.transactions = self.jobs_family = self.offsets = self.settings = self.marks = None
+        self.key_index = None

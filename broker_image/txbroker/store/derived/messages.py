@@ -1,5 +1,6 @@
-"""Messages and queues: topics, the queue index (cq: where each queue's messages are), the key index
-(keys: lookup by message key), queue ends, what readers may see, and consumers' send-backs.
+"""Messages and queues: topics, the queue index (cq: where each queue's messages are), queue ends,
+what readers may see, and consumers' send-backs. The key index (lookup by message key) is its own
+family, written behind the log (key_index.py): a record here only queues its keys there.
 
 A message becomes readable through an index entry: a plain send's at once (NormalRecord), a
 transaction's at its commit (the EndRecord indexes the half record's messages, which are never
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from rocksdict import WriteBatch
 
     from txbroker.store.db import Database
+    from txbroker.store.derived.key_index import KeyIndex
     from txbroker.store.group_commit import Batch
 
 TOPIC_PREFIX = b"topic/"
@@ -42,9 +44,10 @@ def _topic_decode(v: bytes) -> tuple[int, int]:
 
 
 class Messages(Family):
-    def __init__(self, db: "Database"):
+    def __init__(self, db: "Database", key_index: "KeyIndex"):
         self._db = db
-        self._h_cq, self._h_keys, self._h_meta = db.handles["cq"], db.handles["keys"], db.handles["meta"]
+        self._key_index = key_index
+        self._h_cq, self._h_meta = db.handles["cq"], db.handles["meta"]
         self.topics: dict[str, int] = {}
         self._topic_lsn: dict[str, int] = {}
         self.queue_ends: dict[bytes, int] = {}  # next offset to assign, per queue prefix
@@ -114,7 +117,7 @@ class Messages(Family):
         self.index(b, lsn, runs, r.queue_offsets)
         texts = keys_of(msgs)
         if texts:
-            self.index_keys(b, lsn, runs, r.queue_offsets, texts)
+            self._key_index.add(lsn, lsn, runs, r.queue_offsets, texts)
         if r.send_back:
             b.wb.put(r.send_back, keys.lsn_key(lsn), self._h_meta)
             self._unwritten_send_backs[r.send_back] = lsn
@@ -162,13 +165,6 @@ class Messages(Family):
             if queue_end.get(prefix, 0) < end:  # a replica learns offsets from the record
                 queue_end[prefix] = end
             i += n
-
-    def index_keys(self, b: "Batch", lsn: int, runs, offsets, texts: list[str]) -> None:
-        """Key-index entries (lookup by message key) for the keyed messages of a visible record
-        (`texts`: each message's keys)."""
-        put, h, lsn_key = b.wb.put, self._h_keys, keys.lsn_key
-        for key, i in keys.key_entries(lsn, runs, texts):
-            put(key, lsn_key(offsets[i]), h)
 
     def index_parked(self, b: "Batch", half_lsn: int, count: int, offsets: list[int]) -> None:
         self.index(b, half_lsn, [(TRANS_CHECK_MAX_TIME_TOPIC, 0, count)], offsets)
@@ -316,10 +312,7 @@ class Messages(Family):
             prefix = keys.queue_prefix(m.topic, m.queue_id)
             wb.delete(keys.cq_key(prefix, offset), self._h_cq)
             self._queue_start.pop(prefix, None)
-        texts = keys_of(messages)
-        if texts:
-            for key, _i in keys.key_entries(lsn, runs_of(messages), texts):
-                wb.delete(key, self._h_keys)
+        self._key_index.forget_entries(wb, lsn, messages)
 
     def forget_parked(self, wb: "WriteBatch", offsets: list[int]) -> None:
         prefix = keys.queue_prefix(TRANS_CHECK_MAX_TIME_TOPIC, 0)

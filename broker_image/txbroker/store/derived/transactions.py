@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from txbroker.store.db import Database
     from txbroker.store.derived.jobs import Jobs
+    from txbroker.store.derived.key_index import KeyIndex
     from txbroker.store.derived.messages import Messages
     from txbroker.store.group_commit import Batch
 
@@ -44,9 +45,10 @@ _TX_RECORDS = (HalfRecord, EndRecord, ParkRecord, ResumeRecord)
 
 
 class Transactions(Family):
-    def __init__(self, db: "Database", messages: "Messages", jobs: "Jobs"):
+    def __init__(self, db: "Database", messages: "Messages", jobs: "Jobs", key_index: "KeyIndex"):
         self._db = db
         self._messages = messages
+        self._key_index = key_index
         self._jobs = jobs
         self._h_pending, self._h_tx, self._h_meta = db.handles["pending"], db.handles["tx"], db.handles["meta"]
         self.pending: dict[str, PendingTx] = {}
@@ -109,8 +111,8 @@ class Transactions(Family):
         committed = r.state == TransactionState.COMMIT
         if committed:
             self._messages.index(b, p.half_lsn, p.runs, r.queue_offsets)
-            if p.keys:
-                self._messages.index_keys(b, p.half_lsn, p.runs, r.queue_offsets, p.keys)
+            if p.keys:  # written behind the log: O(1) here for any number of keys
+                self._key_index.add(lsn, p.half_lsn, p.runs, r.queue_offsets, p.keys)
         done = FinishedTx(
             transaction_id=r.transaction_id, producer_group=p.producer_group, half_lsn=p.half_lsn,
             state=COMMITTED if committed else ROLLED_BACK, end_lsn=lsn, end_ms=r.end_ms,

@@ -1,0 +1,193 @@
+"""The key index (lookup by message key: the keys column family), written behind the log.
+
+A keyed message is found by key through an entry per key (topic, key, record LSN, index -> queue
+offset). Those entries are not written with the record that makes the message readable (a plain
+send, a commit): the record queues its keys here, and they are written afterwards in WriteBatches of
+their own, once the loop has had nothing to write for IDLE_S, or at once when MAX_BACKLOG entries
+wait. RocketMQ builds its IndexFile the same way, on a dispatch thread behind its commit log. So the
+END of a transaction of N keyed messages does O(1) key work on its way to its answer (a Spark job's
+million keys no longer stand between its members' ends and its decision), and the entries go to
+RocksDB in large batches.
+
+Meta `keyindex/through` W is written in the same WriteBatch as the entries: every record up to W is
+indexed. Recovery queues the records after W again, from the log (what a kill left unwritten). Where
+something must see the index whole, it writes the backlog first: a read by key (a producer finds
+what it has just committed), retention and truncation (they never meet a record whose entries are
+still to come, which they would leave behind), a backup, and a clean stop (an older broker, which
+knows no backlog, may open the store after a rollback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import TYPE_CHECKING, Callable
+
+from rocksdict import WriteBatch
+
+from txbroker.store import keys
+from txbroker.store.db import last_key, sync_write_options
+from txbroker.store.derived.family import Family
+from txbroker.store.records import EndRecord, NormalRecord, decode_record, keys_of, runs_of
+
+if TYPE_CHECKING:
+    from txbroker.store.db import Database
+    from txbroker.store.group_commit import Batch
+
+log = logging.getLogger(__name__)
+
+THROUGH_KEY = b"keyindex/through"
+IDLE_S = 0.002  # written once no batch was written for this long
+# Entries waiting, past which they are written while the loop is busy (one SLICE per iteration).
+# About what a million pending keyed messages held in memory before their END: the backlog keeps
+# their key lists a little longer, no more.
+MAX_BACKLOG = 1_000_000
+SLICE = 16_384  # entries per write (whole records): the loop's pause for one, a few milliseconds
+MARK_LAG = 4096  # without keyed messages, `through` still moves every this many records (recovery's scan)
+
+
+class KeyIndex(Family):
+    def __init__(self, db: "Database", on_fatal: Callable[[BaseException], None]):
+        self._db = db
+        self._h_keys, self._h_meta = db.handles["keys"], db.handles["meta"]
+        self._on_fatal = on_fatal
+        # (LSN of the record that made them readable, LSN their entries are under, runs, offsets, keys)
+        self._backlog: collections.deque[tuple[int, int, list, list, list[str]]] = collections.deque()
+        self._entries = 0  # messages in the backlog (an entry each, or more with several keys)
+        self.through = 0  # indexed up to this LSN, as on disk
+        self._written_through = 0  # records up to this LSN are on disk (their entries may be written)
+        self._last_write = 0.0  # loop time of the last batch written
+        self._timer: asyncio.Handle | None = None
+        self._urgent = False  # the timer is for now, not for when the loop is idle
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- memory -----------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.close()
+        self._backlog.clear()
+        self._entries = 0
+        last = last_key(self._db.log)
+        log_end = keys.lsn_from_key(last) if last else 0
+        self._written_through = log_end
+        v = self._db.meta.get(THROUGH_KEY)
+        if v is None:  # a new store, or one a broker that wrote every key with its record left
+            self.through = log_end
+            self._db.meta.put(THROUGH_KEY, keys.lsn_key(log_end), write_opt=sync_write_options())
+            return
+        self.through = keys.lsn_from_key(v)
+        queued = 0
+        for k, raw in self._db.log.items(from_key=keys.lsn_key(self.through + 1)):
+            r = decode_record(raw)
+            kind = type(r)
+            if kind is NormalRecord:
+                texts = keys_of(r.messages)
+                if texts:
+                    self.add(keys.lsn_from_key(k), keys.lsn_from_key(k), runs_of(r.messages), r.queue_offsets, texts)
+                    queued += 1
+            elif kind is EndRecord and r.queue_offsets:  # a commit: its keys are its half's
+                half = self._db.log.get(keys.lsn_key(r.half_lsn))
+                if half is not None:  # (else retention deleted it, and its messages with it)
+                    msgs = decode_record(half).messages
+                    texts = keys_of(msgs)
+                    if texts:
+                        self.add(keys.lsn_from_key(k), r.half_lsn, runs_of(msgs), r.queue_offsets, texts)
+                        queued += 1
+        if queued:
+            log.info("key index: %d records after LSN %d to index again (%d keyed messages)", queued, self.through,
+                     self._entries)
+
+    def close(self) -> None:
+        """Stop writing (the store is closing, or reloading): no timer is left behind."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._urgent = False
+
+    def backlog_messages(self) -> int:
+        return self._entries
+
+    # ---- queueing ------------------------------------------------------------------------------------
+
+    def add(self, lsn: int, entry_lsn: int, runs, offsets, texts: list[str]) -> None:
+        """Record `lsn` makes keyed messages readable (a plain send's own, or a commit's: those of the
+        half at `entry_lsn`): their entries are written behind it."""
+        self._backlog.append((lsn, entry_lsn, runs, offsets, texts))
+        self._entries += len(texts)
+
+    def written(self, b: "Batch") -> None:
+        self._written_through = b.last_lsn
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._last_write = loop.time()
+        if self._entries >= MAX_BACKLOG:
+            if not self._urgent:  # not waiting for the loop to be idle any longer
+                self.close()
+                self._urgent = True
+                self._timer = loop.call_soon(self._tick)
+        elif self._timer is None and (self._backlog or b.last_lsn - self.through >= MARK_LAG):
+            self._timer = loop.call_later(IDLE_S, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._urgent = False
+        loop = self._loop
+        wait = IDLE_S - (loop.time() - self._last_write)
+        if wait > 0 and self._entries < MAX_BACKLOG:  # batches are still being written: later
+            self._timer = loop.call_later(wait, self._tick)
+            return
+        try:
+            self._write(SLICE)
+        except Exception as e:  # noqa: BLE001 - a failed write stops the store, as the log's own does
+            log.exception("writing the key index failed; the store stops")
+            self._on_fatal(e)
+            return
+        if self._backlog and self._backlog[0][0] <= self._written_through:  # more written records wait
+            if self._entries >= MAX_BACKLOG:
+                self._urgent = True
+                self._timer = loop.call_soon(self._tick)
+            else:
+                self._timer = loop.call_later(IDLE_S, self._tick)
+
+    def catch_up(self) -> None:
+        """Write the entries of every record written so far (what must see the index whole calls this)."""
+        self._write(None)
+
+    def _write(self, limit: int | None) -> None:
+        """Write the entries of the oldest written records, whole records, up to `limit` entries (None:
+        all of them), and move `through` past them in the same WriteBatch."""
+        backlog, written_through = self._backlog, self._written_through
+        wb = WriteBatch(raw_mode=True)
+        put, h, lsn_key = wb.put, self._h_keys, keys.lsn_key
+        n = 0
+        while backlog and backlog[0][0] <= written_through and (limit is None or n < limit):
+            _lsn, entry_lsn, runs, offsets, texts = backlog.popleft()
+            for key, i in keys.key_entries(entry_lsn, runs, texts):
+                put(key, lsn_key(offsets[i]), h)
+            n += len(texts)
+        # every record before the oldest still waiting is indexed (those without keys have nothing)
+        through = min(backlog[0][0] - 1, written_through) if backlog else written_through
+        if not n and through <= self.through:
+            return
+        wb.put(THROUGH_KEY, lsn_key(through), self._h_meta)
+        self._db.db.write(wb)
+        self._entries -= n
+        self.through = through
+
+    # ---- retention and truncation ---------------------------------------------------------------------
+
+    def forget_entries(self, wb: "WriteBatch", entry_lsn: int, messages) -> None:
+        """Delete the entries of record `entry_lsn`'s keyed messages (retention and truncation, which
+        catch up first: none of them is still in the backlog)."""
+        texts = keys_of(messages)
+        if texts:
+            for key, _i in keys.key_entries(entry_lsn, runs_of(messages), texts):
+                wb.delete(key, self._h_keys)
+
+    def cut(self, dropped, last_kept: int, scratch: "Batch") -> None:
+        """The entries of dropped records go with them (Messages.cut says where they are); what is
+        indexed now ends at `last_kept` at most."""
+        if self.through > last_kept:
+            scratch.wb.put(THROUGH_KEY, keys.lsn_key(last_kept), self._h_meta)
