@@ -5,8 +5,9 @@ keyed members are sent (in queue order, as the Spark task sends them), then whil
     .venv/bin/python bench/job_member_profile.py [--members 300] [--messages 1000] [--rate 500]
         [--properties shared|each] [--no-profile]
 
-Prints the sending and ending rates, the broker's CPU per message in each phase and, for each
-phase, the broker's busy samples by the frame running (self) and by the frames on the stack
+Prints the sending and ending rates, the broker's CPU per message in each phase, the end again up
+to when every key is written (the key index is written behind the log: `end and keys`), and, for
+the two phases, the broker's busy samples by the frame running (self) and by the frames on the stack
 (inclusive). Samples of the loop waiting in select are left out. py-spy's sampling slows the
 broker a little: for before/after figures of a change, `--no-profile`, runs interleaved.
 `--properties each` sends the task's properties with every message (as before SEND_MESSAGE_SHARED);
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import zlib
 from pathlib import Path
 
@@ -74,7 +76,16 @@ def stop(p: subprocess.Popen | None) -> None:
     p.wait(timeout=60)
 
 
-async def run(address: str, pid: int, args, workdir: Path) -> dict:
+def key_backlog(admin: str) -> float:
+    """The broker's txbroker_key_index_backlog_messages (its key index is written behind the log)."""
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("txbroker_key_index_backlog_messages "):
+                return float(line.split()[1])
+    return 0.0  # a broker that writes every key with its record
+
+
+async def run(address: str, admin: str, pid: int, args, workdir: Path) -> dict:
     async with AsyncJobCoordinator("profile", address, request_timeout=120) as c:
         job = await c.open(timeout=3600)
         each = args.properties == "each"
@@ -102,7 +113,10 @@ async def run(address: str, pid: int, args, workdir: Path) -> dict:
             await asyncio.sleep(0.001)
         ended, ended_cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
         stop(p)
-    return {"send": (sent, sent_cpu), "end": (ended, ended_cpu)}
+        while await asyncio.to_thread(key_backlog, admin):  # until every key is findable
+            await asyncio.sleep(0.005)
+        keyed, keyed_cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
+    return {"send": (sent, sent_cpu), "end": (ended, ended_cpu), "end and keys": (keyed, keyed_cpu)}
 
 
 def report(raw: Path, top: int) -> None:
@@ -151,14 +165,14 @@ def main() -> int:
                 time.sleep(0.05)
         if args.no_profile:
             args.rate = 0
-        t = asyncio.run(run(f"127.0.0.1:{port}", broker.pid, args, workdir))
+        t = asyncio.run(run(f"127.0.0.1:{port}", f"127.0.0.1:{admin}", broker.pid, args, workdir))
         n = args.members * args.messages
         print(f"properties: {args.properties}")
-        for phase in ("send", "end"):
+        for phase in ("send", "end", "end and keys"):
             seconds, cpu = t[phase]
             print(f"== {phase}: {n:,} messages in {seconds:.2f} s ({n / seconds:,.0f} msgs/s); "
                   f"broker event loop CPU {cpu / n * 1e6:.2f} us per message")
-            if args.rate:
+            if args.rate and phase != "end and keys":
                 report(workdir / f"{phase}.raw", args.top)
     finally:
         broker.terminate()

@@ -14,6 +14,8 @@ healed and every transaction decided. Jepsen's rules for a transactional queue, 
   decision changed a job its home answered COMMITTED and ABORTED at different times, or answered
                    otherwise than the coordinator was acknowledged
   rewritten        a position of a queue read with two different messages (reader.py)
+  key lost         a committed message still stored that a read by its key does not find (reader.py)
+  key phantom      a read by a message's unique key that finds another message (reader.py)
   properties lost  a job member's message read without its job's id, the property sent once for
                    the member's messages (SEND_MESSAGE_SHARED) and stored once in its half record
   went back        a queue's end below an offset already read from it (reader.py)
@@ -157,6 +159,10 @@ def check(h: History, reader: Reader, unresolved: dict[str, int], masters_by_epo
         out["went back"] = list(reader.went_back)
     if reader.stuck:
         out["read stuck"] = list(reader.stuck)
+    if reader.key_lost:
+        out["key lost"] = list(reader.key_lost)
+    if reader.key_phantom:
+        out["key phantom"] = list(reader.key_phantom)
     return {k: v for k, v in out.items() if v}
 
 

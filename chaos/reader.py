@@ -16,6 +16,10 @@ it finds is judged as Jepsen judges a log:
   skipped     offsets retention deleted before the reader got to them (not an anomaly: the
               reader fell behind; every such offset is counted so a report shows the checks
               did not cover it)
+  key lost    a keyed transactional message still stored at the end (read in the last pass) that
+              a read by its key on its group does not find: the key index is written behind the
+              log, across kills, power loss, truncation and retention (store/derived/key_index.py)
+  key phantom a read by such a message's key (unique to it: `<txid>-<k>`) that finds another
 
 It also keeps the JOB_PROPERTY each job member's message was read with (the coordinator sends it
 once for the member's messages, and a second message's own PART_PROPERTY over the shared one; the
@@ -44,6 +48,8 @@ PART_PROPERTY = "chaos.part"  # shared "a"; a member's second message ("...b") c
 # under ASYNC flush can take what was read, and new writes refill the queue past the reader's next
 # offset before its first pull that answers, so no cut shows (seed 706).
 REREAD_AFTER_CUT = 256
+KEYED_TOPICS = ("Orders", "Billing")  # the workload's transactions key their messages `<txid>-<k>`, unique
+MAX_KEY_CHECKS = 1500  # per group: a read by key each, at the end
 
 
 @dataclass
@@ -60,6 +66,12 @@ class Reader:
     queues: dict = field(default_factory=dict)  # (group, topic) -> queue count
     # a job member's body -> every JOB_PROPERTY value it was read with (a re-read must not hide a read without it)
     member_jobs: dict = field(default_factory=lambda: defaultdict(set))
+    key_lost: list = field(default_factory=list)
+    key_phantom: list = field(default_factory=list)
+    keys_checked: int = 0
+    # the last pass's keyed transactional messages: (group, topic, key) -> (queue, offset, body)
+    stored_keyed: dict = field(default_factory=dict)
+    last_pass: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     rnd: random.Random = field(default_factory=lambda: random.Random(0))
 
@@ -110,8 +122,14 @@ class Reader:
                 for group, c in clients.items():
                     behind += await self._read_group(group, c, to_end=True)
                 if not behind:
+                    self.last_pass = True
+                    try:
+                        for group, c in clients.items():
+                            await self._verify_all(group, c)
+                    finally:
+                        self.last_pass = False
                     for group, c in clients.items():
-                        await self._verify_all(group, c)
+                        await self._verify_keys(group, c)
                     return True
                 await asyncio.sleep(0.2)
             return False
@@ -225,6 +243,8 @@ class Reader:
             if body.endswith("b") and m.properties.get(PART_PROPERTY) != "b":  # its own must win
                 job = f"{job} without its own {PART_PROPERTY}"
             self.member_jobs[body].add(job)
+        if self.last_pass and topic in KEYED_TOPICS and getattr(m, "keys", ""):
+            self.stored_keyed[(group, topic, m.keys)] = (q, offset, body)
         pos = (group, topic, q, offset)
         before = self.seen.get(pos)
         if before is None:
@@ -248,6 +268,27 @@ class Reader:
             for m in r.messages:
                 if m.queue_offset < self.next[(g, topic, q)]:
                     self._record(group, topic, q, m.queue_offset, m)
+
+    async def _verify_keys(self, group: str, c: AsyncPullConsumer) -> None:
+        """Every keyed message of the last pass on `group` (at most MAX_KEY_CHECKS, a sample), read
+        by its key; one retention deleted since is passed over."""
+        todo = sorted((t, k, v) for (g, t, k), v in self.stored_keyed.items() if g == group)
+        if len(todo) > MAX_KEY_CHECKS:
+            todo = self.rnd.sample(todo, MAX_KEY_CHECKS)
+        for topic, key, (q, offset, body) in todo:
+            try:
+                found = [m.body.decode(errors="replace") for m in await c.find_by_key(topic, key)]
+                if body not in found and await c.search_offset(topic, q, 0) > offset:
+                    continue  # retention deleted it after the last pass read it
+            except ClientError as e:
+                self.key_lost.append(f"{group} {topic}:{q} offset {offset} {body}: reading key {key!r} failed: {e}")
+                continue
+            self.keys_checked += 1
+            if body not in found:
+                self.key_lost.append(f"{group} {topic}:{q} offset {offset} {body}: not found by its key {key!r}")
+            others = sorted(set(found) - {body})
+            if others:
+                self.key_phantom.append(f"{group} {topic} key {key!r} of {body}: also finds {', '.join(others)}")
 
     async def _verify_all(self, group: str, c: AsyncPullConsumer) -> None:
         for (g, topic, q), end in list(self.next.items()):

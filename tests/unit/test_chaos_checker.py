@@ -20,7 +20,8 @@ def reader(member_jobs: dict | None = None, **topics: dict[str, list[tuple]]):
     """topic -> body -> positions (group, queue, offset) the end-of-run reader found it at;
     `member_jobs`: a member's body -> the job properties it was read with (None: each with its own job)."""
     return SimpleNamespace(bodies=lambda topic: topics.get(topic, {}), queues_groups=lambda: ["g0", "g1"],
-                           skipped={}, rewritten=[], went_back=[], stuck=[], member_jobs=member_jobs)
+                           skipped={}, rewritten=[], went_back=[], stuck=[], member_jobs=member_jobs,
+                           key_lost=[], key_phantom=[])
 
 
 def job(h: History, name: str, members: dict[str, tuple[str, str]], acked: str = "COMMIT") -> None:

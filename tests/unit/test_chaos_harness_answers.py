@@ -70,7 +70,8 @@ def test_members_of_a_job_its_coordinator_gave_up_on_are_recorded_rolled_back():
     assert {k: tx.intended for k, tx in h.txs.items()} == {"job.g0.e1.5-m0": "ROLLBACK", "job.g0.e1.5-m1": "ROLLBACK"}
     got = checker.check(h, SimpleNamespace(bodies=lambda topic: {"job1.0": [("g0", 0, 3)]} if topic == "Orders" else {},
                                            queues_groups=lambda: ["g0", "g1"], skipped={}, rewritten=[], went_back=[],
-                                           stuck=[], member_jobs={"job1.0": {"job.g0.e1.5"}}),
+                                           stuck=[], member_jobs={"job1.0": {"job.g0.e1.5"}}, key_lost=[],
+                                           key_phantom=[]),
                         {}, {})
     assert [x.split(":")[0] for x in got["phantom"]] == ["job.g0.e1.5-m0 (member on g0)"]
 

@@ -5,6 +5,9 @@ check-back scan), which never touch this module.
     txbroker_role{role}                       1 for what this broker is now: master, slave, fenced
     txbroker_epoch                            its epoch (bumped by each failover)
     txbroker_log_end_offset                   last LSN written; txbroker_durable_offset: published
+    txbroker_key_index_backlog_messages       keyed messages readable but not yet findable by key
+                                              (the key index is written behind the log); and
+                                              txbroker_key_index_offset: last LSN whose keys are written
     txbroker_replication_lag_records{slave}   master: records a slave has not acknowledged
     txbroker_replication_lag_seconds{slave}   master: how long ago the first of them was written
     txbroker_replication_slave_in_sync{slave} master: 1 when it follows live (a SYNC write counts it)
@@ -85,6 +88,10 @@ class StateCollector:
         yield GaugeMetricFamily("txbroker_log_end_offset", "Last LSN written to the log", value=b.state.next_lsn - 1)
         yield GaugeMetricFamily("txbroker_durable_offset", "Last LSN durable and published",
                                 value=b.state.durable_lsn)
+        waiting, through = b.state.key_index_lag()
+        yield GaugeMetricFamily("txbroker_key_index_backlog_messages", "Keyed messages whose key-index entries are "
+                                "still to be written (a read by key writes them first)", value=waiting)
+        yield GaugeMetricFamily("txbroker_key_index_offset", "Last LSN whose records' keys are written", value=through)
 
     def _replication(self, b):
         if b.role.is_master:

@@ -1,8 +1,10 @@
 """The state derived from the log, one family per module, each with one owner (RocketMQ's
 CommitLogDispatchers, which each build one index from the commit log and cut it back themselves):
 
-  messages.py      queues and topics: the queue and key indexes, queue ends, what readers may see,
+  messages.py      queues and topics: the queue index, queue ends, what readers may see,
                    consumers' send-backs
+  key_index.py     lookup by message key, written behind the log (as RocketMQ's IndexFile): its
+                   records only queue their keys; `through` says how far it is written
   transactions.py  half messages pending or parked, and decisions (committed, rolled back)
   jobs.py          coordinated transactions: jobs by id and by name, their members
   offsets.py       consumer groups' committed offsets
