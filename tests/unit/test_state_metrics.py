@@ -15,7 +15,7 @@ from txbroker.store.records import PARKED, PREPARED, PendingTx
 
 def fake_broker(offsets, pending=(), topics=None, end=100):
     state = SimpleNamespace(
-        next_lsn=11, durable_lsn=10, topics=topics or {},
+        next_lsn=11, durable_lsn=10, topics=topics or {}, key_index_lag=lambda: (0, 10),
         pending_transactions=lambda: list(pending), consumer_offsets=lambda: list(offsets),
         readable_end=lambda topic, queue: end)
     return SimpleNamespace(
@@ -48,6 +48,8 @@ def test_per_queue_lag_is_bounded_keeping_the_largest(monkeypatch):
     assert count(samples, "txbroker_consumer_group_committed_messages_total") == 3
     assert samples[("txbroker_role", frozenset({("role", "slave")}))] == 1
     assert samples[("txbroker_replication_connected", frozenset())] == 1
+    assert samples[("txbroker_key_index_offset", frozenset())] == 10
+    assert samples[("txbroker_key_index_backlog_messages", frozenset())] == 0
 
 
 def test_pending_groups_are_bounded(monkeypatch):

@@ -526,9 +526,15 @@ class StateMachine:
 
     async def close(self) -> None:
         try:
-            await self.drain()  # the key index whole: an older broker may open this store next
+            await self._writer.drain()
         except RuntimeError:  # stopped after a failed batch: nothing more to write
             pass
+        else:
+            try:  # the key index whole: an older broker, which knows no backlog, may open this store next
+                self.key_index.catch_up()
+            except Exception as e:  # noqa: BLE001 - e.g. a full disk: the next start indexes it from the log
+                log.warning("store %s: the key index could not be written at the stop (%s); the next start "
+                            "indexes what is missing from the log", self.path, e)
         self.key_index.close()
         self.db.close()
         # Column-family handles keep RocksDB (and its LOCK) open until they are gone: the families hold some.
