@@ -43,6 +43,7 @@ def _assert_held(out: dict, families: str) -> None:
     assert out["commits_acknowledged"] > 0 and out["group"]["consumed"] > 0, (out["operations"], out["group"])
     assert out["operations"].get("txs spanning groups", 0) > 0, out["operations"]
     assert out["operations"].get("members acknowledged COMMIT", 0) > 0, out["operations"]  # jobs over the groups
+    assert out["keys_checked"] > 0, out["keys_checked"]  # keyed commits read by key (the index behind the log)
     assert out["anomalies"] == {}, (f"seed {out['seed']}: {out['anomalies']}\n"
                                     + json.dumps(out["anomaly_details"], indent=1) + "\nfaults: "
                                     + json.dumps(out["events"]))

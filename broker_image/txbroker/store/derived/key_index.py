@@ -118,17 +118,22 @@ class KeyIndex(Family):
 
     def written(self, b: "Batch") -> None:
         self._written_through = b.last_lsn
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        self._last_write = loop.time()
-        if self._entries >= MAX_BACKLOG:
-            if not self._urgent:  # not waiting for the loop to be idle any longer
+        if self._timer is not None:  # a write is due: it waits while batches are being written
+            self._last_write = self._loop.time()
+            if self._entries >= MAX_BACKLOG and not self._urgent:  # waiting for an idle loop no longer
                 self.close()
                 self._urgent = True
+                self._timer = self._loop.call_soon(self._tick)
+        elif self._backlog or b.last_lsn - self.through >= MARK_LAG:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            self._last_write = loop.time()
+            if self._entries >= MAX_BACKLOG:
+                self._urgent = True
                 self._timer = loop.call_soon(self._tick)
-        elif self._timer is None and (self._backlog or b.last_lsn - self.through >= MARK_LAG):
-            self._timer = loop.call_later(IDLE_S, self._tick)
+            else:
+                self._timer = loop.call_later(IDLE_S, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
