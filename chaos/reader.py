@@ -69,6 +69,7 @@ class Reader:
     key_lost: list = field(default_factory=list)
     key_phantom: list = field(default_factory=list)
     keys_checked: int = 0
+    keys_gone: int = 0  # not checked: retention deleted them between the last pass and their check
     # the last pass's keyed transactional messages: (group, topic, key) -> (queue, offset, body)
     stored_keyed: dict = field(default_factory=dict)
     last_pass: bool = False
@@ -280,7 +281,8 @@ class Reader:
             try:
                 found = [m.body.decode(errors="replace") for m in await c.find_by_key(topic, key)]
                 if body not in found and not await self._still_stored(c, topic, q, offset):
-                    continue  # retention deleted it after the last pass read it
+                    self.keys_gone += 1  # retention deleted it after the last pass read it
+                    continue
             except ClientError as e:
                 self.key_lost.append(f"{group} {topic}:{q} offset {offset} {body}: reading key {key!r} failed: {e}")
                 continue

@@ -577,7 +577,7 @@ def _run(rnd: random.Random, seed: int, duration: float, cluster: Cluster, mode:
             "reordered_after_route_change": len(reordered), "reordered_after_route_change_details": reordered[:20],
             "unverified": len(unverified), "unverified_details": unverified[:20],
             "skipped_by_retention": len(skipped), "skipped_details": skipped[:20],
-            "keys_checked": reader.keys_checked,
+            "keys_checked": reader.keys_checked, "keys_gone_before_checked": reader.keys_gone,
             "group": checker.group_counts(h, reader),
             "liveness": _liveness(events, h, end),
             "restarts": {p.name: p.starts - 1 for g in cluster.groups.values() for p in g.procs},
