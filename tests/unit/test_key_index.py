@@ -8,6 +8,7 @@ import gc
 import random
 
 import pytest
+from rocksdict import WriteBatch
 
 from txbroker.protocol.bodies import Message
 from txbroker.protocol.codes import TransactionState
@@ -206,6 +207,136 @@ def test_crashes_retention_and_truncation_leave_the_index_of_the_kept_log(tmp_pa
         assert entries(s) == want
         assert s.key_index.through == s.next_lsn - 1
         assert sum(map(len, found.values())) == sum(1 for k in want if k.split(b"\x00")[1].startswith(b"k"))
+        await s.close()
+
+    asyncio.run(main())
+
+
+class FailingWrites:
+    """The store's RocksDB, whose next `fail` writes raise (a full disk, say)."""
+
+    def __init__(self, db, fail: int):
+        self._db, self.fail = db, fail
+
+    def write(self, *args, **kwargs):
+        if self.fail:
+            self.fail -= 1
+            raise OSError("IO error: No space left on device")
+        return self._db.write(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
+def test_a_failed_write_of_the_key_index_loses_no_key(tmp_path, monkeypatch):
+    """The records of a write that failed (on a read by key, or the timer's) are still queued: a
+    later write, or the next start, indexes them (the review's reproduction: they were taken off
+    the queue first, and `through` moved past them with the next write)."""
+    monkeypatch.setattr(key_index, "IDLE_S", 3600.0)
+
+    async def main():
+        fatal = []
+        s = StateMachine(str(tmp_path), False, fatal.append)
+        keyed(s, "a")
+        await s.barrier()
+        real = s.db.db
+        s.db.db = FailingWrites(real, 1)
+        with pytest.raises(OSError):
+            MessageReader(s).by_key("T", "a-t", 10)
+        assert s.key_index.backlog_messages() == 6
+        s.db.db.fail = 1
+        monkeypatch.setattr(key_index, "IDLE_S", 0.0)
+        s.key_index.close()
+        s.key_index._tick()  # the timer's write fails too: the store is told to stop
+        assert fatal and s.key_index.backlog_messages() == 6
+        s.db.db = real
+        keyed(s, "b")  # a request answered while the broker stops
+        await s.barrier()
+        for _ in range(100):  # the timer, once the loop is idle
+            if not s.key_index.backlog_messages():
+                break
+            await asyncio.sleep(0.01)
+        assert s.key_index.backlog_messages() == 0
+        assert [m.body for m in MessageReader(s).by_key("T", "a-t", 10)] == [b"a-t0", b"a-t1", b"a-t2"]
+        await s.close()
+
+    asyncio.run(main())
+
+
+def test_a_mark_above_the_log_end_is_brought_down_at_the_start(tmp_path, monkeypatch):
+    """A release before the key index was written behind the log truncates without knowing the mark
+    (a rollback, then forward again): records written again below the old mark must still be
+    indexed again after a crash."""
+    monkeypatch.setattr(key_index, "IDLE_S", 3600.0)
+
+    async def main():
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        for i in range(5):
+            keyed(s, f"x{i}")
+        await s.drain()
+        crash(s)
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        # what the older broker's truncation leaves: the log cut, the mark not
+        wb = WriteBatch(raw_mode=True)
+        wb.delete_range(keys.lsn_key(6), keys.lsn_key(2**64 - 1), s.db.handles["log"])
+        s.db.db.write(wb)
+        crash(s)
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        assert s.key_index.through == s.next_lsn - 1 == 5
+        keyed(s, "y")
+        await s.barrier()
+        crash(s)
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        assert [m.body for m in MessageReader(s).by_key("T", "y-n", 10)] == [b"y-n0", b"y-n1", b"y-n2"]
+        await s.close()
+
+    asyncio.run(main())
+
+
+def test_the_mark_moves_under_steady_load_without_keys(tmp_path, monkeypatch):
+    """Recovery scans the log after the mark: while no key waits, the mark follows the log every
+    MARK_LAG records, idle or not (the review: it stood still until the loop was idle)."""
+    monkeypatch.setattr(key_index, "IDLE_S", 3600.0)
+    monkeypatch.setattr(key_index, "MARK_LAG", 50)
+
+    async def main():
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        for i in range(400):
+            s.append_messages(1, [Message("T", b"m%d" % i, queue_id=0)])
+            await s.barrier()
+            await asyncio.sleep(0)
+        assert s.next_lsn - 1 - s.key_index.through <= 2 * 50
+        await s.close()
+
+    asyncio.run(main())
+
+
+def test_a_large_backlog_is_written_in_slices_for_a_read_by_key(tmp_path, monkeypatch):
+    """A read by key waiting on many keys lets other work run between slices (the review measured
+    the loop stopped 0.38 s for 200,000 keys written at once)."""
+    monkeypatch.setattr(key_index, "IDLE_S", 3600.0)
+    monkeypatch.setattr(key_index, "SLICE", 4)
+
+    async def main():
+        s = StateMachine(str(tmp_path), False, lambda e: None)
+        for i in range(10):
+            keyed(s, f"x{i}")
+        await s.barrier()
+        ticks = 0
+
+        async def other_work():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        before = ticks
+        await s.index_keys_now()
+        t.cancel()
+        assert s.key_index.backlog_messages() == 0
+        assert ticks - before >= 5, "the keys were written in one step"
         await s.close()
 
     asyncio.run(main())

@@ -5,7 +5,7 @@ check-back scan), which never touch this module.
     txbroker_role{role}                       1 for what this broker is now: master, slave, fenced
     txbroker_epoch                            its epoch (bumped by each failover)
     txbroker_log_end_offset                   last LSN written; txbroker_durable_offset: published
-    txbroker_key_index_backlog_messages       keyed messages readable but not yet findable by key
+    txbroker_key_index_backlog_messages       messages of keyed records readable, not yet found by key
                                               (the key index is written behind the log); and
                                               txbroker_key_index_offset: last LSN whose keys are written
     txbroker_replication_lag_records{slave}   master: records a slave has not acknowledged
@@ -89,8 +89,8 @@ class StateCollector:
         yield GaugeMetricFamily("txbroker_durable_offset", "Last LSN durable and published",
                                 value=b.state.durable_lsn)
         waiting, through = b.state.key_index_lag()
-        yield GaugeMetricFamily("txbroker_key_index_backlog_messages", "Keyed messages whose key-index entries are "
-                                "still to be written (a read by key writes them first)", value=waiting)
+        yield GaugeMetricFamily("txbroker_key_index_backlog_messages", "Messages of keyed records whose key-index "
+                                "entries are still to be written (a read by key writes them first)", value=waiting)
         yield GaugeMetricFamily("txbroker_key_index_offset", "Last LSN whose records' keys are written", value=through)
 
     def _replication(self, b):

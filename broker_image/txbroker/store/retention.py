@@ -43,7 +43,7 @@ async def delete_before(state: "StateMachine", mark: Mark, now_ms: int) -> int:
     h_log = db.handles["log"]
     # Records before the mark are written: their keys are, once this returns, so forgetting a record
     # deletes every entry it has (none is written after it is gone).
-    state.key_index.catch_up()
+    await state.key_index.caught_up()
     needed = frozenset(mark.needed)
     rp = RetentionPass(now_ms, mark.lsn, needed)
     deleted = 0

@@ -513,7 +513,11 @@ class StateMachine:
         """Everything appended so far is written to the local disk (not necessarily replicated), the
         key index's entries included."""
         await self._writer.drain()
-        self.key_index.catch_up()
+        await self.key_index.caught_up()
+
+    async def index_keys_now(self) -> None:
+        """Every key of what is written so far written to the key index (a slice at a time)."""
+        await self.key_index.caught_up()
 
     def barrier(self) -> asyncio.Future | None:
         """A future that resolves when everything appended so far is durable and published (the

@@ -195,5 +195,10 @@ class QueryByKeyProcessor:
         conn.access.require_topic(req.topic, SUB)
         self._b.role.require_current()
         self._b.topics.require(req.topic)
-        out = self._b.reader.by_key(req.topic, req.key, min(req.max_messages, 1024))
-        return ok(QueryByKeyResponse(out))
+        if self._b.state.key_index_lag()[0]:  # keys still to be written: a slice at a time first
+            return self._after_keys(req)
+        return ok(QueryByKeyResponse(self._b.reader.by_key(req.topic, req.key, min(req.max_messages, 1024))))
+
+    async def _after_keys(self, req: QueryByKeyRequest) -> Reply:
+        await self._b.state.index_keys_now()
+        return ok(QueryByKeyResponse(self._b.reader.by_key(req.topic, req.key, min(req.max_messages, 1024))))
