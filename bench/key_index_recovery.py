@@ -32,8 +32,15 @@ from txbroker.store.records import EndRecord, HalfRecord  # noqa: E402
 from txbroker.store.state import StateMachine  # noqa: E402
 
 
+async def written(s: StateMachine) -> None:
+    pending = s.barrier()  # (None: all of it written and published already)
+    if pending is not None:
+        await pending
+
+
 async def fill(path: str, commits: int, messages: int, whole: bool) -> None:
-    key_index.IDLE_S = 3600.0  # nothing written behind unless asked
+    key_index.IDLE_S = 3600.0  # nothing written behind unless asked,
+    key_index.MAX_BACKLOG = commits * messages + 1  # up to the broker's own bound (MAX_BACKLOG messages)
     s = StateMachine(path, False, lambda e: None)
     body = b"x" * 100
     for c in range(commits):
@@ -43,8 +50,8 @@ async def fill(path: str, commits: int, messages: int, whole: bool) -> None:
         s.append_to_queues(p.runs, lambda offsets: EndRecord(p.transaction_id, half, TransactionState.COMMIT, 2,
                                                              offsets))
         if c % 50 == 49:
-            await s.barrier()
-    await s.barrier()
+            await written(s)
+    await written(s)
     if whole:
         s.key_index.catch_up()
     # dropped, as a killed process leaves it (a column family's handle holds RocksDB's LOCK)

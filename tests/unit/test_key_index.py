@@ -1,7 +1,7 @@
 """The key index kept behind the log (store/derived/key_index.py), on a real store: a record's keys
-are written after it, so whatever a crash, a retention pass or a truncation meets, the keys column
-family ends as a store that indexed every record with its own write would hold it, and a read by
-key sees every committed message the moment its commit is written."""
+are written after it, so whatever a crash, a failed write, a retention pass or a truncation meets,
+the keys column family ends as the index derived from the log that is left, and a read by key sees
+every committed message the moment its commit is written."""
 
 import asyncio
 import gc
@@ -171,8 +171,8 @@ def test_a_large_backlog_is_written_while_the_loop_is_busy(tmp_path, monkeypatch
 def test_crashes_retention_and_truncation_leave_the_index_of_the_kept_log(tmp_path, monkeypatch, seed):
     """Random histories of every record kind, with crashes (the backlog lost), retention passes and
     truncations while records' keys are still to be written: at the end, the keys column family is
-    what a store that replays the same log holds, and every keyed message still stored and committed
-    is found by key (the records' own keys, k<i>)."""
+    the index derived from the log that is left (`expected`), and a read of each key finds as many
+    messages as it holds entries (the records' own keys, k<i>)."""
     rnd = random.Random(seed)
     if seed % 2:
         monkeypatch.setattr(key_index, "IDLE_S", 3600.0)  # behind all along, but for the reads and passes
