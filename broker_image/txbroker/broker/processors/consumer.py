@@ -201,4 +201,5 @@ class QueryByKeyProcessor:
 
     async def _after_keys(self, req: QueryByKeyRequest) -> Reply:
         await self._b.state.index_keys_now()
+        self._b.role.require_current()  # (again: the broker may have stepped down meanwhile)
         return ok(QueryByKeyResponse(self._b.reader.by_key(req.topic, req.key, min(req.max_messages, 1024))))
