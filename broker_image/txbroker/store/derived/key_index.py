@@ -42,11 +42,11 @@ log = logging.getLogger(__name__)
 
 THROUGH_KEY = b"keyindex/through"
 IDLE_S = 0.002  # written once no batch was written for this long
-# Entries waiting, past which they are written while the loop is busy (one SLICE per iteration).
-# About what a million pending keyed messages held in memory before their END: the backlog keeps
-# their key lists a little longer, no more.
+# Messages (of keyed records) waiting, past which they are written while the loop is busy (a SLICE
+# per iteration). About what a million pending keyed messages held in memory before their END: the
+# queue keeps their key lists a little longer, no more.
 MAX_BACKLOG = 1_000_000
-SLICE = 16_384  # entries per write (whole records): the loop's pause for one, a few milliseconds
+SLICE = 16_384  # messages per write (whole records): the loop's pause for one, a few milliseconds
 # `through` follows the log within about this many records, busy or not: what a start after a crash
 # reads again (a big job's END records, one per member, stay within it and wait for an idle loop).
 MARK_LAG = 4096
