@@ -16,9 +16,10 @@ it finds is judged as Jepsen judges a log:
   skipped     offsets retention deleted before the reader got to them (not an anomaly: the
               reader fell behind; every such offset is counted so a report shows the checks
               did not cover it)
-  key lost    a keyed transactional message still stored at the end (read in the last pass) that
-              a read by its key on its group does not find: the key index is written behind the
-              log, across kills, power loss, truncation and retention (store/derived/key_index.py)
+  key lost    a keyed message of a transaction or a job member, still stored at the end (read in
+              the last pass), that a read by its key on its group does not find: the key index is
+              written behind the log, across kills, power loss, truncation and retention
+              (store/derived/key_index.py)
   key phantom a read by such a message's key (unique to it: `<txid>-<k>`) that finds another
 
 It also keeps the JOB_PROPERTY each job member's message was read with (the coordinator sends it
@@ -48,7 +49,7 @@ PART_PROPERTY = "chaos.part"  # shared "a"; a member's second message ("...b") c
 # under ASYNC flush can take what was read, and new writes refill the queue past the reader's next
 # offset before its first pull that answers, so no cut shows (seed 706).
 REREAD_AFTER_CUT = 256
-KEYED_TOPICS = ("Orders", "Billing")  # the workload's transactions key their messages `<txid>-<k>`, unique
+KEYED_TOPICS = ("Orders", "Billing")  # transactions and job members key each message `<txid>-<k>`: unique
 MAX_KEY_CHECKS = 1500  # per group: a read by key each, at the end
 
 

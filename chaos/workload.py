@@ -229,8 +229,11 @@ async def _coordinator(c: AsyncClusterJobCoordinator, h: History, stop: threadin
                 added.append(txid)
                 # the job's id as a property every message carries, sent once (SEND_MESSAGE_SHARED,
                 # stored once in the half record): the reader checks it on every member it reads
-                msgs = [Message("Orders", b.encode(), properties={PART_PROPERTY: "b"} if b.endswith("b") else {})
-                        for b in bodies]
+                # keyed, as a Spark task's rows are: a member's END queues its keys behind the log
+                # (the reader reads each one by its key at the end)
+                msgs = [Message("Orders", b.encode(), keys=f"{txid}-{i}",
+                                properties={PART_PROPERTY: "b"} if b.endswith("b") else {})
+                        for i, b in enumerate(bodies)]
                 await c.send(job, group, msgs, txid, properties={JOB_PROPERTY: job.job_id, PART_PROPERTY: "a"})
                 members.setdefault(group, []).append(txid)
                 order.append(txid)

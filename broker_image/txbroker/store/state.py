@@ -506,7 +506,7 @@ class StateMachine:
     # ---- waiting for writes -------------------------------------------------------------------------
 
     def key_index_lag(self) -> tuple[int, int]:
-        """(keyed messages whose key-index entries are still to be written, last LSN indexed)."""
+        """(messages of keyed records whose key-index entries are still to be written, last LSN indexed)."""
         return self.key_index.backlog_messages(), self.key_index.through
 
     async def drain(self) -> None:

@@ -77,14 +77,12 @@ class KeyIndex(Family):
         log_end = keys.lsn_from_key(last) if last else 0
         self._written_through = log_end
         v = self._db.meta.get(THROUGH_KEY)
-        if v is None:  # a new store, or one a broker that wrote every key with its record left
-            self.through = log_end
-            self._db.meta.put(THROUGH_KEY, keys.lsn_key(log_end), write_opt=sync_write_options())
-            return
-        self.through = keys.lsn_from_key(v)
-        if self.through > log_end:  # a broker that knows no mark truncated the log (a rollback, then forward)
-            self.through = log_end
-            self._db.meta.put(THROUGH_KEY, keys.lsn_key(log_end), write_opt=sync_write_options())
+        # No mark: a new store, or one a broker that wrote every key with its record left. A mark
+        # above the log's end: a broker that knows no mark truncated the log (a rollback, then forward).
+        stored = keys.lsn_from_key(v) if v is not None else None
+        self.through = log_end if stored is None else min(stored, log_end)
+        if self.through != stored:
+            self._db.meta.put(THROUGH_KEY, keys.lsn_key(self.through), write_opt=sync_write_options())
         queued = 0
         for k, raw in self._db.log.items(from_key=keys.lsn_key(self.through + 1)):
             r = decode_record(raw)
