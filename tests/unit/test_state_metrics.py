@@ -20,7 +20,7 @@ def fake_broker(offsets, pending=(), topics=None, end=100):
         readable_end=lambda topic, queue: end)
     return SimpleNamespace(
         role=SimpleNamespace(role="slave", fenced_by=0, epoch=3, is_master=False), state=state,
-        follower=SimpleNamespace(connected=True), leader=None, config=None,
+        follower=SimpleNamespace(connected=True), leader=None, config=None, idle_poll=None,
         settings=SimpleNamespace(for_group=lambda g: TransactionSettings()))
 
 
@@ -50,6 +50,7 @@ def test_per_queue_lag_is_bounded_keeping_the_largest(monkeypatch):
     assert samples[("txbroker_replication_connected", frozenset())] == 1
     assert samples[("txbroker_key_index_offset", frozenset())] == 10
     assert samples[("txbroker_key_index_backlog_messages", frozenset())] == 0
+    assert samples[("txbroker_idle_poll_seconds_total", frozenset())] == 0  # (a broker that sleeps at once)
 
 
 def test_pending_groups_are_bounded(monkeypatch):

@@ -14,6 +14,7 @@ import msgspec
 from msgspec import Struct, field
 
 from txbroker.protocol.admin import SettingsError, TransactionSettings
+from txbroker.protocol.idle_poll import MAX_WINDOW_US
 
 
 class ConfigError(SettingsError):
@@ -67,6 +68,11 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     max_message_size: int = 4 * 1024 * 1024
     reject_transaction_message: bool = False
     max_inflight_per_connection: int = 1024
+    # After its last read or write the event loop polls this long before it sleeps in epoll (giving
+    # the CPU to any other process that wants it): a request arriving meanwhile is not delayed by a
+    # wake-up (protocol/idle_poll.py; Seastar's idle-poll-time-us). 0: sleep at once, for hosts
+    # whose CPUs are shared too thinly to spend any polling.
+    idle_poll_us: int = 200
     # Limits (broker/limits.py).
     max_connections: int = 4096
     max_unacked_bytes: int = 256 * 1024 * 1024  # request bytes held unanswered, all connections together
@@ -165,6 +171,8 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
         if not 1 <= self.max_inflight_per_connection <= 1_000_000:
             raise ConfigError(f"max_inflight_per_connection must be between 1 and 1000000, "
                               f"got {self.max_inflight_per_connection}")
+        if not 0 <= self.idle_poll_us <= MAX_WINDOW_US:
+            raise ConfigError(f"idle_poll_us must be between 0 (off) and {MAX_WINDOW_US}, got {self.idle_poll_us}")
         if self.idle_timeout_ms < 0 or 0 < self.idle_timeout_ms < 100:
             raise ConfigError(f"idle_timeout_ms must be 0 (never) or at least 100, got {self.idle_timeout_ms}")
         if self.auth_timeout_ms < 100:

@@ -37,7 +37,9 @@ from txbroker.broker.wal_sync_service import WalSyncService
 from txbroker.broker.role import RoleState
 from txbroker.broker.schedule_service import ScheduleService
 from txbroker.broker.transaction.settings import SettingsBook
+from txbroker.protocol import idle_poll
 from txbroker.protocol.admin import Replication
+from txbroker.protocol.idle_poll import IdlePoll
 from txbroker.broker.tls import BrokerTls, TlsError
 from txbroker.broker.topics import TopicRegistry
 from txbroker.broker.transaction.service import TransactionService, now_ms
@@ -105,6 +107,7 @@ class Broker:
         self.metrics.registry.register(StateCollector(self))  # read at scrape time only
         self.handlers = processors.handlers(self)
         self.connections: set[BrokerConnection] = set()
+        self.idle_poll: IdlePoll | None = None  # set at start: the loop's poll before it sleeps (idle_poll_us)
         self.ready = False
         self.exit_code = 0
         self.stopped = asyncio.Event()
@@ -116,6 +119,7 @@ class Broker:
     async def start(self) -> None:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
+        self.idle_poll = idle_poll.for_loop(loop, self.config.idle_poll_us)  # before any connection opens
         restarted = self.role.is_master and self.state.epoch != 0
         if restarted:  # its hold in force before any port answers (seed 509)
             await self._lead()

@@ -26,6 +26,8 @@ check-back scan), which never touch this module.
                                               rate is the group's consumption rate
     txbroker_dead_letters_total{consumer_group}  messages stored in the group's %DLQ% topic (0 for a
                                               group with committed offsets and no dead letter yet)
+    txbroker_idle_poll_seconds_total          the event loop's time polling, with nothing to do, before
+                                              it sleeps (idle_poll_us): the CPU that polling costs
     txbroker_metrics_series_dropped{family}   series left out of this scrape by the bounds below
 
 Cardinality: groups come and go with clients, queues with topics. Per-queue lag is kept for at most
@@ -92,6 +94,10 @@ class StateCollector:
         yield GaugeMetricFamily("txbroker_key_index_backlog_messages", "Messages of keyed records whose key-index "
                                 "entries are still to be written (a read by key writes them first)", value=waiting)
         yield GaugeMetricFamily("txbroker_key_index_offset", "Last LSN whose records' keys are written", value=through)
+        poll = b.idle_poll
+        yield CounterMetricFamily("txbroker_idle_poll_seconds", "Time the event loop spent polling with nothing to "
+                                  "do after its last read or write, before it slept (idle_poll_us)",
+                                  value=poll.polled_seconds if poll is not None else 0.0)
 
     def _replication(self, b):
         if b.role.is_master:

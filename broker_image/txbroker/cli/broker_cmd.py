@@ -35,6 +35,11 @@ def register(sub) -> None:
     p.add_argument("--flush-interval-ms", type=int,
                    help="ASYNC flush: fsync the log this often; a power loss takes at most what was written since "
                         "(default 500, RocketMQ's flushIntervalCommitLog)")
+    p.add_argument("--idle-poll-us", type=int,
+                   help="after its last read or write the event loop polls this many microseconds before it "
+                        "sleeps, yielding the CPU to any process that wants it: the next request is not delayed "
+                        "by a wake-up (default 200; 0: sleep at once, for thinly shared CPUs). Clients: "
+                        "TXBROKER_IDLE_POLL_US")
     p.add_argument("--replication-mode", choices=["SYNC", "ASYNC"],
                    help="SYNC: answer writes once --sync-replicas slaves have them; ASYNC (default): once the master has")
     p.add_argument("--sync-replicas", type=int, help="slaves that must acknowledge a SYNC write (default 1)")
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {
         "data_dir": args.data_dir, "listen": args.listen, "admin_listen": args.admin_listen, "role": args.role,
         "master": args.master, "broker_name": args.broker_name, "group": args.group, "cluster_file": args.cluster_file, "flush_disk_type": args.flush_disk_type,
-        "flush_interval_ms": args.flush_interval_ms,
+        "flush_interval_ms": args.flush_interval_ms, "idle_poll_us": args.idle_poll_us,
         "max_message_size": args.max_message_size, "reject_transaction_message": args.reject_transaction_message,
         "auto_create_topic": args.auto_create_topic, "log_level": args.log_level,
         "replication_mode": args.replication_mode, "sync_replicas": args.sync_replicas,

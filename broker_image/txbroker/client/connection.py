@@ -24,6 +24,7 @@ from txbroker.client.errors import (
 )
 from txbroker.client.log_limit import RepeatedWarnings
 from txbroker.client.security import as_credentials, as_tls, authenticate, tls_error
+from txbroker.protocol import idle_poll
 from txbroker.protocol.batched import BatchedProtocol
 from txbroker.protocol.bodies import BODY_ERRORS, ErrorBody, HeartbeatRequest, HeartbeatResponse, decoder, encode
 from txbroker.protocol.codes import RequestCode, ResponseCode
@@ -100,6 +101,8 @@ class Connection(BatchedProtocol):
         host, _, port = self.address.rpartition(":")
         host = host.strip("[]")
         loop = asyncio.get_running_loop()
+        poll = idle_poll.for_loop(loop, idle_poll.client_window_us())
+        self._touch = poll.touch if poll is not None else None
         extra = {}
         if self._ssl is not None:
             extra = {"ssl": self._ssl, "server_hostname": self._server_hostname or host,
@@ -116,6 +119,8 @@ class Connection(BatchedProtocol):
     # ---- asyncio callbacks (connection_made: BatchedProtocol) -----------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._touch is not None:
+            self._touch()
         for item in self._decoder.feed(data):
             if type(item) is FrameError:
                 log.error("bad frame from %s: %s", self.address, item.reason)

@@ -29,6 +29,7 @@ class BatchedProtocol(asyncio.Protocol):
         self._writing_paused = False
         self._writable = asyncio.Event()
         self._writable.set()
+        self._touch = None  # the loop's IdlePoll.touch (protocol/idle_poll.py), if it polls before sleeping
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -54,6 +55,8 @@ class BatchedProtocol(asyncio.Protocol):
         caller hands the frames over itself (`flush_now`) once it has queued what goes together:
         then True says this frame started the batch, so the caller must."""
         out = self._out
+        if self._touch is not None:
+            self._touch()
         self._out_bytes += len(data)
         if out is None:
             self._out = [data]

@@ -1,0 +1,96 @@
+"""Polling a moment after the last read or write, before the event loop sleeps.
+
+A loop that blocks in epoll the moment it has nothing to do is woken by the next request: the
+kernel's wake-up, and on a virtual machine the vCPU's way out of its halt and back, cost more than
+a small request does, and leave caches cold (bench/README.md, "2026-12-07: polling before the
+loop sleeps": one producer's transactions, 2,200 a second sleeping, 6,300 polling). So after each
+frame read or written, the loop goes on polling, one iteration at a time with epoll asked not to
+wait, for `window` seconds; past it, it blocks as before. Each polling iteration gives the CPU to
+any other process that wants it (sched_yield): a loop that polls never holds a core another
+process is waiting for. Seastar (Redpanda, ScyllaDB) polls the same way before it sleeps, 200 us
+by default (--idle-poll-time-us).
+
+One poller a loop, shared by every connection on it (the broker's, or the clients' of a process).
+`touch` is on the read and write paths: it sets a flag, and arms the poll if it is not running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import weakref
+
+DEFAULT_WINDOW_US = 200
+MAX_WINDOW_US = 1_000_000
+# The clients' window, for every client on a loop: TXBROKER_IDLE_POLL_US (0: the loop sleeps at once).
+CLIENT_ENV = "TXBROKER_IDLE_POLL_US"
+
+_perf_counter = time.perf_counter  # (a module global: the tests drive a clock of their own)
+_sched_yield = getattr(os, "sched_yield", None) or (lambda: None)
+
+
+class IdlePoll:
+    __slots__ = ("_loop", "_window", "_touched", "_polling", "_until", "_last", "polled_seconds", "_poll_cb")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, window_us: int):
+        self._loop = loop
+        self._window = window_us / 1e6
+        self._touched = False  # a read or write since the poll last looked
+        self._polling = False
+        self._until = 0.0  # polling ends here unless touched again
+        self._last = 0.0  # when the poll last looked
+        self.polled_seconds = 0.0  # loop iterations with nothing read or written: what polling costs
+        self._poll_cb = self._poll
+
+    def touch(self) -> None:
+        if self._polling:
+            self._touched = True
+            return
+        self._polling = True
+        self._last = now = _perf_counter()
+        self._until = now + self._window
+        self._loop.call_soon(self._poll_cb)
+
+    def _poll(self) -> None:
+        now = _perf_counter()
+        if self._touched:
+            self._touched = False
+            self._until = now + self._window
+        else:
+            self.polled_seconds += now - self._last
+        self._last = now
+        if now < self._until and not self._loop.is_closed():
+            _sched_yield()
+            self._loop.call_soon(self._poll_cb)
+        else:
+            self._polling = False
+
+
+_BY_LOOP: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, IdlePoll | None]" = weakref.WeakKeyDictionary()
+
+
+def for_loop(loop: asyncio.AbstractEventLoop, window_us: int) -> IdlePoll | None:
+    """The loop's poller, None if its loop sleeps at once. The first call on a loop decides, for
+    every connection on it: a broker's at its start (its idle_poll_us, also for the clients it runs,
+    a slave's replication among them), a client process's from TXBROKER_IDLE_POLL_US."""
+    try:
+        return _BY_LOOP[loop]
+    except KeyError:
+        poll = _BY_LOOP[loop] = IdlePoll(loop, window_us) if window_us > 0 else None
+        return poll
+
+
+def client_window_us() -> int:
+    """The clients' window: TXBROKER_IDLE_POLL_US, or DEFAULT_WINDOW_US. Raises ValueError naming
+    the variable if it is not a whole number of microseconds between 0 and MAX_WINDOW_US."""
+    text = os.environ.get(CLIENT_ENV, "").strip()
+    if not text:
+        return DEFAULT_WINDOW_US
+    try:
+        us = int(text)
+    except ValueError:
+        raise ValueError(f"{CLIENT_ENV} must be a whole number of microseconds (0: off), got {text!r}") from None
+    if not 0 <= us <= MAX_WINDOW_US:
+        raise ValueError(f"{CLIENT_ENV} must be between 0 (off) and {MAX_WINDOW_US}, got {us}")
+    return us
