@@ -27,7 +27,19 @@ async def _iterations(n: int = 5) -> None:
         await asyncio.sleep(0)
 
 
-def test_the_loop_polls_for_the_window_after_the_last_touch_then_sleeps(monkeypatch):
+@pytest.fixture
+def free_core(monkeypatch):
+    """Whether a core is free, as the poller sees it (the host's own load must not decide a test)."""
+    state = {"free": True, "asked": 0}
+
+    def core_free():
+        state["asked"] += 1
+        return state["free"]
+    monkeypatch.setattr(idle_poll, "_core_free", core_free)
+    return state
+
+
+def test_the_loop_polls_for_the_window_after_the_last_touch_then_sleeps(monkeypatch, free_core):
     clock = Clock()
     monkeypatch.setattr(idle_poll, "_perf_counter", clock)
 
@@ -55,7 +67,7 @@ def test_the_loop_polls_for_the_window_after_the_last_touch_then_sleeps(monkeypa
     asyncio.run(main())
 
 
-def test_while_polling_the_loop_never_blocks_in_its_selector(monkeypatch):
+def test_while_polling_the_loop_never_blocks_in_its_selector(monkeypatch, free_core):
     """A loop polling goes round while it waits for a timer (its selector asked not to wait); one
     that sleeps goes round once, when the timer fires."""
     clock = Clock()
@@ -83,6 +95,32 @@ def test_while_polling_the_loop_never_blocks_in_its_selector(monkeypatch):
     asyncio.run(main())
 
 
+def test_no_poll_while_the_cores_are_all_taken(monkeypatch, free_core):
+    """Processes running outnumber the CPUs: no poll starts (and none is asked again for a moment),
+    and one under way ends within CHECK_EVERY iterations of the cores filling up."""
+    clock = Clock()
+    monkeypatch.setattr(idle_poll, "_perf_counter", clock)
+
+    async def main():
+        poll = idle_poll.IdlePoll(asyncio.get_running_loop(), 1_000)
+        free_core["free"] = False
+        poll.touch()
+        assert not poll._polling and free_core["asked"] == 1
+        poll.touch()  # within BUSY_BACKOFF: not even asked
+        assert not poll._polling and free_core["asked"] == 1
+        clock.now += idle_poll.BUSY_BACKOFF
+        free_core["free"] = True
+        poll.touch()
+        assert poll._polling and free_core["asked"] == 2
+        await _iterations(3)
+        free_core["free"] = False  # another process wants the CPU now
+        await _iterations(idle_poll.CHECK_EVERY + 2)
+        assert not poll._polling  # the window (the clock stood still) is not over: the load ended it
+        poll.touch()
+        assert not poll._polling  # backing off
+    asyncio.run(main())
+
+
 def test_one_poller_a_loop_and_the_first_caller_decides():
     async def main():
         loop = asyncio.get_running_loop()
@@ -101,7 +139,7 @@ def test_one_poller_a_loop_and_the_first_caller_decides():
 
 def test_the_clients_window_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(idle_poll.CLIENT_ENV, raising=False)
-    assert idle_poll.client_window_us() == idle_poll.DEFAULT_WINDOW_US
+    assert idle_poll.client_window_us() == 0  # clients sleep at once unless asked
     monkeypatch.setenv(idle_poll.CLIENT_ENV, "0")
     assert idle_poll.client_window_us() == 0
     monkeypatch.setenv(idle_poll.CLIENT_ENV, " 50 ")

@@ -14,7 +14,7 @@ import msgspec
 from msgspec import Struct, field
 
 from txbroker.protocol.admin import SettingsError, TransactionSettings
-from txbroker.protocol.idle_poll import MAX_WINDOW_US
+from txbroker.protocol.idle_poll import DEFAULT_WINDOW_US, MAX_WINDOW_US
 
 
 class ConfigError(SettingsError):
@@ -72,7 +72,7 @@ class BrokerConfig(Struct, forbid_unknown_fields=True):
     # the CPU to any other process that wants it): a request arriving meanwhile is not delayed by a
     # wake-up (protocol/idle_poll.py; Seastar's idle-poll-time-us). 0: sleep at once, for hosts
     # whose CPUs are shared too thinly to spend any polling.
-    idle_poll_us: int = 200
+    idle_poll_us: int = DEFAULT_WINDOW_US
     # Limits (broker/limits.py).
     max_connections: int = 4096
     max_unacked_bytes: int = 256 * 1024 * 1024  # request bytes held unanswered, all connections together
