@@ -101,6 +101,8 @@ def broker_toml(spec: Mapping[str, Any]) -> str:
              f'retention_bytes = {int(retention.get("bytes", 0))}']
     if "jobHours" in retention:  # else the broker's default (7 days): no line, so older specs keep their pods
         lines.append(f'job_retention_ms = {int(retention["jobHours"]) * 3_600_000}')
+    if "idlePollMicroseconds" in spec:  # likewise (the broker's default, 200 us)
+        lines.append(f'idle_poll_us = {int(spec["idlePollMicroseconds"])}')
     lines += ["", "[transaction]"]
     lines += [f"{k} = {v}" for k, v in transaction_settings(spec).items()]
     return "\n".join(lines) + "\n"
@@ -123,6 +125,8 @@ def pod_spec_hash(spec: Mapping[str, Any]) -> str:
     relevant: dict[str, Any] = {k: spec.get(k) for k in ("image", "imagePullPolicy", "replication", "flush", "retention",
                                                          "resources", "podTemplate", "storage", "authSecretRef", "tls")}
     relevant["layout"] = POD_LAYOUT
+    if "idlePollMicroseconds" in spec:  # (only when given: a spec without it keeps its pods' hash)
+        relevant["idlePollMicroseconds"] = spec["idlePollMicroseconds"]
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 

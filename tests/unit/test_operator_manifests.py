@@ -106,3 +106,16 @@ def test_the_job_bound_reaches_the_brokers_config_as_the_broker_reads_it(tmp_pat
     path.write_text(manifests.broker_toml({"retention": {"hours": 2, "jobHours": 24}}))
     config = load_config(str(path), {"data_dir": str(tmp_path / "data")})  # the pod gives --data-dir
     assert (config.retention_ms, config.job_retention_ms) == (7_200_000, 86_400_000)
+
+
+def test_idle_polling_reaches_the_brokers_config_only_when_given(tmp_path):
+    from txbroker.broker.config import load_config
+
+    assert "idle_poll_us" not in manifests.broker_toml(SPEC)  # the broker's default, 200 us
+    # a TxBroker made before the field keeps its pods: the hash the operator of a16e964 gave SPEC
+    assert manifests.pod_spec_hash(SPEC) == "1eef050329aefc9c"
+    off = {**SPEC, "idlePollMicroseconds": 0}
+    assert manifests.pod_spec_hash(off) != manifests.pod_spec_hash(SPEC)  # a change restarts the brokers
+    path = tmp_path / "broker.toml"
+    path.write_text(manifests.broker_toml(off))
+    assert load_config(str(path), {"data_dir": str(tmp_path / "data")}).idle_poll_us == 0
