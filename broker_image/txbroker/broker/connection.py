@@ -40,7 +40,8 @@ class BrokerConnection(BatchedProtocol):
         self._broker = broker
         self._metrics = broker.metrics
         self._dispatch = Dispatcher(broker).dispatch
-        self._idle_poll = broker.idle_poll
+        if broker.idle_poll is not None:  # (set at the broker's start: protocol/idle_poll.py)
+            self._touch = broker.idle_poll.touch
         self._decoder = FrameDecoder(broker.config.max_frame_size)
         self._max_inflight = broker.config.max_inflight_per_connection
         self._inflight = 0
@@ -70,8 +71,6 @@ class BrokerConnection(BatchedProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
-        if self._idle_poll is not None:
-            self._touch = self._idle_poll.touch
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)

@@ -99,7 +99,7 @@ class IdlePoll:
             self.polled_seconds += now - self._last
         self._last = now
         self._polls += 1
-        if now < self._until and not self._loop.is_closed():
+        if now < self._until:
             if self._polls % CHECK_EVERY or _core_free():
                 _sched_yield()
                 self._loop.call_soon(self._poll_cb)
