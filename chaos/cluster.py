@@ -123,8 +123,10 @@ class Cluster:
         # The controller only once the master answers: it fails over a master silent for 3 s, and a
         # loaded host can take longer than that to bring one up (fixed seed 3 and seed 745 did: b1
         # promoted at epoch 2 before b0 ever answered, and the group never came up as started).
+        began = time.monotonic()
         while brokers.PLAIN.try_info(g.procs[0].ip) is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        answered = time.monotonic() - began   # (the timeout whole: it never answered before the controller)
         self.start_controller(g)
         while time.monotonic() < deadline:
             info = brokers.PLAIN.try_info(g.procs[0].ip)
@@ -132,8 +134,31 @@ class Cluster:
                 break
             time.sleep(0.1)
         else:
-            raise RuntimeError(f"group {g.name} did not come up: "
+            raise RuntimeError(f"group {g.name} did not come up in {timeout:.0f}s (its master first answered after "
+                               f"{answered:.1f}s): {self.why_not_up(g)}\n"
                                + "; ".join(p.log_path.read_text()[-500:] for p in g.procs))
+
+    def why_not_up(self, g: Group) -> str:
+        """What start_group waited for and did not see: the master's answer, its view of each slave,
+        and the controller's (a group that never came up left no other trace: seeds 745, 756, fixed 3)."""
+        try:
+            info, why = brokers.PLAIN.info(g.procs[0].ip), ""
+        except (brokers.Unreachable, brokers.BrokerError, brokers.Incompatible) as e:
+            info, why = None, str(e)
+        if info is None:
+            master = f"master {g.procs[0].name} does not answer GET /api/v1/broker ({why})"
+        else:
+            slaves = ", ".join(f"{s.get('name')} {'in sync' if s.get('in_sync') else 'not in sync'} "
+                               f"(acknowledged {s.get('acknowledged_offset')}, lag {s.get('lag')})"
+                               for s in info.slaves) or "none subscribed"
+            master = (f"master {g.procs[0].name} answers as {info.role} at epoch {info.epoch}; its slaves: {slaves}; "
+                      f"sync set it counts: {info.sync_set}" + (f"; unconfirmed: {info.unconfirmed}" if info.unconfirmed else ""))
+        ctl = g.controller
+        running = ("not started" if ctl is None else "running" if ctl.poll() is None else f"exited {ctl.returncode}")
+        st = g.status
+        said = g.controller_log.read_text()[-400:].strip() if g.controller_log and g.controller_log.exists() else ""
+        return (f"{master}; controller {running}, status syncSet {st.get('syncSet')}, blocked {st.get('blocked')}, "
+                f"masterUnavailableSince {st.get('masterUnavailableSince')}; the controller said: {said or 'nothing'}")
 
     def start_controller(self, g: Group, crash_at: str = "") -> None:
         with open(g.controller_log, "ab") as out:

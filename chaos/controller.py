@@ -150,8 +150,11 @@ class Controller:
             for m in members.values():
                 if m is not head and m.info is not None and (m.info.is_master or m.info.master != head.address):
                     self.access.demote(m.ip, head.address, max(self.status["epoch"], head.info.epoch))
-            sync_set.keep(self.status, head, lambda s: self.save(syncSet=s),
-                          lambda epoch, slaves: self.access.put_sync_set(head.ip, epoch, slaves))
+            approved = sync_set.keep(self.status, head, lambda s: self.save(syncSet=s),
+                                     lambda epoch, slaves: self.access.put_sync_set(head.ip, epoch, slaves))
+            if approved:  # (a group that never came up shows whether its slaves were ever approved)
+                log.info("master %s now counts %s for SYNC writes (epoch %d)", head.name, ", ".join(approved),
+                         head.info.epoch)
         except (brokers.Unreachable, brokers.BrokerError) as e:
             log.info("could not set broker roles (the next pass retries): %s", e)
 

@@ -221,8 +221,11 @@ class GroupPass:
                         access.demote(m.ip, head.address, max(self.epoch, head.info.epoch))
                         m.info = access.try_info(m.ip)
                         self.log.info("broker %s now follows %s", m.name, head.address)
-                sync_set.keep(self.view, head, lambda s: self.save_status(syncSet=s),
-                              lambda epoch, slaves: access.put_sync_set(head.ip, epoch, slaves))
+                approved = sync_set.keep(self.view, head, lambda s: self.save_status(syncSet=s),
+                                         lambda epoch, slaves: access.put_sync_set(head.ip, epoch, slaves))
+                if approved:
+                    self.log.info("master %s now counts %s for SYNC writes (its sync set, epoch %d)",
+                                  head.name, ", ".join(approved), head.info.epoch)
         except (brokers.Unreachable, brokers.BrokerError) as e:
             self.log.warning("%s", self.say(f"could not set broker roles (the next pass retries): {e}"))
 

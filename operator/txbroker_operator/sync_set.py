@@ -26,17 +26,17 @@ def saved(view: Mapping[str, Any], epoch: int) -> set[str]:
 
 
 def keep(view: Mapping[str, Any], head: Member, save: Callable[[dict | None], None],
-         push: Callable[[int, list[str]], Any]) -> None:
+         push: Callable[[int, list[str]], Any]) -> list[str]:
     """One pass: each slave subscribed to `head` and not yet counted is saved, then approved on the
     master (`push`, which answers the master's info); a slave the master stopped counting leaves
-    the saved set after it has left the master's."""
+    the saved set after it has left the master's. Answers the slaves it approved (to log)."""
     info = head.info
     if info is None or not info.is_master:
-        return
+        return []
     if info.sync_set is None:   # it counts every slave: a set kept for it would only mislead failover
         if view.get("syncSet"):
             save(None)
-        return
+        return []
     epoch, counted = info.epoch, set(info.sync_set)
     mine = saved(view, epoch)
     want = {s["name"] for s in info.slaves} - counted
@@ -46,6 +46,7 @@ def keep(view: Mapping[str, Any], head: Member, save: Callable[[dict | None], No
         mine = mine | counted | want
     if mine != counted or (view.get("syncSet") or {}).get("epoch") != epoch:
         save({"epoch": epoch, "slaves": sorted(counted)})
+    return sorted(want & counted)
 
 
 def before_promotion(members: Mapping[str, Member], head: Member) -> list[str]:

@@ -451,12 +451,12 @@ def test_the_sync_set_grows_in_the_status_before_the_master_and_shrinks_after_it
 
     slaves = ({"name": "b-1", "in_sync": True}, {"name": "b-2", "in_sync": False})
     head = member("b-0", 0, dataclasses.replace(info(role="master", epoch=4, slaves=slaves), sync_set=("b-1",)))
-    sync_set.keep(view, head, save, push)
+    assert sync_set.keep(view, head, save, push) == ["b-2"]   # who it approved: the operator logs them
     assert calls == [("save", ["b-1", "b-2"]), ("push", ["b-1", "b-2"])]
     # the master forgot b-1 (b-2 holds all it had) and it left: the status follows the master
     calls.clear()
     head = member("b-0", 0, dataclasses.replace(info(role="master", epoch=4, slaves=slaves[1:]), sync_set=("b-2",)))
-    sync_set.keep(view, head, save, push)
+    assert sync_set.keep(view, head, save, push) == []
     assert calls == [("save", ["b-2"])]
     # a master that counts every slave (no controller, or older) reports no set: none kept for it
     calls.clear()
