@@ -115,6 +115,21 @@ def test_topics_send_and_tail(broker):
     assert r.returncode == 1 and "invalid topic name" in r.stderr
 
 
+def test_a_client_polling_setting_is_checked_and_a_bad_one_sends_nothing(broker):
+    """TXBROKER_IDLE_POLL_US (a client's loop polling before it sleeps): a value that is not a whole
+    number of microseconds in range stops the command before it sends, naming the variable and the
+    value; a good one sends as usual, its loop polling."""
+    run_cli("topic", "create", "Polled", "--admin", broker.admin_url)
+    send = ("send", "--broker", broker.address, "--topic", "Polled")
+    for bad in ("abc", "-5", "10000000"):
+        r = run_cli(*send, f"refused-{bad}", check=False, env={"TXBROKER_IDLE_POLL_US": bad})
+        assert r.returncode == 1 and "SEND_OK" not in r.stdout
+        assert "TXBROKER_IDLE_POLL_US" in r.stderr and bad in r.stderr, r.stderr
+    assert run_cli(*send, "polled", env={"TXBROKER_IDLE_POLL_US": "200"}).stdout.count("SEND_OK") == 1
+    tail = run_cli("tail", "--broker", broker.address, "--topic", "Polled").stdout
+    assert "polled" in tail and "refused" not in tail
+
+
 def test_topic_create_refuses_invalid_names(broker):
     """A topic name with a space or of more than 127 characters is refused with the naming rule,
     and no topic is made; 127 characters is still fine."""
