@@ -114,21 +114,29 @@ def test_a_member_that_joins_while_its_group_asks_the_home_ends_as_the_decision_
     with JobCoordinator(GROUP, g0.address) as home, JobCoordinator(GROUP, g1.address) as member:
         job = home.open(timeout=60, groups=["g1"])
         member.open(60, home="g0", job_id=job.job_id)
-        late = f"{job.job_id}-m1"
-        assert home.commit(job.job_id, [], {"g1": [late]}).state == "COMMITTED"
+    late = f"{job.job_id}-m1"
+    # g1 paused while its home decides: its own pass (once a tick) would otherwise learn the decision
+    # before the home's pause, and the late member would find g1's entry decided (CI, 2026-12-07)
+    g1.proc.send_signal(signal.SIGSTOP)
+    try:
+        with JobCoordinator(GROUP, g0.address) as home:
+            assert home.commit(job.job_id, [], {"g1": [late]}).state == "COMMITTED"
+        g0.proc.send_signal(signal.SIGSTOP)
+    finally:
+        g1.proc.send_signal(signal.SIGCONT)  # g1's pass asks its paused home at once: no member yet
 
     async def main():
-        async with AsyncJobCoordinator(GROUP, [g1.address]) as c:
-            g0.proc.send_signal(signal.SIGSTOP)
-            try:
-                told = asyncio.ensure_future(c.commit(job.job_id, []))  # g1 asks its home now: no member yet
+        try:
+            async with AsyncJobCoordinator(GROUP, [g1.address]) as c:
+                told = asyncio.ensure_future(c.commit(job.job_id, []))  # and so does this: the question waits
                 await asyncio.sleep(0.5)
                 assert not told.done()
                 assert await c.send(job.job_id, Message("Out", b"joined while its group asked"), late) == late
-            finally:
                 g0.proc.send_signal(signal.SIGCONT)
-            await asyncio.wait([told])
-            told.exception()  # answered as g1's entry then stood (maybe not yet published there): no matter
+                await asyncio.wait([told])
+                told.exception()  # answered as g1's entry then stood (maybe not yet published there): no matter
+        finally:
+            g0.proc.send_signal(signal.SIGCONT)
 
     asyncio.run(main())
     wait_until(lambda: job_at(cluster, "g1", job.job_id)["state"] == "COMMITTED", 10, what="g1 to follow its home")
