@@ -49,3 +49,24 @@ def test_a_frozen_broker_times_out_with_an_error_naming_the_request_and_the_brok
     with PullConsumer(broker.address) as c:
         bodies = [m.body for m in c.read_all("TopicFrozen")]
     assert b"warm" in bodies and b"after" in bodies
+
+
+def test_a_client_polls_for_a_lone_answer_and_sleeps_while_many_are_in_flight(broker):
+    """A client's loop polls after a read or write (TXBROKER_IDLE_POLL_US, 200 us by default) only
+    while no more than CLIENT_MAX_WAITING of its requests await answers: one request at a time polls;
+    the count of requests waiting goes back to 0 when they are answered, however many were in flight."""
+    import asyncio
+
+    from txbroker.client import AsyncProducer
+    from txbroker.protocol import idle_poll
+
+    async def main():
+        async with AsyncProducer("pg-poll", broker.address) as p:
+            poll = idle_poll.for_loop(asyncio.get_running_loop(), 0)  # the poller the client's connection took
+            assert isinstance(poll, idle_poll.ClientPoll)
+            for i in range(20):
+                await p.send(Message("TopicPoll", b"%d" % i))
+            assert poll.polled_seconds > 0 and poll.waiting == 0
+            results = await asyncio.gather(*(p.send(Message("TopicPoll", b"burst")) for _ in range(64)))
+            assert len(results) == 64 and poll.waiting == 0
+    asyncio.run(main())

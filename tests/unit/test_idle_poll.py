@@ -139,7 +139,7 @@ def test_one_poller_a_loop_and_the_first_caller_decides():
 
 def test_the_clients_window_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(idle_poll.CLIENT_ENV, raising=False)
-    assert idle_poll.client_window_us() == 0  # clients sleep at once unless asked
+    assert idle_poll.client_window_us() == idle_poll.CLIENT_DEFAULT_US == 200
     monkeypatch.setenv(idle_poll.CLIENT_ENV, "0")
     assert idle_poll.client_window_us() == 0
     monkeypatch.setenv(idle_poll.CLIENT_ENV, " 50 ")
@@ -148,6 +148,34 @@ def test_the_clients_window_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv(idle_poll.CLIENT_ENV, bad)
         with pytest.raises(ValueError, match=idle_poll.CLIENT_ENV):
             idle_poll.client_window_us()
+
+
+def test_a_client_polls_only_while_few_of_its_requests_await_answers(monkeypatch, free_core):
+    """A client's loop polls for a lone request's answer; with more than CLIENT_MAX_WAITING in
+    flight, a read or write neither starts a poll nor extends one, which then ends with its window."""
+    clock = Clock()
+    monkeypatch.setattr(idle_poll, "_perf_counter", clock)
+
+    async def main():
+        poll = idle_poll.for_loop(asyncio.get_running_loop(), 1_000, idle_poll.CLIENT_MAX_WAITING)
+        assert isinstance(poll, idle_poll.ClientPoll)
+        poll.waiting = idle_poll.CLIENT_MAX_WAITING + 1
+        poll.touch()
+        assert not poll._polling
+        poll.waiting = 1
+        poll.touch()
+        assert poll._polling
+        await _iterations()
+        poll.waiting = idle_poll.CLIENT_MAX_WAITING + 1  # a burst of requests: the poll is not extended
+        clock.now += 0.0008
+        poll.touch()
+        await _iterations()
+        assert poll._polling  # 0.8 ms into a 1 ms window
+        clock.now += 0.0003
+        poll.touch()
+        await _iterations()
+        assert not poll._polling
+    asyncio.run(main())
 
 
 def test_the_brokers_window_is_checked(tmp_path):

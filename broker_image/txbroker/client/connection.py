@@ -94,6 +94,7 @@ class Connection(BatchedProtocol):
         self.refusal: tuple[int, str] | None = None  # what the broker said when it closed the connection
         self.answered = False  # any response arrived (the connection worked at least once)
         self.closed = asyncio.Event()
+        self._poll: idle_poll.IdlePoll | None = None  # the loop's poller: it counts the requests awaiting answers
 
     async def open(self, timeout: float) -> None:
         """Connect (and with TLS, handshake). Raises OSError, asyncio.TimeoutError, or
@@ -101,7 +102,7 @@ class Connection(BatchedProtocol):
         host, _, port = self.address.rpartition(":")
         host = host.strip("[]")
         loop = asyncio.get_running_loop()
-        poll = idle_poll.for_loop(loop, idle_poll.client_window_us())
+        poll = self._poll = idle_poll.for_loop(loop, idle_poll.client_window_us(), idle_poll.CLIENT_MAX_WAITING)
         self._touch = poll.touch if poll is not None else None
         extra = {}
         if self._ssl is not None:
@@ -168,6 +169,9 @@ class Connection(BatchedProtocol):
         loop = self._loop
         fut = loop.create_future()
         self._waiting[opaque] = fut
+        poll = self._poll
+        if poll is not None:
+            poll.waiting += 1  # before the write: its touch sees this request waiting
         self._write(encode_frame(0, code, opaque, body))
         # The answer's future is awaited itself, failed at its deadline (`_expire`): asyncio.wait_for
         # would wake this task through a second future, one loop iteration after the answer came.
@@ -184,6 +188,9 @@ class Connection(BatchedProtocol):
         except _NoAnswer:
             self._waiting.pop(opaque, None)
             raise RequestTimeout(f"{_request_name(code)} to {self.address}: no answer within {timeout:.1f}s") from None
+        finally:
+            if poll is not None:
+                poll.waiting -= 1
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:

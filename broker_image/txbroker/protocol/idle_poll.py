@@ -15,7 +15,12 @@ take CPU from those with work (2 load processes of 16 producers each, polling be
 2 cores: 14,200 transactions a second sleeping, 10,800 polling). So a poll starts, and goes on
 (looked at every CHECK_EVERY iterations), only while the processes running are no more than this
 process's CPUs (/proc/loadavg); otherwise the loop sleeps, and asks again BUSY_BACKOFF later.
-The broker polls by default; clients only when asked (TXBROKER_IDLE_POLL_US).
+
+A client process polls only for the answer to a lone request (ClientPoll: no more than
+CLIENT_MAX_WAITING of its requests waiting): a producer that waits for each answer is bound by the
+round trip, and polling halves it; one with many requests in flight is woken by answers often
+enough, and polling there took CPU from the broker (the 2 load processes above). Its window is
+TXBROKER_IDLE_POLL_US, CLIENT_DEFAULT_US unless given; 0 sleeps at once.
 
 One poller a loop, shared by every connection on it (the broker's, or the clients' of a process).
 `touch` is on the read and write paths: it sets a flag, and arms the poll if it is not running.
@@ -30,9 +35,10 @@ import weakref
 
 DEFAULT_WINDOW_US = 200  # the broker's (idle_poll_us)
 MAX_WINDOW_US = 1_000_000
-# The clients' window, for every client on a loop: TXBROKER_IDLE_POLL_US, 0 (sleep at once) unless given.
+# The clients' window, for every client on a loop: TXBROKER_IDLE_POLL_US, this unless given (0: sleep at once).
 CLIENT_ENV = "TXBROKER_IDLE_POLL_US"
-CLIENT_DEFAULT_US = 0
+CLIENT_DEFAULT_US = 200
+CLIENT_MAX_WAITING = 2  # a client's loop polls while no more of its requests than this await answers
 CHECK_EVERY = 32  # polling iterations between looks at whether a core is still free
 BUSY_BACKOFF = 0.001  # seconds before asking again once the cores were all taken
 
@@ -61,7 +67,7 @@ def _core_free() -> bool:
 
 class IdlePoll:
     __slots__ = ("_loop", "_window", "_touched", "_polling", "_until", "_last", "_polls", "_busy_until",
-                 "polled_seconds", "_poll_cb")
+                 "polled_seconds", "_poll_cb", "waiting")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, window_us: int):
         self._loop = loop
@@ -74,6 +80,7 @@ class IdlePoll:
         self._busy_until = 0.0  # the cores were all taken: no poll starts before this
         self.polled_seconds = 0.0  # loop iterations with nothing read or written: what polling costs
         self._poll_cb = self._poll
+        self.waiting = 0  # the clients' requests on this loop awaiting answers (client/connection.py counts)
 
     def touch(self) -> None:
         if self._polling:
@@ -108,17 +115,38 @@ class IdlePoll:
         self._polling = False
 
 
+class ClientPoll(IdlePoll):
+    """A client process's poller: a read or write starts or extends the poll only while no more than
+    `max_waiting` requests on the loop await their answers."""
+    __slots__ = ("_max_waiting",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, window_us: int, max_waiting: int):
+        super().__init__(loop, window_us)
+        self._max_waiting = max_waiting
+
+    def touch(self) -> None:
+        if self.waiting <= self._max_waiting:
+            IdlePoll.touch(self)
+
+
 _BY_LOOP: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, IdlePoll | None]" = weakref.WeakKeyDictionary()
 
 
-def for_loop(loop: asyncio.AbstractEventLoop, window_us: int) -> IdlePoll | None:
+def for_loop(loop: asyncio.AbstractEventLoop, window_us: int, max_waiting: int | None = None) -> IdlePoll | None:
     """The loop's poller, None if its loop sleeps at once. The first call on a loop decides, for
     every connection on it: a broker's at its start (its idle_poll_us, also for the clients it runs,
-    a slave's replication among them), a client process's from TXBROKER_IDLE_POLL_US."""
+    a slave's replication among them), a client process's from TXBROKER_IDLE_POLL_US (with
+    `max_waiting`: a ClientPoll)."""
     try:
         return _BY_LOOP[loop]
     except KeyError:
-        poll = _BY_LOOP[loop] = IdlePoll(loop, window_us) if window_us > 0 else None
+        if window_us <= 0:
+            poll = None
+        elif max_waiting is None:
+            poll = IdlePoll(loop, window_us)
+        else:
+            poll = ClientPoll(loop, window_us, max_waiting)
+        _BY_LOOP[loop] = poll
         return poll
 
 
