@@ -125,9 +125,10 @@ def test_a_client_polling_setting_is_checked_and_a_bad_one_sends_nothing(broker)
         r = run_cli(*send, f"refused-{bad}", check=False, env={"TXBROKER_IDLE_POLL_US": bad})
         assert r.returncode == 1 and "SEND_OK" not in r.stdout
         assert "TXBROKER_IDLE_POLL_US" in r.stderr and bad in r.stderr, r.stderr
-    assert run_cli(*send, "polled", env={"TXBROKER_IDLE_POLL_US": "200"}).stdout.count("SEND_OK") == 1
+    assert run_cli(*send, "polled", env={"TXBROKER_IDLE_POLL_US": "500"}).stdout.count("SEND_OK") == 1
+    assert run_cli(*send, "slept", env={"TXBROKER_IDLE_POLL_US": "0"}).stdout.count("SEND_OK") == 1
     tail = run_cli("tail", "--broker", broker.address, "--topic", "Polled").stdout
-    assert "polled" in tail and "refused" not in tail
+    assert "polled" in tail and "slept" in tail and "refused" not in tail
 
 
 def test_topic_create_refuses_invalid_names(broker):

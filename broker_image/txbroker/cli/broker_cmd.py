@@ -39,7 +39,7 @@ def register(sub) -> None:
                    help="after its last read or write the event loop polls this many microseconds before it "
                         "sleeps, yielding the CPU to any process that wants it: the next request is not delayed "
                         "by a wake-up (default 200; 0: sleep at once, for thinly shared CPUs). A client "
-                        "process polls when TXBROKER_IDLE_POLL_US says how long (default 0)")
+                        "process polls for a lone request's answer for TXBROKER_IDLE_POLL_US (default 200; 0: off)")
     p.add_argument("--replication-mode", choices=["SYNC", "ASYNC"],
                    help="SYNC: answer writes once --sync-replicas slaves have them; ASYNC (default): once the master has")
     p.add_argument("--sync-replicas", type=int, help="slaves that must acknowledge a SYNC write (default 1)")
