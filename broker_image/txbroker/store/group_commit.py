@@ -14,6 +14,14 @@ A failed write is fatal: memory is ahead of disk, so the broker must stop and re
 Once written, a batch goes to `written(batch)` (the state machine): it decides when the batch is
 visible and when its requests are answered, which under SYNC replication waits for the slaves.
 
+Under SYNC flush a batch smaller than the one before it waits a moment for the rest (PostgreSQL's
+commit_delay with commit_siblings, MySQL's binlog_group_commit_sync_delay): producers answered
+together by one fsync send their next requests a few tens of microseconds apart, and the first to
+arrive would otherwise take an fsync of its own while the others queue behind it, batches going 1,
+7, 1, 7 for 8 producers. The wait is a loop iteration at a time (the sockets read between, so what
+arrives joins the batch), at most half the last fsync's time, and ends once the batch is as large
+as the last; a lone producer (batches of 1) never waits.
+
 A batch's future is a DurableFuture: the requests it holds are answered in the call that resolves
 it, so their answers leave in the loop iteration of the write, where a done-callback would answer
 one iteration later and its answer's write go one more after that.
@@ -29,6 +37,8 @@ from typing import Callable
 from rocksdict import WriteBatch, WriteOptions
 
 log = logging.getLogger(__name__)
+
+MAX_COMMIT_DELAY = 0.002  # seconds a SYNC batch waits for the rest at most, whatever an fsync took
 
 
 class DurableFuture(asyncio.Future):
@@ -66,7 +76,7 @@ class DurableFuture(asyncio.Future):
 
 
 class Batch:
-    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "hold")
+    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "hold", "opened")
 
     def __init__(self, future: DurableFuture) -> None:
         self.wb = WriteBatch(raw_mode=True)
@@ -80,6 +90,7 @@ class Batch:
         # The replication hold in force when a record was added (state.py): a batch filled while its
         # broker led is held for the slaves even if the broker stepped down before it was written.
         self.hold: Callable[[Batch], None] | None = None
+        self.opened = 0.0  # when its first change came (SYNC flush: how long it has waited for others)
 
 
 class GroupCommit:
@@ -96,6 +107,9 @@ class GroupCommit:
         self._open: Batch | None = None
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sync = sync
+        self._last_records = 0  # the last batch's records: a smaller one waits for the rest (SYNC)
+        self._delay = 0.0  # how long it may wait: half the last write's time
 
     def batch(self) -> Batch:
         """The open batch, to add changes to; its future resolves when they are durable."""
@@ -107,12 +121,18 @@ class GroupCommit:
             if loop is None:
                 loop = self._loop = asyncio.get_running_loop()
             b = self._open = Batch(DurableFuture(loop=loop))
+            if self._sync:
+                b.opened = time.perf_counter()
             loop.call_soon(self._flush)
         return b
 
     def _flush(self) -> None:
         b = self._open
         if b is None:
+            return
+        if (self._sync and b.records < self._last_records
+                and time.perf_counter() - b.opened < self._delay and self._failed is None):
+            self._loop.call_soon(self._flush)  # one more iteration: what the sockets hold joins
             return
         self._open = None
         try:
@@ -142,8 +162,12 @@ class GroupCommit:
             self._before_write(b)
         t0 = time.perf_counter()
         self._db.write(b.wb, self._wo)
+        took = time.perf_counter() - t0
+        if self._sync:
+            self._last_records = b.records
+            self._delay = min(took * 0.5, MAX_COMMIT_DELAY)
         if self._observe is not None:
-            self._observe(b.records, time.perf_counter() - t0)
+            self._observe(b.records, took)
 
     def _written(self, b: Batch, error: BaseException | None, what: str = "RocksDB write failed") -> None:
         if error is not None:

@@ -1,0 +1,104 @@
+"""Group commit under SYNC flush (store/group_commit.py): a batch smaller than the last waits, a loop
+iteration at a time and at most half the last fsync's time, for the requests still on their way,
+and goes as soon as it is as large as the last; a lone producer's batches never wait, nor does
+anything under ASYNC flush. The database is a stand-in whose write takes 1 ms of a clock the test
+moves: what is checked is which records share a write."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from txbroker.store import group_commit
+
+
+class Clock:
+    def __init__(self):
+        self.now = 50.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class Disk:
+    """Each write takes 1 ms (an fsync) and records how many records it carried."""
+
+    def __init__(self, clock: Clock, batches: list):
+        self.clock, self.writes, self._batches = clock, [], batches
+
+    def write(self, wb, wo):
+        self.clock.now += 0.001
+        self.writes.append(self._batches.pop(0).records)
+
+
+async def _iterations(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(group_commit, "time", types.SimpleNamespace(perf_counter=c.perf_counter))
+    return c
+
+
+def writer(clock: Clock, sync: bool):
+    opened: list = []
+    disk = Disk(clock, opened)
+    gc = group_commit.GroupCommit(disk, sync, written=lambda b: group_commit.answer(b.future), on_fatal=lambda e: None)
+    return gc, disk, opened
+
+
+def add(gc, opened: list, records: int):
+    b = gc.batch()
+    if not opened or opened[-1] is not b:
+        opened.append(b)
+    b.records += records
+    return b
+
+
+def test_a_smaller_batch_waits_for_the_rest_then_goes_together(clock):
+    async def main():
+        gc, disk, opened = writer(clock, sync=True)
+        add(gc, opened, 3)
+        await _iterations()
+        assert disk.writes == [3]  # the first batch: nothing to compare with, written at once
+        add(gc, opened, 1)
+        await _iterations()
+        assert disk.writes == [3]  # 1 < 3: waiting, within half the last fsync's 1 ms
+        clock.now += 0.0002
+        add(gc, opened, 2)  # the others' requests arrive, 0.2 ms later
+        await _iterations()
+        assert disk.writes == [3, 3]  # together, as soon as the batch is as large as the last
+    asyncio.run(main())
+
+
+def test_the_wait_ends_at_half_the_last_fsync_and_a_lone_producer_never_waits(clock):
+    async def main():
+        gc, disk, opened = writer(clock, sync=True)
+        add(gc, opened, 4)
+        await _iterations()
+        add(gc, opened, 1)
+        await _iterations()
+        assert disk.writes == [4]
+        clock.now += 0.0005  # half the last write's 1 ms: nobody else came
+        await _iterations()
+        assert disk.writes == [4, 1]
+        add(gc, opened, 1)  # now the last batch was 1: a lone producer's goes at once
+        await _iterations()
+        assert disk.writes == [4, 1, 1]
+    asyncio.run(main())
+
+
+def test_async_flush_never_waits(clock):
+    async def main():
+        gc, disk, opened = writer(clock, sync=False)
+        add(gc, opened, 8)
+        await _iterations()
+        add(gc, opened, 1)
+        await _iterations()
+        assert disk.writes == [8, 1]
+    asyncio.run(main())
