@@ -45,60 +45,50 @@ def clock(monkeypatch):
     return c
 
 
-def writer(clock: Clock, sync: bool):
-    opened: list = []
-    disk = Disk(clock, opened)
-    gc = group_commit.GroupCommit(disk, sync, written=lambda b: group_commit.answer(b.future), on_fatal=lambda e: None)
-    return gc, disk, opened
+class Writer:
+    """A GroupCommit over the stand-in disk; `add` puts records in the open batch and lets the loop
+    run a few iterations, and answers the records of each write so far."""
 
+    def __init__(self, clock: Clock, sync: bool):
+        self.opened: list = []
+        self.disk = Disk(clock, self.opened)
+        self.gc = group_commit.GroupCommit(self.disk, sync, written=lambda b: group_commit.answer(b.future),
+                                           on_fatal=lambda e: None)
 
-def add(gc, opened: list, records: int):
-    b = gc.batch()
-    if not opened or opened[-1] is not b:
-        opened.append(b)
-    b.records += records
-    return b
+    async def add(self, records: int = 0) -> list[int]:
+        if records:
+            b = self.gc.batch()
+            if not self.opened or self.opened[-1] is not b:
+                self.opened.append(b)
+            b.records += records
+        await _iterations()
+        return self.disk.writes
 
 
 def test_a_smaller_batch_waits_for_the_rest_then_goes_together(clock):
     async def main():
-        gc, disk, opened = writer(clock, sync=True)
-        add(gc, opened, 3)
-        await _iterations()
-        assert disk.writes == [3]  # the first batch: nothing to compare with, written at once
-        add(gc, opened, 1)
-        await _iterations()
-        assert disk.writes == [3]  # 1 < 3: waiting, within half the last fsync's 1 ms
+        w = Writer(clock, sync=True)
+        assert await w.add(3) == [3]  # the first batch: nothing to compare with, written at once
+        assert await w.add(1) == [3]  # 1 < 3: waiting, within half the last fsync's 1 ms
         clock.now += 0.0002
-        add(gc, opened, 2)  # the others' requests arrive, 0.2 ms later
-        await _iterations()
-        assert disk.writes == [3, 3]  # together, as soon as the batch is as large as the last
+        assert await w.add(2) == [3, 3]  # the others arrive 0.2 ms later: together, the batch as large as the last
     asyncio.run(main())
 
 
 def test_the_wait_ends_at_half_the_last_fsync_and_a_lone_producer_never_waits(clock):
     async def main():
-        gc, disk, opened = writer(clock, sync=True)
-        add(gc, opened, 4)
-        await _iterations()
-        add(gc, opened, 1)
-        await _iterations()
-        assert disk.writes == [4]
+        w = Writer(clock, sync=True)
+        await w.add(4)
+        assert await w.add(1) == [4]
         clock.now += 0.0005  # half the last write's 1 ms: nobody else came
-        await _iterations()
-        assert disk.writes == [4, 1]
-        add(gc, opened, 1)  # now the last batch was 1: a lone producer's goes at once
-        await _iterations()
-        assert disk.writes == [4, 1, 1]
+        assert await w.add() == [4, 1]
+        assert await w.add(1) == [4, 1, 1]  # now the last batch was 1: a lone producer's goes at once
     asyncio.run(main())
 
 
 def test_async_flush_never_waits(clock):
     async def main():
-        gc, disk, opened = writer(clock, sync=False)
-        add(gc, opened, 8)
-        await _iterations()
-        add(gc, opened, 1)
-        await _iterations()
-        assert disk.writes == [8, 1]
+        w = Writer(clock, sync=False)
+        await w.add(8)
+        assert await w.add(1) == [8, 1]
     asyncio.run(main())
