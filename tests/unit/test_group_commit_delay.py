@@ -1,7 +1,7 @@
 """Group commit under SYNC flush (store/group_commit.py): a batch smaller than the last waits, a loop
 iteration at a time and at most half the last fsync's time, for the requests still on their way,
 and goes as soon as it is as large as the last; a lone producer's batches never wait, nor does
-anything under ASYNC flush. The database is a stand-in whose write takes 1 ms of a clock the test
+a slave's, nor anything under ASYNC flush. The database is a stand-in whose write takes 1 ms of a clock the test
 moves: what is checked is which records share a write."""
 
 from __future__ import annotations
@@ -55,12 +55,14 @@ class Writer:
         self.gc = group_commit.GroupCommit(self.disk, sync, written=lambda b: group_commit.answer(b.future),
                                            on_fatal=lambda e: None)
 
-    async def add(self, records: int = 0) -> list[int]:
+    async def add(self, records: int = 0, replicated: bool = False) -> list[int]:
         if records:
             b = self.gc.batch()
             if not self.opened or self.opened[-1] is not b:
                 self.opened.append(b)
             b.records += records
+            if replicated:
+                self.gc.without_wait()
         await _iterations()
         return self.disk.writes
 
@@ -83,6 +85,15 @@ def test_the_wait_ends_at_half_the_last_fsync_and_a_lone_producer_never_waits(cl
         clock.now += 0.0005  # half the last write's 1 ms: nobody else came
         assert await w.add() == [4, 1]
         assert await w.add(1) == [4, 1, 1]  # now the last batch was 1: a lone producer's goes at once
+    asyncio.run(main())
+
+
+def test_a_slaves_batch_never_waits(clock):
+    """A slave's records are its master's batch: nothing joins them before the master's next write."""
+    async def main():
+        w = Writer(clock, sync=True)
+        await w.add(6, replicated=True)
+        assert await w.add(2, replicated=True) == [6, 2]
     asyncio.run(main())
 
 

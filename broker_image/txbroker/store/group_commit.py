@@ -76,7 +76,7 @@ class DurableFuture(asyncio.Future):
 
 
 class Batch:
-    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "hold", "opened")
+    __slots__ = ("wb", "future", "visible", "records", "first_lsn", "last_lsn", "raw", "txids", "hold", "opened", "may_wait")
 
     def __init__(self, future: DurableFuture) -> None:
         self.wb = WriteBatch(raw_mode=True)
@@ -91,6 +91,7 @@ class Batch:
         # broker led is held for the slaves even if the broker stepped down before it was written.
         self.hold: Callable[[Batch], None] | None = None
         self.opened = 0.0  # when its first change came (SYNC flush: how long it has waited for others)
+        self.may_wait = True  # SYNC flush: it may wait for others if smaller than the last
 
 
 class GroupCommit:
@@ -130,7 +131,7 @@ class GroupCommit:
         b = self._open
         if b is None:
             return
-        if (self._sync and b.records < self._last_records
+        if (self._sync and b.may_wait and b.records < self._last_records
                 and time.perf_counter() - b.opened < self._delay and self._failed is None):
             self._loop.call_soon(self._flush)  # one more iteration: what the sockets hold joins
             return
@@ -141,6 +142,12 @@ class GroupCommit:
             self._written(b, e)
             return
         self._written(b, None)
+
+    def without_wait(self) -> None:
+        """The open batch is written at the end of this loop iteration, whatever its size: a slave's
+        records are its master's batch, and what else there is comes after its next write."""
+        if self._open is not None:
+            self._open.may_wait = False
 
     def abandon(self, b: Batch, error: BaseException) -> None:
         """The open batch `b` cannot be written whole (a record in it failed to apply): nothing of it

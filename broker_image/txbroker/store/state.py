@@ -257,7 +257,9 @@ class StateMachine:
         """A slave applies the master's record `lsn` exactly as the master did."""
         if lsn != self.next_lsn:
             raise ValueError(f"replicated record {lsn} does not follow the local log end {self.next_lsn - 1}")
-        return self._write(lsn, decode_record(raw), raw)
+        fut = self._write(lsn, decode_record(raw), raw)
+        self._writer.without_wait()
+        return fut
 
     def _write(self, lsn: int, record: Record, raw: bytes) -> asyncio.Future:
         b = self._writer.batch()
