@@ -23,13 +23,13 @@ class Clock:
 
 
 class Disk:
-    """Each write takes 1 ms (an fsync) and records how many records it carried."""
+    """Each write takes `seconds` (an fsync; 1 ms) and records how many records it carried."""
 
-    def __init__(self, clock: Clock, batches: list):
-        self.clock, self.writes, self._batches = clock, [], batches
+    def __init__(self, clock: Clock, batches: list, seconds: float = 0.001):
+        self.clock, self.writes, self._batches, self.seconds = clock, [], batches, seconds
 
     def write(self, wb, wo):
-        self.clock.now += 0.001
+        self.clock.now += self.seconds
         self.writes.append(self._batches.pop(0).records)
 
 
@@ -49,9 +49,9 @@ class Writer:
     """A GroupCommit over the stand-in disk; `add` puts records in the open batch and lets the loop
     run a few iterations, and answers the records of each write so far."""
 
-    def __init__(self, clock: Clock, sync: bool):
+    def __init__(self, clock: Clock, sync: bool, fsync_seconds: float = 0.001):
         self.opened: list = []
-        self.disk = Disk(clock, self.opened)
+        self.disk = Disk(clock, self.opened, fsync_seconds)
         self.gc = group_commit.GroupCommit(self.disk, sync, written=lambda b: group_commit.answer(b.future),
                                            on_fatal=lambda e: None)
 
@@ -85,6 +85,16 @@ def test_the_wait_ends_at_half_the_last_fsync_and_a_lone_producer_never_waits(cl
         clock.now += 0.0005  # half the last write's 1 ms: nobody else came
         assert await w.add() == [4, 1]
         assert await w.add(1) == [4, 1, 1]  # now the last batch was 1: a lone producer's goes at once
+    asyncio.run(main())
+
+
+def test_however_slow_the_fsync_a_batch_waits_no_more_than_the_cap(clock):
+    async def main():
+        w = Writer(clock, sync=True, fsync_seconds=0.010)  # a 10 ms fsync: half of it would be 5 ms
+        await w.add(5)
+        assert await w.add(1) == [5]
+        clock.now += group_commit.MAX_COMMIT_DELAY
+        assert await w.add() == [5, 1]
     asyncio.run(main())
 
 
